@@ -1,0 +1,227 @@
+"""The `acespec` command.
+
+Every subcommand reports bad input (unknown model, bad rule spec, bad numbers) as one line
+`acespec: error: ...` on stderr with exit status 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Sequence
+
+from acespec.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
+
+EXIT_USAGE = 2
+
+
+class CliError(Exception):
+    """A user-facing error: printed as one line, exit status 2."""
+
+
+# ------------------------------------------------------------------------------------------ helpers
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be >= 0")
+    return v
+
+
+def _unit_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0.0 < v <= 1.0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be in (0, 1]")
+    return v
+
+
+def _nonneg_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not v >= 0.0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be >= 0")
+    return v
+
+
+def add_sampling_args(p: argparse.ArgumentParser, *, rule_default: str = "greedy") -> None:
+    p.add_argument("--rule", default=rule_default, help="verification rule, e.g. greedy, strict, coupled, cactus:delta=0.35")
+    p.add_argument("--temperature", type=_nonneg_float, default=0.0, help="0 = greedy sampling (default)")
+    p.add_argument("--top-k", type=_positive_int, default=0, help="0 = off")
+    p.add_argument("--top-p", type=_unit_float, default=1.0, help="1.0 = off")
+    p.add_argument("--seed", type=_positive_int, default=0)
+    p.add_argument("--max-tokens", type=_positive_int, default=128)
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--draft", default=DEFAULT_DRAFT, help=f"drafter model (default {DEFAULT_DRAFT}; a registry name, GGUF path, HF dir or toy:...)")
+    p.add_argument("--target", default=DEFAULT_TARGET, help=f"target model (default {DEFAULT_TARGET})")
+    p.add_argument("--n-ctx", type=_positive_int, default=4096, help="context window for llama.cpp models")
+
+
+def prompt_tokens(tokenizer, text: str, chat: bool) -> list[int]:
+    if chat:
+        ids = tokenizer.chat_prompt([{"role": "user", "content": text}])
+    else:
+        ids = tokenizer.encode(text)
+    if not ids:
+        raise CliError("the prompt is empty after tokenization")
+    return ids
+
+
+# ------------------------------------------------------------------------------------------ models
+def cmd_models(args: argparse.Namespace) -> int:
+    from acespec.models import registry
+
+    if args.action == "list":
+        rows = registry.list_models()
+        if args.json:
+            print(json.dumps(rows, indent=2, default=str))
+            return 0
+        print(f"{'name':24} {'role':8} {'size':>10}  {'status':10} path")
+        for r in rows:
+            print(f"{r['name']:24} {r['role']:8} {r['size'] / 1e6:8.1f}MB  {r['status']:10} {r['path']}")
+        return 0
+    names = args.names or [registry.DEFAULT_DRAFT, registry.DEFAULT_TARGET]
+    for name in names:
+        if args.action == "install":
+            path = registry.install(name, progress=not args.quiet, verify=args.verify)
+            print(path)
+        else:  # path
+            path = registry.installed_path(name)
+            if path is None:
+                raise registry.NotInstalledError(
+                    f"model {name!r} is not installed; run `acespec models install {name}`"
+                ) if name in registry.REGISTRY else registry.UnknownModelError(f"unknown model {name!r}")
+            print(path)
+    return 0
+
+
+# ------------------------------------------------------------------------------------------ generate
+def cmd_generate(args: argparse.Namespace) -> int:
+    from acespec.engine import SpecConfig, generate
+    from acespec.models import TextStream, load_model
+
+    target = load_model(args.target, n_ctx=args.n_ctx)
+    draft = None if args.no_spec else load_model(args.draft, n_ctx=args.n_ctx)
+    cfg = SpecConfig(
+        rule=args.rule, k=args.k, policy=args.policy, temperature=args.temperature, top_k=args.top_k,
+        top_p=args.top_p, seed=args.seed, max_tokens=args.max_tokens, spec=not args.no_spec,
+    )
+    cfg.rule_spec  # validate before loading anything slow  # noqa: B018
+    ids = prompt_tokens(target.tokenizer, args.prompt, args.chat)
+    stream = TextStream(target.tokenizer)
+    pieces: list[str] = []
+
+    def on_tokens(toks: list[int]) -> None:
+        text = stream.push(toks)
+        pieces.append(text)
+        if not args.json:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+
+    res = generate(target, ids, cfg, draft=draft, on_tokens=on_tokens)
+    tail = stream.flush()
+    pieces.append(tail)
+    summary = res.stats.summary()
+    summary.update(mode="autoregressive" if args.no_spec else "speculative", rule=str(cfg.rule_spec), k=args.k, policy=args.policy)
+    if args.json:
+        print(json.dumps({"text": "".join(pieces), "tokens": res.tokens, "stats": summary}))
+    else:
+        sys.stdout.write(tail + "\n")
+        print_stats(summary, sys.stderr)
+    return 0
+
+
+def print_stats(s: dict, out) -> None:
+    keys = [
+        ("mode", "mode"), ("rule", "rule"), ("emitted", "tokens"), ("tokens_per_s", "tokens/s"),
+        ("rounds", "rounds"), ("drafted", "drafted"), ("accepted", "accepted"),
+        ("mean_acceptance_length", "mean acceptance length"), ("acceptance_rate", "acceptance rate"),
+        ("target_passes_per_token", "target passes/token"), ("draft_s", "draft s"), ("verify_s", "verify s"),
+        ("wall_s", "wall s"), ("ttft_s", "time to first token s"),
+    ]
+    out.write("--- stats ---\n")
+    for k, label in keys:
+        if k in s:
+            out.write(f"{label:>24}: {s[k]}\n")
+    if s.get("per_position_acceptance"):
+        out.write(f"{'per-position acceptance':>24}: {s['per_position_acceptance']}\n")
+
+
+# ------------------------------------------------------------------------------------------ parser
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="acespec", description="Speculative decoding across an edge device and a cloud GPU.")
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    m = sub.add_parser("models", help="list, install or locate the registry's models")
+    m.add_argument("action", choices=["list", "install", "path"])
+    m.add_argument("names", nargs="*", help="registry names (default: the default pair)")
+    m.add_argument("--json", action="store_true")
+    m.add_argument("--quiet", action="store_true", help="no progress output")
+    m.add_argument("--verify", action="store_true", help="re-hash an installed file")
+    m.set_defaults(func=cmd_models)
+
+    g = sub.add_parser("generate", help="generate text with speculative decoding (single process)")
+    g.add_argument("--prompt", required=True)
+    g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    add_model_args(g)
+    g.add_argument("--k", type=_positive_int, default=4, help="draft depth")
+    g.add_argument("--policy", choices=["fixed", "adaptive", "controller"], default="fixed", help="draft-depth policy")
+    add_sampling_args(g)
+    g.add_argument("--no-spec", action="store_true", help="plain autoregressive decoding with the target (baseline)")
+    g.add_argument("--json", action="store_true", help="print one JSON object (text, tokens, stats) instead of streaming")
+    g.set_defaults(func=cmd_generate)
+
+    for register in _extra_commands():
+        register(sub)
+    return ap
+
+
+def _extra_commands():
+    """Subcommands that live next to their layer (bench, eval, serve, edge, wan, demo)."""
+    out = []
+    for mod, fn in (
+        ("acespec.bench.cli", "register"),
+        ("acespec.eval.cli", "register"),
+        ("acespec.cloud.cli", "register"),
+        ("acespec.edge.cli", "register"),
+        ("acespec.net.cli", "register"),
+        ("acespec.edge.demo", "register"),
+    ):
+        try:
+            module = __import__(mod, fromlist=[fn])
+        except ModuleNotFoundError as e:
+            if e.name != mod:
+                raise
+            continue
+        out.append(getattr(module, fn))
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from acespec.models.base import ModelError
+    from acespec.models.registry import RegistryError
+    from acespec.verify import RuleSpecError
+
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except (CliError, ModelError, RegistryError, RuleSpecError, ValueError, OSError) as e:
+        print(f"acespec: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("acespec: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,65 @@
+"""Draft-depth policies: how many tokens to draft in the next block.
+
+Interface: `next_k() -> int` before drafting, `update(drafted, accepted, **obs)` after each verdict.
+`FixedDepth` and `PlusTwoMinusOne` are the baselines; the adaptive controller lives in `adaptive.py`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class DepthPolicy:
+    name = "policy"
+
+    def next_k(self) -> int:
+        raise NotImplementedError
+
+    def update(self, drafted: int, accepted: int, **obs: float) -> None:
+        pass
+
+
+@dataclass
+class FixedDepth(DepthPolicy):
+    k: int = 4  # tokens per block, every block
+
+    def __post_init__(self) -> None:
+        if self.k < 0:
+            raise ValueError(f"draft depth must be >= 0, got {self.k}")
+        self.name = f"fixed:k={self.k}"
+
+    def next_k(self) -> int:
+        return self.k
+
+
+@dataclass
+class PlusTwoMinusOne(DepthPolicy):
+    """+2 after a fully accepted block, -1 otherwise (the common heuristic schedule)."""
+
+    k: int = 4  # starting depth
+    k_min: int = 1  # never draft fewer
+    k_max: int = 16  # never draft more
+
+    def __post_init__(self) -> None:
+        self.name = "plus2minus1"
+
+    def next_k(self) -> int:
+        return self.k
+
+    def update(self, drafted: int, accepted: int, **obs: float) -> None:
+        if drafted == 0:
+            return
+        self.k = min(self.k_max, self.k + 2) if accepted >= drafted else max(self.k_min, self.k - 1)
+
+
+def make_policy(spec: str, k: int) -> DepthPolicy:
+    """`fixed` / `adaptive` (the +2/-1 schedule) / `controller` (the cost-model controller)."""
+    if spec == "fixed":
+        return FixedDepth(k)
+    if spec in ("adaptive", "plus2minus1"):
+        return PlusTwoMinusOne(k)
+    if spec == "controller":
+        from acespec.control.adaptive import AdaptiveController  # noqa: PLC0415
+
+        return AdaptiveController(k_init=k)
+    raise ValueError(f"unknown depth policy {spec!r}; choose fixed, adaptive or controller")

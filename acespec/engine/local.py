@@ -1,0 +1,72 @@
+"""The single-process engine: drafter and target in one process, the loop with a direct-call transport."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+from acespec.control.depth import DepthPolicy, make_policy
+from acespec.draft.chain import ChainDrafter
+from acespec.engine.loop import LocalTransport, LoopConfig, LoopResult, SpecLoop
+from acespec.engine.verifier import TargetVerifier
+from acespec.models.base import Model, check_compatible
+from acespec.verify import RuleSpec, SamplingParams
+
+
+@dataclass
+class SpecConfig:
+    rule: str = "greedy"  # verification rule spec, e.g. strict, coupled, cactus:delta=0.35
+    k: int = 4  # draft depth (the starting depth for adaptive policies)
+    policy: str = "fixed"  # fixed | adaptive (+2/-1) | controller
+    temperature: float = 0.0  # 0 = greedy sampling
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0  # 1.0 = off
+    seed: int = 0  # drives every random choice; coupled mode shares it between drafter and target
+    max_tokens: int = 128  # generation budget
+    spec: bool = True  # False = plain autoregressive decoding with the target (the baseline)
+    min_conf: float = 0.0  # stop a block early when the drafter's q(x) drops below this
+    stop_ids: frozenset[int] | None = None  # None = the tokenizer's end-of-sequence tokens
+    extra: dict = field(default_factory=dict)  # rule parameter overrides
+
+    @property
+    def sampling(self) -> SamplingParams:
+        return SamplingParams(self.temperature, self.top_k, self.top_p)
+
+    @property
+    def rule_spec(self) -> RuleSpec:
+        return RuleSpec.parse(self.rule)
+
+
+def generate(
+    target: Model,
+    prompt: Sequence[int],
+    cfg: SpecConfig,
+    *,
+    draft: Model | None = None,
+    on_tokens: Callable[[list[int]], None] | None = None,
+    policy: DepthPolicy | None = None,
+    verifier_hook: Callable[[TargetVerifier], None] | None = None,
+) -> LoopResult:
+    """Generate with speculative decoding (or plain decoding when `cfg.spec` is False or no drafter)."""
+    rule = cfg.rule_spec
+    sp = cfg.sampling
+    verifier = TargetVerifier(
+        target, prompt, sampling=sp, rule=rule, seed=cfg.seed, max_tokens=cfg.max_tokens, stop_ids=cfg.stop_ids
+    )
+    if verifier_hook:
+        verifier_hook(verifier)
+    drafter = None
+    if cfg.spec and draft is not None:
+        check_compatible(draft, target)
+        drafter = ChainDrafter(draft, sampling=sp, rule=rule, seed=cfg.seed)
+    if policy is None:
+        policy = make_policy(cfg.policy, cfg.k if drafter else 0)
+    loop = SpecLoop(
+        LocalTransport(verifier),
+        prompt,
+        drafter=drafter,
+        policy=policy,
+        config=LoopConfig(mode="sync", max_tokens=cfg.max_tokens, min_conf=cfg.min_conf),
+        on_tokens=on_tokens,
+    )
+    return loop.run()

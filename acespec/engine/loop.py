@@ -1,0 +1,193 @@
+"""The draft -> verify loop, written once.
+
+The loop talks to the target through a `Transport`: `send(block)` and `recv(timeout) -> Verdict`.
+In one process the transport calls a `TargetVerifier` directly (`LocalTransport`); across the
+network the edge runtime plugs in a TCP transport. Two schedules:
+
+- `sync`: stop-and-wait, one block in flight.
+- `pipelined`: after sending a block the edge keeps drafting as if it will be accepted in full, with
+  the drafter's own guess of the bonus token, and sends the next block (whose first token is that
+  guess) without waiting, up to `window` blocks in flight. Every verdict is applied to the committed
+  prefix; if the speculative context no longer extends it, the edge drops back to the committed
+  prefix (the target drops the stale blocks by itself, see `verifier.py`).
+
+A block with no draft tokens is a plain target step, so `k = 0` without a drafter is ordinary
+autoregressive decoding with the target: the baseline, through the very same loop.
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+
+from acespec.control.depth import DepthPolicy, FixedDepth
+from acespec.draft.chain import ChainDrafter
+from acespec.engine.stats import RunStats
+from acespec.engine.verifier import TargetVerifier, Verdict
+
+
+@dataclass
+class Block:
+    seq: int  # sequence number, increasing per session
+    base: int  # committed length the block builds on
+    tokens: list[int]  # overlap (guessed bonus of the previous block, if pipelined) + draft tokens
+    q: np.ndarray | None = None  # [len(tokens), V] drafter rows, for rules that need q
+    overlap: int = 0  # how many leading tokens are assumptions about the previous block
+    doomed: bool = False  # a verdict already showed the assumptions it builds on were wrong
+
+
+class Transport(ABC):
+    @abstractmethod
+    def send(self, block: Block) -> None: ...
+
+    @abstractmethod
+    def recv(self, timeout: float | None = None) -> Verdict | None:
+        """The next verdict, in block order; None if none arrived within `timeout` (None = wait)."""
+
+    def close(self) -> None:
+        pass
+
+
+class LocalTransport(Transport):
+    """Direct calls into a `TargetVerifier` in the same process: the single-process engine."""
+
+    def __init__(self, verifier: TargetVerifier) -> None:
+        self.verifier = verifier
+        self._out: deque[Verdict] = deque()
+
+    def send(self, block: Block) -> None:
+        self._out.append(self.verifier.verify(block.seq, block.base, block.tokens, block.q))
+
+    def recv(self, timeout: float | None = None) -> Verdict | None:
+        return self._out.popleft() if self._out else None
+
+
+@dataclass
+class LoopConfig:
+    mode: str = "sync"  # "sync" (stop-and-wait) or "pipelined"
+    window: int = 2  # pipelined: most blocks in flight
+    min_conf: float = 0.0  # stop a block early when q(x) drops below this
+    max_tokens: int = 128  # generation budget (the target enforces it too)
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("sync", "pipelined"):
+            raise ValueError(f"mode must be sync or pipelined, got {self.mode!r}")
+        if self.window < 1:
+            raise ValueError(f"window must be >= 1, got {self.window}")
+
+
+@dataclass
+class LoopResult:
+    tokens: list[int]  # generated tokens (prompt excluded)
+    stats: RunStats
+    finished: bool = True
+
+
+class SpecLoop:
+    def __init__(
+        self,
+        transport: Transport,
+        prompt: Sequence[int],
+        *,
+        drafter: ChainDrafter | None,
+        policy: DepthPolicy | None = None,
+        config: LoopConfig | None = None,
+        on_tokens: Callable[[list[int]], None] | None = None,
+        eos_ids: frozenset[int] = frozenset(),
+    ) -> None:
+        self.transport = transport
+        self.prompt = [int(t) for t in prompt]
+        self.drafter = drafter
+        self.policy = policy or FixedDepth(0 if drafter is None else 4)
+        self.cfg = config or LoopConfig()
+        self.on_tokens = on_tokens
+        self.eos_ids = eos_ids
+        self.committed: list[int] = list(self.prompt)
+        self.spec: list[int] = list(self.prompt)  # committed + tokens assumed by blocks in flight
+        self.inflight: deque[Block] = deque()
+        self.seq = 0
+        self.stats = RunStats()
+        self.finished = False
+
+    # -- the loop -----------------------------------------------------------------------------
+    def run(self) -> LoopResult:
+        t_start = time.perf_counter()
+        self._t0 = t_start
+        window = 1 if self.cfg.mode == "sync" else self.cfg.window
+        while not self.finished:
+            # take every verdict that is already here; block only when the window is full
+            while self.inflight:
+                blocking = len(self.inflight) >= window
+                t_wait = time.perf_counter()
+                v = self.transport.recv(None if blocking else 0.0)
+                if blocking:
+                    self.stats.wait_s += time.perf_counter() - t_wait
+                if v is None:
+                    break
+                self._apply(v)
+                if self.finished:
+                    break
+            if self.finished:
+                break
+            self._send_next_block()
+        self.stats.wall_s = time.perf_counter() - t_start
+        return LoopResult(self.committed[len(self.prompt) :], self.stats, self.finished)
+
+    def _send_next_block(self) -> None:
+        k = self.policy.next_k() if self.drafter is not None else 0
+        live = [b for b in self.inflight if not b.doomed]
+        # build on the committed length the target will have when it reaches this block if every live
+        # block in flight is accepted in full; the first token is then our guess of the last bonus
+        overlap = 1 if live else 0
+        base = live[-1].base + len(live[-1].tokens) if live else len(self.spec)
+        block_tokens: list[int] = []
+        q = None
+        if k + overlap > 0 and self.drafter is not None:
+            d = self.drafter.draft(self.spec, k + overlap, min_conf=self.cfg.min_conf, min_tokens=overlap + 1)
+            self.stats.draft_s += d.seconds
+            block_tokens, q = d.tokens, d.q
+        self.stats.k_chosen.append(len(block_tokens) - overlap)
+        block = Block(self.seq, base, block_tokens, q, overlap)
+        self.seq += 1
+        self.spec.extend(block_tokens)
+        self.inflight.append(block)
+        self.transport.send(block)
+
+    def _apply(self, v: Verdict) -> None:
+        block = self.inflight.popleft()
+        if v.seq != block.seq:
+            raise RuntimeError(f"verdict for block {v.seq} arrived while block {block.seq} was expected")
+        if v.dropped:
+            self.stats.dropped += 1
+            if v.finished:
+                self.finished = True
+            return
+        o = len(self.committed) - block.base
+        new = block.tokens[o:]
+        emitted = new[: v.accepted] + [v.next_token]
+        self.committed.extend(emitted)
+        if len(self.committed) != v.committed:
+            raise RuntimeError(f"edge and target disagree on the committed length ({len(self.committed)} vs {v.committed})")
+        self.stats.observe_block(v.drafted, v.accepted)
+        self.stats.verify_s += v.verify_us / 1e6
+        self.policy.update(v.drafted, v.accepted, verify_s=v.verify_us / 1e6)
+        now = time.perf_counter() - self._t0
+        if self.stats.emitted == 0:
+            self.stats.ttft_s = now
+        self.stats.emitted += len(emitted)
+        self.stats.token_times.extend([now] * len(emitted))
+        if self.on_tokens:
+            self.on_tokens(emitted)
+        if v.finished:
+            self.finished = True
+        # keep speculating only while the assumptions still extend what was committed
+        n = len(self.committed)
+        if len(self.spec) < n or self.spec[:n] != self.committed:
+            self.spec = list(self.committed)
+            for b in self.inflight:
+                b.doomed = True

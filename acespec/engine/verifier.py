@@ -1,0 +1,139 @@
+"""The target side of one generation: holds the committed prefix and verifies draft blocks.
+
+The cloud server runs one `TargetVerifier` per session; the single-process engine calls one
+directly. It is the source of truth for the committed prefix.
+
+A block names the committed length `base` it builds on and carries tokens `x`. Pipelined edges
+send a block before the previous verdict is back, assuming the previous block will be accepted in
+full with the bonus token the edge guessed; that guess is the first token of the next block. So
+with `C` the committed length now:
+
+- `C < base` or `C > base + len(x)`: the block is built on a prefix that never happened: dropped.
+- otherwise `x[:C - base]` must equal the committed tokens at those positions (else dropped) and
+  `x[C - base:]` are the draft tokens to verify (possibly none: then this is a plain target step).
+
+A verify emits `accepted + 1` tokens: the kept draft tokens, then the recovered or bonus token.
+Generation stops at an end-of-sequence token or at `max_tokens`; a verdict cut short there keeps the
+same shape (`draft[:accepted] + [next_token]`) so both sides apply it the same way.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from acespec.models.base import Model
+from acespec.verify import RuleSpec, SamplingParams, probs_from_logits, verify_block
+
+
+@dataclass(frozen=True)
+class Verdict:
+    seq: int  # which block this answers
+    accepted: int  # draft tokens kept (after the overlap)
+    next_token: int  # recovered or bonus token; -1 when dropped
+    committed: int  # committed length after this verdict
+    verify_us: int  # time the target spent on this block
+    dropped: bool = False  # built on a stale prefix; nothing was verified
+    finished: bool = False  # generation is over (end-of-sequence or max_tokens)
+    drafted: int = 0  # draft tokens actually verified (len(x) minus the overlap)
+
+
+@dataclass
+class VerifierStats:
+    rounds: int = 0  # target passes that verified a block
+    dropped: int = 0  # blocks dropped as stale
+    drafted: int = 0  # draft tokens verified
+    accepted: int = 0  # draft tokens kept
+    emitted: int = 0  # tokens committed by verdicts
+    verify_s: float = 0.0  # time in target passes and rules
+
+
+class TargetVerifier:
+    def __init__(
+        self,
+        target: Model,
+        prompt: Sequence[int],
+        *,
+        sampling: SamplingParams = SamplingParams(),
+        rule: RuleSpec | str = "strict",
+        seed: int = 0,
+        max_tokens: int = 256,
+        stop_ids: frozenset[int] | None = None,
+    ) -> None:
+        if not prompt:
+            raise ValueError("the prompt must contain at least one token")
+        self.target = target
+        self.sampling = sampling
+        self.rule = rule if isinstance(rule, RuleSpec) else RuleSpec.parse(rule)
+        self.seed = int(seed)
+        self.rng = np.random.default_rng([int(seed) & 0xFFFFFFFF, 0x5EC])
+        self.prompt_len = len(prompt)
+        self.tokens: list[int] = [int(t) for t in prompt]  # prompt + committed generation
+        self.max_tokens = int(max_tokens)
+        self.stop_ids = target.tokenizer.eos_ids if stop_ids is None else stop_ids
+        self.finished = self.max_tokens <= 0
+        self.stats = VerifierStats()
+        # rule-level observations for the eval harness: (target prob, rank) of every accepted token
+        self.record_accepted = False
+        self.accepted_support: list[tuple[float, int]] = []
+        self.last_p: np.ndarray | None = None  # [k+1, V] of the latest verify, for callers that report it
+
+    @property
+    def committed(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def generated(self) -> list[int]:
+        return self.tokens[self.prompt_len :]
+
+    def verify(self, seq: int, base: int, x: Sequence[int], q: np.ndarray | None = None) -> Verdict:
+        """Verify block `x` built on committed length `base`; `q`: [len(x), V] drafter rows (rules that need q)."""
+        C = self.committed
+        o = C - base
+        if self.finished or o < 0 or o > len(x) or list(x[:o]) != self.tokens[base:C]:
+            self.stats.dropped += 1
+            return Verdict(seq, 0, -1, C, 0, dropped=True, finished=self.finished)
+        t0 = time.perf_counter()
+        draft = np.asarray(x[o:], dtype=np.int64)
+        k = len(draft)
+        # keep the cache one token behind the committed prefix, so the pass yields p after it
+        n = self.target.sync(self.tokens[:-1])
+        logits = self.target.eval(self.tokens[n:] + draft.tolist(), last=k + 1)
+        p = probs_from_logits(logits, self.sampling)  # [k+1, V]
+        qk = None
+        if self.rule.info.needs_q:
+            qk = np.zeros((0, p.shape[1])) if k == 0 else (None if q is None else np.asarray(q)[o:])
+        accepted, nxt = verify_block(self.rule, draft, qk, p, self.rng, seed=self.seed, start_pos=C)
+        emitted = draft[:accepted].tolist() + [int(nxt)]
+        # stop at end-of-sequence or the token budget, keeping the verdict's shape
+        budget = self.prompt_len + self.max_tokens - C
+        cut = next((i for i, t in enumerate(emitted) if t in self.stop_ids), None)
+        finished = False
+        if cut is not None:
+            emitted, finished = emitted[: cut + 1], True
+        if len(emitted) >= budget:
+            emitted, finished = emitted[:budget], True
+        accepted, nxt = len(emitted) - 1, emitted[-1]
+        if self.record_accepted:
+            for i in range(accepted):
+                row = p[i]
+                tok = int(draft[i])
+                self.accepted_support.append((float(row[tok]), int((row > row[tok]).sum()) + 1))
+        self.last_p = p
+        self.tokens.extend(emitted)
+        self.finished = finished
+        dt = time.perf_counter() - t0
+        s = self.stats
+        s.rounds += 1
+        s.drafted += k
+        s.accepted += accepted
+        s.emitted += len(emitted)
+        s.verify_s += dt
+        return Verdict(seq, accepted, int(nxt), self.committed, int(dt * 1e6), finished=finished, drafted=k)
+
+    def step(self, seq: int = 0) -> Verdict:
+        """One plain autoregressive target step (a block with no draft tokens)."""
+        return self.verify(seq, self.committed, [])

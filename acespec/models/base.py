@@ -1,0 +1,135 @@
+"""One small interface over every model runtime: evaluate tokens, roll the KV cache back, tokenize.
+
+A `Model` holds the tokens that are in its KV cache (`tokens`). `eval(new)` appends `new` and returns
+the logits at every new position: row i is the distribution of the token that follows `new[i]`.
+`rollback(n)` keeps the first `n` tokens. Everything above this layer (drafting, verifying, the
+cloud server) speaks only this interface, so llama.cpp, transformers and the toy model are
+interchangeable.
+"""
+
+from __future__ import annotations
+
+import codecs
+from abc import ABC, abstractmethod
+from typing import Sequence
+
+import numpy as np
+
+
+class ModelError(RuntimeError):
+    """A model could not be loaded or used (bad path, incompatible pair, context overflow)."""
+
+
+class VocabMismatchError(ModelError):
+    """The drafter and the target do not share a tokenizer, so draft token ids mean nothing to the target."""
+
+
+class ContextOverflowError(ModelError):
+    """Evaluating would exceed the model's context window."""
+
+
+class Tokenizer(ABC):
+    eos_ids: frozenset[int]  # tokens that end a generation
+    fingerprint: str  # equal fingerprints <=> token ids mean the same text on both sides
+
+    @abstractmethod
+    def encode(self, text: str, *, special: bool = False) -> list[int]: ...
+
+    @abstractmethod
+    def decode_bytes(self, ids: Sequence[int]) -> bytes: ...
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.decode_bytes(ids).decode("utf-8", errors="replace")
+
+    @abstractmethod
+    def chat_prompt(self, messages: list[dict[str, str]]) -> list[int]:
+        """Token ids of a chat conversation, ready for the assistant's reply."""
+
+    def token_text(self, token: int) -> str:
+        return self.decode([token])
+
+
+class TextStream:
+    """Incremental detokenizer: token pieces can split a UTF-8 character, so decode bytes statefully."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self._tok = tokenizer
+        self._dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def push(self, ids: Sequence[int]) -> str:
+        return self._dec.decode(self._tok.decode_bytes(ids)) if len(ids) else ""
+
+    def flush(self) -> str:
+        return self._dec.decode(b"", final=True)
+
+
+class Model(ABC):
+    name: str
+    vocab_size: int  # rows returned by eval have this many columns
+    n_ctx: int  # context window in tokens
+    tokenizer: Tokenizer
+
+    def __init__(self) -> None:
+        self.tokens: list[int] = []  # what the KV cache holds, in order
+
+    @property
+    def n_past(self) -> int:
+        return len(self.tokens)
+
+    def eval(self, new: Sequence[int], last: int | None = None) -> np.ndarray:
+        """Append `new` to the KV cache; return logits [len(new), vocab_size], or only the `last` rows."""
+        new = [int(t) for t in new]
+        if not new:
+            return np.zeros((0, self.vocab_size), dtype=np.float32)
+        if len(self.tokens) + len(new) > self.n_ctx:
+            raise ContextOverflowError(
+                f"{self.name}: {len(self.tokens)} + {len(new)} tokens exceed the context window of {self.n_ctx}"
+            )
+        for t in new:
+            if not 0 <= t < self.vocab_size:
+                raise ModelError(f"{self.name}: token id {t} outside the vocabulary [0, {self.vocab_size})")
+        want = len(new) if last is None else max(0, min(int(last), len(new)))
+        logits = self._eval(new, want)
+        self.tokens.extend(new)
+        return logits
+
+    def rollback(self, n: int) -> None:
+        """Keep the first n tokens of the KV cache."""
+        if not 0 <= n <= len(self.tokens):
+            raise ModelError(f"{self.name}: cannot roll back to {n}; the cache holds {len(self.tokens)} tokens")
+        if n < len(self.tokens):
+            self._rollback(n)
+            del self.tokens[n:]
+
+    def reset(self) -> None:
+        self.rollback(0)
+
+    def sync(self, prefix: Sequence[int]) -> int:
+        """Make the cache hold a prefix of `prefix`, reusing the longest common prefix; returns its length.
+
+        The caller then evaluates `prefix[returned:]` itself (it usually needs those logits)."""
+        n = 0
+        limit = min(len(prefix), len(self.tokens))
+        while n < limit and self.tokens[n] == prefix[n]:
+            n += 1
+        self.rollback(n)
+        return n
+
+    @abstractmethod
+    def _eval(self, new: list[int], want: int) -> np.ndarray:
+        """Evaluate `new` after `self.tokens`; return the logits of the last `want` positions [want, V]."""
+
+    @abstractmethod
+    def _rollback(self, n: int) -> None: ...
+
+    def close(self) -> None:
+        """Release runtime resources (no-op where nothing needs releasing)."""
+
+
+def check_compatible(draft: Model, target: Model) -> None:
+    """Refuse a pair whose tokenizers differ: every draft token id would be nonsense to the target."""
+    if draft.tokenizer.fingerprint != target.tokenizer.fingerprint:
+        raise VocabMismatchError(
+            f"drafter {draft.name!r} and target {target.name!r} use different tokenizers "
+            f"({draft.tokenizer.fingerprint} vs {target.tokenizer.fingerprint}); pick a pair from the same family"
+        )

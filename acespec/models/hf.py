@@ -1,0 +1,114 @@
+"""Hugging Face transformers backend (optional extra `acespec[hf]`): for HF checkpoints, GPUs in production.
+
+The KV cache is a transformers `DynamicCache`; rolling back is `crop(n)`. Imports of torch and
+transformers are deferred so the rest of AceSpec works without them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from acespec.models.base import Model, ModelError, Tokenizer
+
+
+def _require_hf():
+    try:
+        import torch  # noqa: F401
+        import transformers  # noqa: F401
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise ModelError(
+            "the Hugging Face backend needs torch and transformers: pip install 'acespec[hf]'"
+        ) from e
+    import torch
+    import transformers
+
+    return torch, transformers
+
+
+class HFTokenizer(Tokenizer):
+    def __init__(self, tok: Any) -> None:
+        self._tok = tok
+        eos = tok.eos_token_id
+        self.eos_ids = frozenset([] if eos is None else ([eos] if isinstance(eos, int) else list(eos)))
+        vocab = tok.get_vocab()
+        # token ids mean the same text iff the id->piece maps agree; a hash of a sample is enough
+        sample = sorted(vocab.items(), key=lambda kv: kv[1])[:: max(1, len(vocab) // 512)]
+        import hashlib
+
+        self.fingerprint = "hf:" + hashlib.sha256(repr((len(vocab), sample)).encode()).hexdigest()[:16]
+
+    def encode(self, text: str, *, special: bool = False) -> list[int]:
+        return list(self._tok.encode(text, add_special_tokens=special))
+
+    def decode_bytes(self, ids: Sequence[int]) -> bytes:
+        return self._tok.decode([int(i) for i in ids], skip_special_tokens=False).encode("utf-8")
+
+    def chat_prompt(self, messages: list[dict[str, str]]) -> list[int]:
+        if getattr(self._tok, "chat_template", None):
+            out = self._tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+            if isinstance(out, dict) or hasattr(out, "keys"):
+                out = out["input_ids"]
+            return list(out)
+        return self.encode("\n".join(m["content"] for m in messages), special=True)
+
+
+class HFModel(Model):
+    def __init__(self, model: Any, tokenizer: Any, name: str, device: str = "cpu") -> None:
+        super().__init__()
+        torch, transformers = _require_hf()
+        self._torch = torch
+        self._model = model.eval().to(device)
+        self._device = device
+        self.name = name
+        self.vocab_size = int(model.config.vocab_size)
+        self.n_ctx = int(getattr(model.config, "max_position_embeddings", 4096))
+        self.tokenizer = HFTokenizer(tokenizer) if tokenizer is not None else _IdTokenizer(self.vocab_size)
+        self._cache = transformers.DynamicCache()
+
+    @classmethod
+    def load(cls, path_or_id: str | Path, *, device: str | None = None, dtype: str = "auto") -> "HFModel":
+        torch, transformers = _require_hf()
+        device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        try:
+            tok = transformers.AutoTokenizer.from_pretrained(str(path_or_id))
+            model = transformers.AutoModelForCausalLM.from_pretrained(str(path_or_id), dtype=dtype)
+        except OSError as e:
+            raise ModelError(f"cannot load Hugging Face model {path_or_id!s}: {e}") from e
+        return cls(model, tok, name=str(path_or_id), device=device)
+
+    def _eval(self, new: list[int], want: int) -> np.ndarray:
+        torch = self._torch
+        ids = torch.tensor([new], dtype=torch.long, device=self._device)
+        with torch.no_grad():
+            out = self._model(input_ids=ids, past_key_values=self._cache, use_cache=True)
+        self._cache = out.past_key_values
+        return out.logits[0, len(new) - want :].float().cpu().numpy()
+
+    def _rollback(self, n: int) -> None:
+        if n == 0:
+            import transformers
+
+            self._cache = transformers.DynamicCache()
+        else:
+            self._cache.crop(n)
+
+
+class _IdTokenizer(Tokenizer):
+    """For a bare model without a tokenizer (tests): token i is `<i>`."""
+
+    def __init__(self, vocab: int) -> None:
+        self.eos_ids = frozenset()
+        self.fingerprint = f"ids:{vocab}"
+        self._vocab = vocab
+
+    def encode(self, text: str, *, special: bool = False) -> list[int]:
+        return [b % self._vocab for b in text.encode()]
+
+    def decode_bytes(self, ids: Sequence[int]) -> bytes:
+        return "".join(f"<{int(i)}>" for i in ids).encode()
+
+    def chat_prompt(self, messages: list[dict[str, str]]) -> list[int]:
+        return self.encode("".join(m["content"] for m in messages))

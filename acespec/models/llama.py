@@ -1,0 +1,144 @@
+"""llama.cpp backend (GGUF) through llama-cpp-python: the default runtime for both models.
+
+We drive llama.cpp's batch API ourselves instead of `Llama.eval`, because speculative decoding
+needs the logits of *several* positions per pass, and `Llama(logits_all=True)` would keep an
+`n_ctx x vocab` float array (2.5 GB at 4k context for a 152k vocabulary) for that. Rolling back is
+`llama_memory_seq_rm` from position `n` on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from acespec.models.base import Model, ModelError, Tokenizer
+
+_EOG_PIECES = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end|>", "</s>")
+
+
+def default_threads() -> int:
+    return int(os.environ.get("ACESPEC_THREADS", os.cpu_count() or 1))
+
+
+class LlamaTokenizer(Tokenizer):
+    def __init__(self, llm) -> None:  # llm: llama_cpp.Llama
+        self._llm = llm
+        eos = {int(llm.token_eos())}
+        for piece in _EOG_PIECES:
+            ids = llm.tokenize(piece.encode(), add_bos=False, special=True)
+            if len(ids) == 1:
+                eos.add(int(ids[0]))
+        self.eos_ids = frozenset(t for t in eos if t >= 0)
+        n = llm.n_vocab()
+        step = max(1, n // 997)
+        sample = b"\x00".join(llm.detokenize([i], special=True) for i in range(0, n, step))
+        self.fingerprint = f"gguf:{n}:" + hashlib.sha256(sample).hexdigest()[:16]
+        self._template = llm.metadata.get("tokenizer.chat_template")
+
+    def encode(self, text: str, *, special: bool = False) -> list[int]:
+        return list(self._llm.tokenize(text.encode("utf-8"), add_bos=False, special=special))
+
+    def decode_bytes(self, ids: Sequence[int]) -> bytes:
+        return self._llm.detokenize([int(i) for i in ids], special=False)
+
+    def chat_prompt(self, messages: list[dict[str, str]]) -> list[int]:
+        if not self._template:
+            return self.encode("\n".join(m["content"] for m in messages) + "\n", special=True)
+        from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+        eos = self._llm.detokenize([self._llm.token_eos()], special=True).decode("utf-8", "replace")
+        bos_id = self._llm.token_bos()
+        bos = self._llm.detokenize([bos_id], special=True).decode("utf-8", "replace") if bos_id >= 0 else ""
+        text = Jinja2ChatFormatter(self._template, eos_token=eos, bos_token=bos)(messages=messages).prompt
+        return self.encode(text, special=True)
+
+
+class LlamaCppModel(Model):
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        n_ctx: int = 4096,  # context window in tokens
+        n_batch: int = 256,  # most tokens per llama_decode call
+        n_threads: int | None = None,  # CPU threads; default all cores (ACESPEC_THREADS overrides)
+        n_gpu_layers: int = 0,  # layers to offload when llama.cpp was built with a GPU backend
+        name: str | None = None,
+    ) -> None:
+        super().__init__()
+        path = Path(path)
+        if not path.is_file():
+            raise ModelError(f"GGUF file not found: {path}")
+        try:
+            import llama_cpp
+        except ImportError as e:  # pragma: no cover
+            raise ModelError("llama-cpp-python is not installed: run the README's setup command") from e
+        self._lc = llama_cpp
+        threads = n_threads or default_threads()
+        try:
+            self._llm = llama_cpp.Llama(
+                model_path=str(path),
+                n_ctx=n_ctx,
+                n_batch=n_batch,
+                n_ubatch=n_batch,
+                n_threads=threads,
+                n_threads_batch=threads,
+                n_gpu_layers=n_gpu_layers,
+                logits_all=False,
+                verbose=False,
+            )
+        except (ValueError, RuntimeError) as e:
+            raise ModelError(f"llama.cpp could not load {path}: {e}") from e
+        self.name = name or path.stem
+        self.path = path
+        self.n_ctx = n_ctx
+        self.n_batch = n_batch
+        self.vocab_size = int(self._llm.n_vocab())
+        self.tokenizer = LlamaTokenizer(self._llm)
+        self._ctx = self._llm._ctx
+        self._batch = self._llm._batch
+        self.passes = 0  # llama_decode calls that produced logits
+
+    def _eval(self, new: list[int], want: int) -> np.ndarray:
+        V = self.vocab_size
+        out = np.empty((want, V), dtype=np.float32)
+        n_past = len(self.tokens)
+        first_wanted = len(new) - want
+        self._ctx.kv_cache_seq_rm(0, n_past, -1)
+        done = 0
+        row = 0
+        b = self._batch.batch
+        while done < len(new):
+            chunk = new[done : done + self.n_batch]
+            n = len(chunk)
+            b.n_tokens = n
+            n_out = 0
+            for i, tok in enumerate(chunk):
+                b.token[i] = tok
+                b.pos[i] = n_past + done + i
+                b.seq_id[i][0] = 0
+                b.n_seq_id[i] = 1
+                flag = done + i >= first_wanted
+                b.logits[i] = flag
+                n_out += flag
+            rc = self._lc.llama_decode(self._ctx.ctx, b)
+            if rc != 0:
+                # llama.cpp leaves the cache in an unknown state past n_past; drop it so we stay consistent
+                self._ctx.kv_cache_seq_rm(0, n_past, -1)
+                raise ModelError(f"{self.name}: llama_decode failed with code {rc}")
+            if n_out:
+                ptr = self._ctx.get_logits()
+                out[row : row + n_out] = np.ctypeslib.as_array(ptr, shape=(n_out * V,)).reshape(n_out, V)
+                row += n_out
+                self.passes += 1
+            done += n
+        return out
+
+    def _rollback(self, n: int) -> None:
+        self._ctx.kv_cache_seq_rm(0, n, -1)
+
+    def close(self) -> None:
+        self._llm.close()

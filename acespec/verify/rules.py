@@ -1,0 +1,163 @@
+"""The rule registry, rule specs (`cactus:delta=0.35`) and the general accept/residual/bonus template.
+
+Every rule is a pure function
+
+    rule(draft, q, p, rng, **params) -> (accepted, next_token)
+
+    draft: int[k]            the drafted token ids
+    q:     float[k, V]|None  drafter distribution at each draft position (None for rules that need none)
+    p:     float[k+1, V]     target distribution at each draft position, plus the bonus position
+    rng:   numpy Generator   the only source of randomness
+
+`accepted` is how many draft tokens are kept (0..k); `next_token` is the recovered token after a
+rejection or the bonus token after a full accept. A round therefore emits `accepted + 1` tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Protocol
+
+import numpy as np
+
+from acespec.verify.sampling import sample
+
+
+class RuleFn(Protocol):
+    def __call__(
+        self, draft: np.ndarray, q: np.ndarray | None, p: np.ndarray, rng: np.random.Generator, **params: float
+    ) -> tuple[int, int]: ...
+
+
+@dataclass(frozen=True)
+class RuleInfo:
+    name: str
+    fn: RuleFn
+    needs_q: bool  # whether the rule reads the drafter distribution (and so the wire must carry it)
+    defaults: dict[str, float] = field(default_factory=dict)  # parameter defaults (a relaxed setting)
+    lossless: bool = False  # lossless at every parameter value
+    doc: str = ""
+
+
+RULES: dict[str, RuleInfo] = {}
+
+
+def register(name: str, *, needs_q: bool, defaults: dict[str, float] | None = None, lossless: bool = False):
+    def deco(fn: RuleFn) -> RuleFn:
+        if name in RULES:
+            raise ValueError(f"rule {name!r} registered twice")
+        RULES[name] = RuleInfo(name, fn, needs_q, dict(defaults or {}), lossless, (fn.__doc__ or "").strip())
+        return fn
+
+    return deco
+
+
+class RuleSpecError(ValueError):
+    """A rule spec string (e.g. `cactus:delta=0.35`) could not be parsed or names an unknown rule/parameter."""
+
+
+@dataclass(frozen=True)
+class RuleSpec:
+    """A rule and its parameters, written the same way everywhere: `name` or `name:a=1,b=2`."""
+
+    name: str
+    params: tuple[tuple[str, float], ...] = ()
+
+    @classmethod
+    def parse(cls, text: str) -> "RuleSpec":
+        text = text.strip()
+        name, _, rest = text.partition(":")
+        name = name.strip()
+        if name not in RULES:
+            raise RuleSpecError(f"unknown rule {name!r}; known rules: {', '.join(sorted(RULES))}")
+        info = RULES[name]
+        params: dict[str, float] = {}
+        if rest.strip():
+            for item in rest.split(","):
+                key, eq, val = item.partition("=")
+                key = key.strip()
+                if not eq:
+                    raise RuleSpecError(f"rule parameter {item!r} in {text!r} must look like name=value")
+                if key not in info.defaults:
+                    known = ", ".join(sorted(info.defaults)) or "none"
+                    raise RuleSpecError(f"rule {name!r} has no parameter {key!r} (parameters: {known})")
+                try:
+                    params[key] = float(val)
+                except ValueError:
+                    raise RuleSpecError(f"rule parameter {key!r} in {text!r}: {val!r} is not a number") from None
+        return cls(name, tuple(sorted(params.items())))
+
+    @property
+    def info(self) -> RuleInfo:
+        return RULES[self.name]
+
+    def kwargs(self) -> dict[str, float]:
+        out = dict(self.info.defaults)
+        out.update(dict(self.params))
+        return out
+
+    def __str__(self) -> str:
+        if not self.params:
+            return self.name
+        return self.name + ":" + ",".join(f"{k}={v:g}" for k, v in self.params)
+
+
+def template_verify(
+    draft: np.ndarray,  # int[k]
+    q: np.ndarray,  # [k, V]
+    pi_rej: np.ndarray,  # [k, V] acceptance target: accept x with prob min(1, pi_rej(x)/q(x))
+    pi_res: np.ndarray,  # [k, V] residual base: on rejection sample from norm(max(0, pi_res - q))
+    pi_bonus: np.ndarray,  # [V] bonus distribution after a full accept
+    rng: np.random.Generator,
+) -> tuple[int, int]:
+    """The general template of DESIGN.md (Xia et al. 2026) that strict and the relaxed rules share."""
+    k = len(draft)
+    for i in range(k):
+        x = int(draft[i])
+        qx = q[i, x]
+        u = rng.random()
+        # q(x) = 0 cannot happen for a token the drafter sampled; treat it as "always accept if pi_rej > 0"
+        ratio = 1.0 if qx <= 0.0 else min(1.0, pi_rej[i, x] / qx)
+        if pi_rej[i, x] > 0.0 and u < ratio:
+            continue
+        return i, residual_sample(pi_res[i], q[i], rng)
+    return k, sample(pi_bonus, rng)
+
+
+def residual_sample(pi: np.ndarray, q: np.ndarray, rng: np.random.Generator) -> int:  # pi, q: [V]
+    r = np.maximum(pi - q, 0.0)
+    s = r.sum()
+    if s <= 1e-12:
+        # pi == q up to rounding: a rejection then has probability ~0; sampling pi is the limit
+        return sample(pi, rng)
+    return sample(r / s, rng)
+
+
+def verify_block(
+    rule: str | RuleSpec,
+    draft: np.ndarray,  # int[k]
+    q: np.ndarray | None,  # [k, V] or None
+    p: np.ndarray,  # [k+1, V]
+    rng: np.random.Generator,
+    **params: float,
+) -> tuple[int, int]:
+    """Verify one draft block with a rule; returns (accepted, next_token). See the module docstring."""
+    spec = rule if isinstance(rule, RuleSpec) else RuleSpec.parse(rule)
+    info = spec.info
+    draft = np.asarray(draft, dtype=np.int64)
+    p = np.asarray(p)
+    k = len(draft)
+    if p.ndim != 2 or p.shape[0] != k + 1:
+        raise ValueError(f"p must have shape [k+1, V] = [{k + 1}, V], got {p.shape}")
+    if info.needs_q:
+        if q is None:
+            raise ValueError(f"rule {spec.name!r} needs the drafter distribution q")
+        q = np.asarray(q)
+        if q.shape != (k, p.shape[1]):
+            raise ValueError(f"q must have shape [k, V] = [{k}, {p.shape[1]}], got {q.shape}")
+    kwargs = spec.kwargs()
+    kwargs.update(params)
+    return info.fn(draft, q, p, rng, **kwargs)
+
+
+RuleCallable = Callable[..., tuple[int, int]]

@@ -1,0 +1,78 @@
+"""Turning logits into the sampling distributions `p` and `q`.
+
+Both sides of a speculative step must use the *same* sampling parameters, otherwise even the
+lossless rules stop being lossless; so there is exactly one function that does it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.0  # 0 means greedy: the distribution is one-hot on the argmax
+    top_k: int = 0  # keep the k most likely tokens; 0 keeps all
+    top_p: float = 1.0  # keep the smallest set with mass >= top_p; 1.0 keeps all
+
+    def __post_init__(self) -> None:
+        if not (self.temperature >= 0.0 and np.isfinite(self.temperature)):
+            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if not (0.0 < self.top_p <= 1.0):
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:  # logits: [..., V]
+    x = np.asarray(logits, dtype=np.float64)
+    x = x - np.max(x, axis=-1, keepdims=True)
+    e = np.exp(x)
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def probs_from_logits(logits: np.ndarray, sp: SamplingParams) -> np.ndarray:
+    """Distribution after temperature, top-k and top-p. logits: [..., V] -> float64 [..., V].
+
+    Ties at the top-k / top-p boundary are broken by token id (stable sort) so that the edge and
+    the cloud, given equal logits, always cut the same set.
+    """
+    x = np.asarray(logits, dtype=np.float64)
+    squeeze = x.ndim == 1
+    x = np.atleast_2d(x)
+    if sp.greedy:
+        out = np.zeros_like(x)
+        out[np.arange(x.shape[0]), np.argmax(x, axis=-1)] = 1.0
+        return out[0] if squeeze else out
+    x = x / sp.temperature
+    if sp.top_k and sp.top_k < x.shape[-1]:
+        # kth largest per row; keep everything >= it, then trim ties by id order
+        order = np.argsort(-x, axis=-1, kind="stable")
+        mask = np.zeros_like(x, dtype=bool)
+        np.put_along_axis(mask, order[:, : sp.top_k], True, axis=-1)
+        x = np.where(mask, x, -np.inf)
+    p = softmax(x)
+    if sp.top_p < 1.0:
+        order = np.argsort(-p, axis=-1, kind="stable")
+        sorted_p = np.take_along_axis(p, order, axis=-1)
+        cum = np.cumsum(sorted_p, axis=-1)
+        # keep a token if the mass strictly before it is < top_p (so at least one survives)
+        keep_sorted = (cum - sorted_p) < sp.top_p
+        keep = np.zeros_like(keep_sorted)
+        np.put_along_axis(keep, order, keep_sorted, axis=-1)
+        p = np.where(keep, p, 0.0)
+        p = p / p.sum(axis=-1, keepdims=True)
+    return p[0] if squeeze else p
+
+
+def sample(p: np.ndarray, rng: np.random.Generator) -> int:  # p: [V]
+    """Inverse-CDF sampling; robust to rows that sum to 1 only up to rounding."""
+    c = np.cumsum(p)
+    u = rng.random() * c[-1]
+    return int(min(np.searchsorted(c, u, side="right"), len(p) - 1))

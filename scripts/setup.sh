@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Create .venv and install AceSpec with pinned dependencies. Idempotent: a second run whose
+# requirement files did not change returns at once. Usage: scripts/setup.sh runtime|dev
+set -euo pipefail
+cd "$(dirname "$0")/.."
+profile="${1:-runtime}"
+req="requirements/${profile}.txt"
+[ -f "$req" ] || { echo "setup: no such profile: $profile (use runtime or dev)" >&2; exit 2; }
+
+PY="${PYTHON:-}"
+if [ -z "$PY" ]; then
+  for c in python3.11 python3; do
+    if command -v "$c" >/dev/null && "$c" -c 'import sys; sys.exit(sys.version_info[:2] < (3, 11))'; then PY="$c"; break; fi
+  done
+fi
+[ -n "$PY" ] || { echo "setup: Python 3.11 or newer is required" >&2; exit 2; }
+
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+stamp=".venv/.acespec-${profile}"
+want="$(cat requirements/*.txt pyproject.toml | sha256sum | cut -d' ' -f1)"
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then exit 0; fi
+
+echo "setup: installing the ${profile} environment into .venv (llama-cpp-python compiles once, ~8 min on 2 cores)" >&2
+.venv/bin/python -m pip install -q --disable-pip-version-check --upgrade "pip==25.3" >&2
+.venv/bin/python -m pip install -q --disable-pip-version-check -r "$req" >&2
+.venv/bin/python -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e . >&2
+echo "$want" > "$stamp"
