@@ -15,6 +15,7 @@ import numpy as np
 
 from acespec.models.base import Model
 from acespec.verify import RuleSpec, SamplingParams, coupled_sample, probs_from_logits, sample
+from acespec.verify.sampling import dense_row, sparse_top
 
 
 @dataclass
@@ -44,8 +45,12 @@ class TokenPicker:
 
 
 class ChainDrafter:
-    def __init__(self, model: Model, *, sampling: SamplingParams, rule: RuleSpec, seed: int = 0) -> None:
+    def __init__(
+        self, model: Model, *, sampling: SamplingParams, rule: RuleSpec, seed: int = 0, q_topn: int = 0
+    ) -> None:
         self.model = model
+        # q_topn > 0: draft from the top-n truncation of q, the form in which q crosses the wire
+        self.q_topn = q_topn if rule.info.needs_q else 0
         self.sampling = sampling
         self.rule = rule
         self.picker = TokenPicker(rule, sampling, seed)
@@ -74,6 +79,8 @@ class ChainDrafter:
         pos = len(context)
         while True:
             q = probs_from_logits(logits, self.sampling)
+            if self.q_topn:
+                q = dense_row(*sparse_top(q, self.q_topn), len(q))
             x = self.picker.pick(q, pos)
             tokens.append(x)
             conf.append(float(q[x]))

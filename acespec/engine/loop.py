@@ -41,13 +41,24 @@ class Block:
     doomed: bool = False  # a verdict already showed the assumptions it builds on were wrong
 
 
+@dataclass
+class Disconnected:
+    """What `recv` returns when the link to the target broke; the loop then calls `resume`."""
+
+    reason: str = ""
+
+
 class Transport(ABC):
     @abstractmethod
     def send(self, block: Block) -> None: ...
 
     @abstractmethod
-    def recv(self, timeout: float | None = None) -> Verdict | None:
+    def recv(self, timeout: float | None = None) -> Verdict | Disconnected | None:
         """The next verdict, in block order; None if none arrived within `timeout` (None = wait)."""
+
+    def resume(self, committed: int) -> int:
+        """Re-establish the link, continuing from `committed`; returns the agreed committed length."""
+        raise RuntimeError("this transport cannot reconnect")
 
     def close(self) -> None:
         pass
@@ -113,6 +124,7 @@ class SpecLoop:
         self.seq = 0
         self.stats = RunStats()
         self.finished = False
+        self.reconnects = 0
 
     # -- the loop -----------------------------------------------------------------------------
     def run(self) -> LoopResult:
@@ -129,6 +141,9 @@ class SpecLoop:
                     self.stats.wait_s += time.perf_counter() - t_wait
                 if v is None:
                     break
+                if isinstance(v, Disconnected):
+                    self._resync()
+                    break
                 self._apply(v)
                 if self.finished:
                     break
@@ -137,6 +152,15 @@ class SpecLoop:
             self._send_next_block()
         self.stats.wall_s = time.perf_counter() - t_start
         return LoopResult(self.committed[len(self.prompt) :], self.stats, self.finished)
+
+    def _resync(self) -> None:
+        """After a dropped link: every block in flight is void; continue from what both sides agree on."""
+        agreed = self.transport.resume(len(self.committed))
+        if agreed != len(self.committed):
+            raise RuntimeError(f"the target resumed at {agreed}, the edge holds {len(self.committed)} committed tokens")
+        self.inflight.clear()
+        self.spec = list(self.committed)
+        self.reconnects += 1
 
     def _send_next_block(self) -> None:
         k = self.policy.next_k() if self.drafter is not None else 0
@@ -169,13 +193,14 @@ class SpecLoop:
             return
         o = len(self.committed) - block.base
         new = block.tokens[o:]
+        drafted = len(new)
         emitted = new[: v.accepted] + [v.next_token]
         self.committed.extend(emitted)
         if len(self.committed) != v.committed:
             raise RuntimeError(f"edge and target disagree on the committed length ({len(self.committed)} vs {v.committed})")
-        self.stats.observe_block(v.drafted, v.accepted)
+        self.stats.observe_block(drafted, v.accepted)
         self.stats.verify_s += v.verify_us / 1e6
-        self.policy.update(v.drafted, v.accepted, verify_s=v.verify_us / 1e6)
+        self.policy.update(drafted, v.accepted, verify_s=v.verify_us / 1e6)
         now = time.perf_counter() - self._t0
         if self.stats.emitted == 0:
             self.stats.ttft_s = now

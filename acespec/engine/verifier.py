@@ -134,6 +134,15 @@ class TargetVerifier:
         s.verify_s += dt
         return Verdict(seq, accepted, int(nxt), self.committed, int(dt * 1e6), finished=finished, drafted=k)
 
+    def rollback(self, n: int) -> None:
+        """Forget committed tokens past length n (a reconnecting edge never saw them)."""
+        if not self.prompt_len <= n <= self.committed:
+            raise ValueError(f"cannot roll back to {n}: committed {self.committed}, prompt {self.prompt_len}")
+        del self.tokens[n:]
+        self.finished = self.max_tokens <= 0 or (n > self.prompt_len and self.tokens[-1] in self.stop_ids) or (
+            n - self.prompt_len >= self.max_tokens
+        )
+
     def step(self, seq: int = 0) -> Verdict:
         """One plain autoregressive target step (a block with no draft tokens)."""
         return self.verify(seq, self.committed, [])

@@ -76,3 +76,26 @@ def sample(p: np.ndarray, rng: np.random.Generator) -> int:  # p: [V]
     c = np.cumsum(p)
     u = rng.random() * c[-1]
     return int(min(np.searchsorted(c, u, side="right"), len(p) - 1))
+
+
+def sparse_top(q: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:  # q: [V]
+    """The `n` most likely tokens of `q` and their probabilities, renormalised and rounded to float32.
+
+    The drafter must sample from exactly this truncated row, and the target must verify against it:
+    rejection sampling is lossless for *any* q, provided both sides use the same one. Rounding to
+    float32 here (what the wire carries) makes the two bit-identical.
+    """
+    n = min(int(n), q.shape[-1])
+    ids = np.argpartition(-q, n - 1)[:n] if n < q.shape[-1] else np.arange(q.shape[-1])
+    ids = ids[q[ids] > 0]
+    ids = ids[np.argsort(-q[ids], kind="stable")]
+    probs = (q[ids] / q[ids].sum()).astype(np.float32)
+    return ids.astype(np.int64), probs
+
+
+def dense_row(ids, probs, vocab: int) -> np.ndarray:  # -> [vocab]
+    """Inverse of `sparse_top`: a float64 row, renormalised the same way on both sides."""
+    row = np.zeros(vocab, dtype=np.float64)
+    row[np.asarray(ids, dtype=np.int64)] = np.asarray(probs, dtype=np.float32).astype(np.float64)
+    s = row.sum()
+    return row / s if s > 0 else row

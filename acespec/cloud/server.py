@@ -1,0 +1,361 @@
+"""The cloud verifier: an asyncio TCP server that verifies draft blocks for many edge sessions.
+
+One connection carries one session. The first frame is HELLO (new session) or RESUME (reattach
+after a dropped connection); then DRAFT -> VERDICT in speculative mode, or the server streams
+TOKENS in cloud-only mode. PING is answered with PONG at any time.
+
+Robustness rules: any malformed frame, wrong auth token, unknown session or over-limit request is
+answered with an ERROR frame (and a CLOSE) and that connection is closed; the server and every other
+session carry on. A session outlives its connection for `resume_grace_s` so an edge can RESUME;
+idle sessions expire.
+
+The target model is shared: its calls run in a worker thread (so the event loop keeps answering
+other connections) behind one FIFO lock, so sessions take turns fairly. Each session has its own
+committed prefix; the shared KV cache is re-synced to it on a switch (`Model.sync`), which keeps
+sessions isolated at the price of a re-prefill. A production deployment puts a batching engine
+(vLLM / SGLang) behind the same verifier interface.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import itertools
+import logging
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from acespec import wire
+from acespec.engine.verifier import TargetVerifier
+from acespec.models.base import Model
+from acespec.verify import RuleSpec, RuleSpecError, SamplingParams
+from acespec.verify.sampling import dense_row
+
+log = logging.getLogger("acespec.cloud")
+
+
+@dataclass
+class ServerConfig:
+    host: str = "127.0.0.1"  # listen address
+    port: int = 7070  # listen port (0 = any free port)
+    token: bytes | None = None  # shared auth token; None accepts any
+    max_sessions: int = 8  # live sessions at once; more get BUSY
+    max_new_tokens: int = 4096  # cap on a session's max_tokens
+    idle_timeout_s: float = 300.0  # a session with no traffic for this long is dropped
+    resume_grace_s: float = 120.0  # a disconnected session waits this long for RESUME
+    handshake_timeout_s: float = 10.0  # a connection must send HELLO/RESUME within this
+    limits: wire.Limits = field(default_factory=wire.Limits)  # frame limits we accept
+
+
+class ProtocolError(Exception):
+    def __init__(self, code: wire.ErrorCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass
+class Session:
+    sid: int
+    verifier: TargetVerifier
+    mode: wire.Mode
+    last_active: float
+    connected: bool = True
+    bytes_in: int = 0
+    bytes_out: int = 0
+
+
+class CloudServer:
+    def __init__(self, target: Model, config: ServerConfig | None = None) -> None:
+        self.target = target
+        self.cfg = config or ServerConfig()
+        self.sessions: dict[int, Session] = {}
+        self._ids = itertools.count(1)
+        self._model_lock = asyncio.Lock()  # FIFO: sessions take turns on the model
+        self._server: asyncio.base_events.Server | None = None
+        self._sweeper: asyncio.Task | None = None
+        self._conns: set[asyncio.Task] = set()
+        self.errors_sent: dict[str, int] = {}  # ErrorCode name -> count, for tests and logs
+        self.port = self.cfg.port
+
+    # -- lifecycle --------------------------------------------------------------------------------
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._on_connect, self.cfg.host, self.cfg.port)
+        self.port = self._server.sockets[0].getsockname()[1]
+        self._sweeper = asyncio.create_task(self._sweep())
+        log.info("cloud verifier listening on %s:%d (target %s)", self.cfg.host, self.port, self.target.name)
+
+    async def stop(self) -> None:
+        if self._server:
+            self._server.close()
+            await self._server.wait_closed()
+        if self._sweeper:
+            self._sweeper.cancel()
+        for t in list(self._conns):
+            t.cancel()
+        await asyncio.gather(*self._conns, return_exceptions=True)
+
+    async def serve_forever(self) -> None:
+        await self.start()
+        assert self._server
+        async with self._server:
+            await self._server.serve_forever()
+
+    async def _sweep(self) -> None:
+        while True:
+            await asyncio.sleep(min(5.0, self.cfg.idle_timeout_s / 4, self.cfg.resume_grace_s / 4))
+            now = time.monotonic()
+            for sid, s in list(self.sessions.items()):
+                limit = self.cfg.idle_timeout_s if s.connected else self.cfg.resume_grace_s
+                if now - s.last_active > limit:
+                    log.info("session %d expired", sid)
+                    self.sessions.pop(sid, None)
+
+    # -- one connection ---------------------------------------------------------------------------
+    async def _on_connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        if task:
+            self._conns.add(task)
+        session: Session | None = None
+        decoder = wire.FrameDecoder(self.cfg.limits)
+        try:
+            first = await asyncio.wait_for(self._next_frame(reader, decoder), self.cfg.handshake_timeout_s)
+            if first is None:
+                return
+            session = await self._handshake(first, writer)
+            if session.mode == wire.Mode.CLOUD_ONLY:
+                await self._stream_tokens(session, reader, writer, decoder)
+            else:
+                await self._serve_drafts(session, reader, writer, decoder)
+        except wire.WireError as e:
+            await self._refuse(writer, e.code, str(e))
+        except ProtocolError as e:
+            await self._refuse(writer, e.code, str(e))
+        except asyncio.TimeoutError:
+            await self._refuse(writer, wire.ErrorCode.BAD_REQUEST, "no HELLO or RESUME within the handshake timeout")
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass  # the edge went away; its session waits for RESUME
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # a bug must not take the server down
+            log.exception("internal error")
+            await self._refuse(writer, wire.ErrorCode.INTERNAL, f"internal error: {type(e).__name__}")
+        finally:
+            if session is not None:
+                session.connected = False
+                session.last_active = time.monotonic()
+            writer.close()
+            try:
+                await writer.wait_closed()
+            except (ConnectionError, OSError):
+                pass
+            if task:
+                self._conns.discard(task)
+
+    async def _next_frame(self, reader: asyncio.StreamReader, decoder: wire.FrameDecoder) -> list | None:
+        """The next non-empty batch of whole frames, or None on a clean end of stream."""
+        while True:
+            data = await reader.read(65536)
+            if not data:
+                if decoder.pending:
+                    raise wire.WireError(wire.ErrorCode.BAD_FRAME, "connection closed in the middle of a frame")
+                return None
+            frames = decoder.feed(data)
+            if frames:
+                return frames
+
+    async def _refuse(self, writer: asyncio.StreamWriter, code: wire.ErrorCode, message: str) -> None:
+        self.errors_sent[code.name] = self.errors_sent.get(code.name, 0) + 1
+        log.info("refusing connection: %s %s", code.name, message)
+        try:
+            writer.write(wire.encode(wire.Error(code=code, message=message)))
+            writer.write(wire.encode(wire.Close(reason=wire.CloseReason.ERROR)))
+            await asyncio.wait_for(writer.drain(), 2.0)
+        except (ConnectionError, OSError, asyncio.TimeoutError):
+            pass
+
+    async def _handshake(self, frames: list, writer: asyncio.StreamWriter) -> Session:
+        first = frames[0]
+        if len(frames) > 1:
+            raise ProtocolError(wire.ErrorCode.BAD_REQUEST, "frames sent before WELCOME")
+        if isinstance(first, wire.Hello):
+            self._check_auth(first.auth)
+            session = await self._open(first)
+        elif isinstance(first, wire.Resume):
+            self._check_auth(first.auth)
+            session = await self._resume(first)
+        else:
+            raise ProtocolError(wire.ErrorCode.BAD_REQUEST, f"expected HELLO or RESUME, got {type(first).__name__.upper()}")
+        writer.write(
+            wire.encode(
+                wire.Welcome(session=session.sid, committed=session.verifier.committed, max_draft_tokens=self.cfg.limits.max_draft_tokens)
+            )
+        )
+        await writer.drain()
+        return session
+
+    def _check_auth(self, auth: bytes) -> None:
+        if self.cfg.token is not None and not hmac.compare_digest(auth, self.cfg.token):
+            raise ProtocolError(wire.ErrorCode.BAD_AUTH, "authentication failed")
+
+    async def _open(self, h: wire.Hello) -> Session:
+        if h.model_id != self.target.tokenizer.fingerprint:
+            raise ProtocolError(
+                wire.ErrorCode.MODEL_MISMATCH,
+                f"drafter tokenizer {h.model_id!r} does not match the target's {self.target.tokenizer.fingerprint!r}",
+            )
+        try:
+            rule = RuleSpec.parse(h.rule)
+            sp = SamplingParams(float(h.temperature), int(h.top_k), float(h.top_p))
+        except (RuleSpecError, ValueError) as e:
+            raise ProtocolError(wire.ErrorCode.BAD_REQUEST, str(e)) from None
+        if not h.prompt:
+            raise ProtocolError(wire.ErrorCode.BAD_REQUEST, "empty prompt")
+        if h.max_tokens > self.cfg.max_new_tokens or len(h.prompt) + h.max_tokens > self.target.n_ctx:
+            raise ProtocolError(
+                wire.ErrorCode.OVER_LIMIT,
+                f"prompt {len(h.prompt)} + max_tokens {h.max_tokens} exceeds the server's limits "
+                f"(max_tokens <= {self.cfg.max_new_tokens}, context {self.target.n_ctx})",
+            )
+        if any(t >= self.target.vocab_size for t in h.prompt):
+            raise ProtocolError(wire.ErrorCode.OVER_LIMIT, "prompt token id outside the target vocabulary")
+        if len(self.sessions) >= self.cfg.max_sessions:
+            raise ProtocolError(wire.ErrorCode.BUSY, f"the server holds {self.cfg.max_sessions} sessions; retry later")
+        verifier = TargetVerifier(self.target, h.prompt, sampling=sp, rule=rule, seed=h.seed, max_tokens=h.max_tokens)
+        sid = next(self._ids)
+        s = Session(sid, verifier, wire.Mode(h.mode), time.monotonic())
+        self.sessions[sid] = s
+        log.info("session %d opened: rule %s, %d prompt tokens, mode %s", sid, rule, len(h.prompt), s.mode.name)
+        return s
+
+    async def _resume(self, r: wire.Resume) -> Session:
+        s = self.sessions.get(r.session)
+        if s is None:
+            raise ProtocolError(wire.ErrorCode.UNKNOWN_SESSION, f"no session {r.session} (expired or never opened)")
+        if s.connected:
+            raise ProtocolError(wire.ErrorCode.BAD_REQUEST, f"session {r.session} is attached to another connection")
+        v = s.verifier
+        if not v.prompt_len <= r.committed <= v.committed:
+            raise ProtocolError(
+                wire.ErrorCode.BAD_REQUEST,
+                f"RESUME at {r.committed}, but the session has committed {v.committed} (prompt {v.prompt_len})",
+            )
+        # continue from the shorter agreed prefix: verdicts the edge never saw are undone, so no
+        # token is lost or emitted twice (in coupled mode they are regenerated identically)
+        async with self._model_lock:
+            v.rollback(r.committed)
+        s.connected = True
+        s.last_active = time.monotonic()
+        log.info("session %d resumed at %d", s.sid, r.committed)
+        return s
+
+    # -- speculative mode -------------------------------------------------------------------------
+    async def _serve_drafts(self, s: Session, reader, writer, decoder: wire.FrameDecoder) -> None:
+        V = self.target.vocab_size
+        while True:
+            frames = await self._next_frame(reader, decoder)
+            if frames is None:
+                return
+            for f in frames:
+                s.last_active = time.monotonic()
+                if isinstance(f, wire.Draft):
+                    if f.session != s.sid:
+                        raise ProtocolError(wire.ErrorCode.UNKNOWN_SESSION, f"DRAFT names session {f.session}, this connection holds {s.sid}")
+                    if any(t >= V for t in f.tokens):
+                        raise ProtocolError(wire.ErrorCode.OVER_LIMIT, "draft token id outside the target vocabulary")
+                    q = None
+                    if f.q is not None:
+                        q = np.stack([dense_row([i for i, _ in row], [p for _, p in row], V) for row in f.q]) if f.q else None
+                    elif s.verifier.rule.info.needs_q and f.tokens:
+                        raise ProtocolError(wire.ErrorCode.BAD_REQUEST, f"rule {s.verifier.rule} needs q rows with each DRAFT")
+                    async with self._model_lock:
+                        v = await asyncio.to_thread(s.verifier.verify, f.seq, f.base, list(f.tokens), q)
+                    out = wire.Verdict(
+                        seq=f.seq, accepted=v.accepted, next_token=max(v.next_token, 0), verify_us=v.verify_us,
+                        committed=v.committed, dropped=v.dropped, finished=v.finished,
+                    )
+                    writer.write(wire.encode(out))
+                elif isinstance(f, wire.Ping):
+                    writer.write(wire.encode(wire.Pong(nonce=f.nonce, sent_us=f.sent_us)))
+                elif isinstance(f, wire.Close):
+                    self.sessions.pop(s.sid, None)
+                    return
+                elif isinstance(f, wire.Pong):
+                    pass
+                else:
+                    raise ProtocolError(wire.ErrorCode.BAD_REQUEST, f"unexpected {type(f).__name__.upper()} in a speculative session")
+            await writer.drain()
+
+    # -- cloud-only mode --------------------------------------------------------------------------
+    async def _stream_tokens(self, s: Session, reader, writer, decoder: wire.FrameDecoder) -> None:
+        """Generate autoregressively and stream each token; still answer PING / CLOSE meanwhile."""
+        closed = asyncio.Event()
+
+        async def read_side() -> None:
+            while True:
+                frames = await self._next_frame(reader, decoder)
+                if frames is None:
+                    closed.set()
+                    return
+                for f in frames:
+                    if isinstance(f, wire.Ping):
+                        writer.write(wire.encode(wire.Pong(nonce=f.nonce, sent_us=f.sent_us)))
+                    elif isinstance(f, wire.Close):
+                        self.sessions.pop(s.sid, None)
+                        closed.set()
+                        return
+                    elif not isinstance(f, wire.Pong):
+                        raise ProtocolError(wire.ErrorCode.BAD_REQUEST, f"unexpected {type(f).__name__.upper()} in a cloud-only session")
+
+        reading = asyncio.create_task(read_side())
+        try:
+            v = s.verifier
+            while not v.finished and not closed.is_set():
+                if reading.done():
+                    reading.result()  # re-raise a protocol error from the read side
+                start = v.committed
+                async with self._model_lock:
+                    verdict = await asyncio.to_thread(v.step)
+                s.last_active = time.monotonic()
+                writer.write(wire.encode(wire.Tokens(start=start, tokens=v.tokens[start : verdict.committed], finished=verdict.finished)))
+                await writer.drain()
+            if reading.done() and not reading.cancelled():
+                reading.result()
+        finally:
+            reading.cancel()
+
+
+class CloudServerThread:
+    """Runs a `CloudServer` on its own event loop in a background thread (tests, demo, benchmarks)."""
+
+    def __init__(self, target: Model, config: ServerConfig | None = None) -> None:
+        import threading
+
+        self.server = CloudServer(target, config)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True, name="acespec-cloud")
+
+    @property
+    def port(self) -> int:
+        return self.server.port
+
+    def start(self) -> "CloudServerThread":
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(self.server.start(), self._loop).result(30)
+        return self
+
+    def stop(self) -> None:
+        if not self._thread.is_alive():
+            return
+        try:
+            asyncio.run_coroutine_threadsafe(self.server.stop(), self._loop).result(30)
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(30)
+
+    def __enter__(self) -> "CloudServerThread":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,123 @@
+"""The edge runtime: drafts locally, has the cloud verify, streams the committed text.
+
+Modes:
+- `sync`: stop-and-wait, one block in flight.
+- `pipelined`: keep drafting past a sent block and send the next one without waiting (window of
+  blocks in flight); a rejection rolls the drafter back to the committed prefix.
+- `cloud-only`: no drafting; the cloud generates and streams tokens down the same link (the baseline
+  a user would pick instead of speculative decoding).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+from acespec import wire
+from acespec.control.depth import DepthPolicy, make_policy
+from acespec.draft.chain import ChainDrafter
+from acespec.edge.client import CloudSession, ConnectConfig, EdgeError, TcpTransport
+from acespec.engine.loop import LoopConfig, LoopResult, SpecLoop
+from acespec.engine.stats import RunStats
+from acespec.models.base import Model
+from acespec.verify import RuleSpec, SamplingParams
+
+MODES = ("sync", "pipelined", "cloud-only")
+
+
+@dataclass
+class EdgeConfig:
+    mode: str = "pipelined"  # sync | pipelined | cloud-only
+    rule: str = "greedy"  # verification rule spec
+    k: int = 4  # draft depth (starting depth for adaptive policies)
+    policy: str = "fixed"  # fixed | adaptive | controller
+    window: int = 2  # pipelined: blocks in flight
+    temperature: float = 0.0  # 0 = greedy sampling
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0  # 1.0 = off
+    seed: int = 0  # shared with the cloud (coupled sampling)
+    max_tokens: int = 128  # generation budget
+    q_topn: int = 32  # rules that need q: the drafter samples from, and sends, the top-n of q
+    min_conf: float = 0.0  # stop a block early when q(x) < this
+    connect: ConnectConfig = field(default_factory=ConnectConfig)  # where the cloud is
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+
+
+def run_edge(
+    drafter_model: Model | None,
+    prompt: Sequence[int],
+    cfg: EdgeConfig,
+    *,
+    model_id: str,
+    on_tokens: Callable[[list[int]], None] | None = None,
+    policy: DepthPolicy | None = None,
+) -> LoopResult:
+    """One generation through the cloud. `model_id` is the drafter's tokenizer fingerprint."""
+    rule = RuleSpec.parse(cfg.rule)
+    sp = SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p)
+    hello = wire.Hello(
+        model_id=model_id, max_tokens=cfg.max_tokens, prompt=tuple(int(t) for t in prompt), auth=cfg.connect.token,
+        temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, rule=str(rule), seed=cfg.seed,
+        mode=wire.Mode.CLOUD_ONLY if cfg.mode == "cloud-only" else wire.Mode.SPECULATIVE,
+    )
+    t0 = time.perf_counter()
+    session = CloudSession(cfg.connect, hello)
+    try:
+        if cfg.mode == "cloud-only":
+            return _cloud_only(session, prompt, cfg, on_tokens, t0)
+        if drafter_model is None:
+            raise EdgeError("speculative modes need a drafter model")
+        drafter = ChainDrafter(drafter_model, sampling=sp, rule=rule, seed=cfg.seed, q_topn=cfg.q_topn)
+        transport = TcpTransport(session, send_q=rule.info.needs_q)
+        loop = SpecLoop(
+            transport, prompt, drafter=drafter, policy=policy or make_policy(cfg.policy, cfg.k),
+            config=LoopConfig(mode=cfg.mode, window=cfg.window, max_tokens=cfg.max_tokens, min_conf=cfg.min_conf),
+            on_tokens=on_tokens,
+        )
+        loop._t0 = t0
+        res = loop.run()
+        res.stats.wall_s = time.perf_counter() - t0
+        res.stats.bytes_up, res.stats.bytes_down = session.total_bytes()
+        res.stats.cache["reconnects"] = session.reconnects
+        res.stats.cache["rtt_ms_mean"] = round(1e3 * sum(transport.rtt_samples) / max(1, len(transport.rtt_samples)), 3)
+        return res
+    finally:
+        session.close()
+
+
+def _cloud_only(session: CloudSession, prompt, cfg: EdgeConfig, on_tokens, t0: float) -> LoopResult:
+    stats = RunStats()
+    committed = len(prompt)
+    out: list[int] = []
+    finished = False
+    while not finished:
+        item = session.link.get(cfg.connect.reply_timeout_s)
+        f = None if item is None else item[1]
+        if isinstance(f, wire.Tokens):
+            new = list(f.tokens[committed - f.start :]) if f.start <= committed else []
+            if f.start > committed:
+                raise EdgeError(f"cloud streamed from {f.start}, the edge holds {committed}")
+            now = time.perf_counter() - t0
+            if new:
+                if not out:
+                    stats.ttft_s = now
+                out.extend(new)
+                committed += len(new)
+                stats.rounds += len(new)
+                stats.emitted += len(new)
+                stats.token_times.extend([now] * len(new))
+                if on_tokens:
+                    on_tokens(new)
+            finished = f.finished
+        elif isinstance(f, wire.Error):
+            raise EdgeError(f"cloud error {f.code.name}: {f.message}", f.code)
+        elif item is None or f is not None and (isinstance(f, Exception) or not isinstance(f, (wire.Pong, wire.Close))):
+            session.resume(committed)  # the cloud continues streaming from what we have
+    stats.wall_s = time.perf_counter() - t0
+    stats.bytes_up, stats.bytes_down = session.total_bytes()
+    stats.cache["reconnects"] = session.reconnects
+    return LoopResult(out, stats, True)
