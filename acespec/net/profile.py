@@ -1,0 +1,233 @@
+"""Network profiles for the WAN emulator, and the parsers the CLI needs (rates, "host:port").
+
+Conventions (the rest of `acespec.net` relies on them):
+
+* `rtt_ms` is the base round-trip time; each direction adds half of it as one-way delay.
+* `jitter_ms` is the spread of the round trip: each direction adds a uniform sample from
+  `[-jitter_ms/2, +jitter_ms/2]` to its one-way delay (clamped so a delay is never negative), so a
+  round trip lands in `rtt_ms +- jitter_ms` with mean `rtt_ms`. Jitter never reorders bytes.
+* Rates are bits per second, decimal SI (1 kbit = 1000 bit). `0` means "unlimited" (no
+  serialisation delay at all); the `up` direction is edge -> cloud, `down` is cloud -> edge.
+* `loss_pct` is per-segment (MSS-sized) loss probability in percent. TCP never loses bytes, it
+  retransmits, so a loss shows up as a stall: the chunk, and everything queued behind it on that
+  connection, arrives `rto_ms` later.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from dataclasses import dataclass
+
+__all__ = ["WanProfile", "PROFILES", "MIN_RTO_MS", "parse_rate", "format_rate", "parse_hostport", "profile_from_args"]
+
+# Linux's minimum retransmission timeout (TCP_RTO_MIN). A stall caused by a lost segment is
+# max(MIN_RTO_MS, 2 * rtt): with an RTT-scale srtt and rttvar the kernel's RTO is about srtt + 4*rttvar,
+# which for a steady path is close to 2 RTT, and never below the 200 ms floor.
+MIN_RTO_MS = 200.0
+
+
+@dataclass(frozen=True)
+class WanProfile:
+    """One emulated path. The defaults are an ideal link: no delay, no jitter, no rate limit, no loss."""
+
+    rtt_ms: float = 0.0  # base round-trip time; each direction adds rtt_ms / 2
+    jitter_ms: float = 0.0  # round-trip spread: each direction adds U(-jitter/2, +jitter/2) ms
+    up_bps: float = 0.0  # edge -> cloud rate in bits/s; 0 = unlimited
+    down_bps: float = 0.0  # cloud -> edge rate in bits/s; 0 = unlimited
+    loss_pct: float = 0.0  # per-segment loss in percent, emulated as a retransmission stall of rto_ms
+    seed: int = 0  # seeds the jitter and loss samples, so runs are reproducible
+
+    def __post_init__(self) -> None:
+        for name in ("rtt_ms", "jitter_ms", "up_bps", "down_bps", "loss_pct"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ValueError(f"WanProfile.{name} must be a number, got {value!r}")
+            if not math.isfinite(value) or value < 0:
+                raise ValueError(f"WanProfile.{name} must be finite and >= 0, got {value!r}")
+        if self.loss_pct > 100:
+            raise ValueError(f"WanProfile.loss_pct must be within [0, 100], got {self.loss_pct!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise ValueError(f"WanProfile.seed must be an int, got {self.seed!r}")
+
+    @property
+    def rto_ms(self) -> float:
+        """Extra delay of a chunk that lost a segment: max(200 ms, 2 * rtt)."""
+        return max(MIN_RTO_MS, 2.0 * self.rtt_ms)
+
+    @property
+    def is_passthrough(self) -> bool:
+        """True when the profile adds no delay of any kind (bytes are forwarded as they come)."""
+        return self.rtt_ms == 0 and self.jitter_ms == 0 and self.up_bps == 0 and self.down_bps == 0 \
+            and self.loss_pct == 0
+
+    def describe(self) -> str:
+        """One line for status output, e.g. `rtt=100ms jitter=20ms up=5Mbit/s down=20Mbit/s loss=0% seed=0`."""
+        return (f"rtt={_fmt_num(self.rtt_ms)}ms jitter={_fmt_num(self.jitter_ms)}ms "
+                f"up={format_rate(self.up_bps)} down={format_rate(self.down_bps)} "
+                f"loss={_fmt_num(self.loss_pct)}% seed={self.seed}")
+
+
+_MBIT = 1_000_000.0
+
+PROFILES: dict[str, WanProfile] = {
+    "lan": WanProfile(rtt_ms=1, jitter_ms=0, up_bps=1000 * _MBIT, down_bps=1000 * _MBIT),
+    "wan": WanProfile(rtt_ms=100, jitter_ms=20, up_bps=5 * _MBIT, down_bps=20 * _MBIT),
+    "transcontinental": WanProfile(rtt_ms=250, jitter_ms=25, up_bps=5 * _MBIT, down_bps=20 * _MBIT),
+    "lte": WanProfile(rtt_ms=60, jitter_ms=30, up_bps=2 * _MBIT, down_bps=10 * _MBIT),
+}
+
+
+def _fmt_num(x: float) -> str:
+    return f"{x:g}"
+
+
+def format_rate(bps: float) -> str:
+    """Human form of a rate in bits/s (`0` prints as `unlimited`)."""
+    if bps == 0:
+        return "unlimited"
+    for unit, scale in (("Gbit/s", 1e9), ("Mbit/s", 1e6), ("kbit/s", 1e3)):
+        if bps >= scale:
+            return f"{bps / scale:g}{unit}"
+    return f"{bps:g}bit/s"
+
+
+# number, optional SI prefix, optional "bit", optional "/s". Byte units ("MB/s") and the "bps" family are
+# deliberately not accepted: tc reads "mbps" as megaBYTES per second while most people mean megabits,
+# and a silent factor of 8 in a network profile is worse than an error.
+_RATE_RE = re.compile(
+    r"^\s*(?P<num>[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*(?P<prefix>[kmg]?)(?P<bit>bit)?(?P<per>/s)?\s*$",
+    re.IGNORECASE)
+_PREFIX = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9}
+
+
+def parse_rate(value: str | int | float) -> float:
+    """Parse a link rate into bits per second.
+
+    Accepts plain numbers (bits/s) and strings like "20mbit", "5Mbit/s", "500kbit", "1gbit", "2.5m",
+    "1e6"; "0" or "unlimited" mean no rate limit (returns 0.0). Raises ValueError on anything else,
+    including negative, non-finite, or ambiguous byte-based units such as "5MB/s" or "20mbps".
+    """
+    if isinstance(value, bool):
+        raise ValueError(f"invalid rate {value!r}: expected bits/s or a string like '20mbit'")
+    if isinstance(value, (int, float)):
+        rate = float(value)
+    elif isinstance(value, str):
+        text = value.strip()
+        if text.lower() in ("unlimited", "none"):
+            return 0.0
+        m = _RATE_RE.match(text)
+        if m is None:
+            hint = ""
+            if re.search(r"(bps|b/s|byte)", text, re.IGNORECASE):
+                hint = " (byte units and 'bps' are ambiguous; write bits, e.g. '20mbit' or '20Mbit/s')"
+            raise ValueError(f"invalid rate {value!r}: expected e.g. '20mbit', '5Mbit/s', '500kbit', "
+                             f"'1gbit' or bits/s{hint}")
+        rate = float(m.group("num")) * _PREFIX[m.group("prefix").lower()]
+    else:
+        raise ValueError(f"invalid rate {value!r}: expected a number or a string, got {type(value).__name__}")
+    if not math.isfinite(rate) or rate < 0:
+        raise ValueError(f"invalid rate {value!r}: must be finite and >= 0 (0 = unlimited)")
+    return rate
+
+
+def parse_hostport(value: str, default_host: str = "127.0.0.1") -> tuple[str, int]:
+    """Parse "HOST:PORT" (also "[v6addr]:PORT" and ":PORT", which means `default_host`).
+
+    Port 0 is allowed (pick a free port when listening). Raises ValueError with the offending text.
+    """
+    if not isinstance(value, str):
+        raise ValueError(f"invalid address {value!r}: expected 'HOST:PORT'")
+    text = value.strip()
+    if text.startswith("["):  # bracketed IPv6, the only unambiguous way to give a v6 address a port
+        close = text.find("]")
+        if close < 0 or text[close + 1:close + 2] != ":":
+            raise ValueError(f"invalid address {value!r}: expected '[IPV6]:PORT'")
+        host, port_text = text[1:close], text[close + 2:]
+    else:
+        host, sep, port_text = text.rpartition(":")
+        if not sep:
+            raise ValueError(f"invalid address {value!r}: expected 'HOST:PORT' (missing ':PORT')")
+        if ":" in host:
+            raise ValueError(f"invalid address {value!r}: write IPv6 addresses as '[ADDR]:PORT'")
+    host = host or default_host
+    if not port_text.isdigit():
+        raise ValueError(f"invalid address {value!r}: port {port_text!r} is not a number")
+    port = int(port_text)
+    if not 0 <= port <= 65535:
+        raise ValueError(f"invalid address {value!r}: port {port} is out of range 0..65535")
+    return host, port
+
+
+def _parse_ms(name: str, value: str | int | float) -> float:
+    """Milliseconds from a number or a string such as "100", "100ms" or "0.1s"."""
+    if isinstance(value, bool):
+        raise ValueError(f"invalid {name} {value!r}: expected milliseconds")
+    if isinstance(value, str):
+        text = value.strip().lower()
+        scale = 1.0
+        if text.endswith("ms"):
+            text = text[:-2]
+        elif text.endswith("s"):
+            text, scale = text[:-1], 1000.0
+        try:
+            ms = float(text) * scale
+        except ValueError:
+            raise ValueError(f"invalid {name} {value!r}: expected milliseconds, e.g. '100' or '100ms'") from None
+    elif isinstance(value, (int, float)):
+        ms = float(value)
+    else:
+        raise ValueError(f"invalid {name} {value!r}: expected milliseconds")
+    if not math.isfinite(ms) or ms < 0:
+        raise ValueError(f"invalid {name} {value!r}: must be finite and >= 0")
+    return ms
+
+
+def _parse_pct(value: str | int | float) -> float:
+    if isinstance(value, bool):
+        raise ValueError(f"invalid loss {value!r}: expected a percentage")
+    text = value.strip().rstrip("%") if isinstance(value, str) else value
+    try:
+        pct = float(text)
+    except (TypeError, ValueError):
+        raise ValueError(f"invalid loss {value!r}: expected a percentage such as '1' or '0.5%'") from None
+    if not math.isfinite(pct) or not 0 <= pct <= 100:
+        raise ValueError(f"invalid loss {value!r}: must be within [0, 100] percent")
+    return pct
+
+
+def profile_from_args(name: str | None, rtt=None, jitter=None, up=None, down=None, loss=None,
+                      seed: int | None = None) -> WanProfile:
+    """A named profile (see PROFILES; None = ideal link) with any given field overridden.
+
+    rtt/jitter are milliseconds (numbers or strings like "80", "80ms", "0.08s"), up/down are rates as
+    accepted by `parse_rate`, loss is a percentage ("1", "0.5%"). Raises ValueError on an unknown name
+    or a bad value.
+    """
+    if name is None:
+        base = WanProfile()
+    else:
+        key = name.strip().lower() if isinstance(name, str) else name
+        if key not in PROFILES:
+            raise ValueError(f"unknown WAN profile {name!r}; choose one of {', '.join(sorted(PROFILES))}")
+        base = PROFILES[key]
+    changes: dict[str, object] = {}
+    if rtt is not None:
+        changes["rtt_ms"] = _parse_ms("rtt", rtt)
+    if jitter is not None:
+        changes["jitter_ms"] = _parse_ms("jitter", jitter)
+    if up is not None:
+        changes["up_bps"] = parse_rate(up)
+    if down is not None:
+        changes["down_bps"] = parse_rate(down)
+    if loss is not None:
+        changes["loss_pct"] = _parse_pct(loss)
+    if seed is not None:
+        if isinstance(seed, bool):
+            raise ValueError(f"invalid seed {seed!r}")
+        try:
+            changes["seed"] = int(seed)
+        except (TypeError, ValueError):
+            raise ValueError(f"invalid seed {seed!r}: expected an integer") from None
+    return dataclasses.replace(base, **changes)
