@@ -110,6 +110,8 @@ class SpecLoop:
         config: LoopConfig | None = None,
         on_tokens: Callable[[list[int]], None] | None = None,
         eos_ids: frozenset[int] = frozenset(),
+        cache=None,  # a draft.cache.StateCache: pre-draft likely outcomes while waiting for verdicts
+        coupled_seed: int | None = None,  # coupled mode: lets the cache rank outcomes by the shared noise
     ) -> None:
         self.transport = transport
         self.prompt = [int(t) for t in prompt]
@@ -125,6 +127,11 @@ class SpecLoop:
         self.stats = RunStats()
         self.finished = False
         self.reconnects = 0
+        self.cache = cache
+        self.coupled_seed = coupled_seed
+        self._ready = None  # a cache hit: the next block, already drafted
+        self._planned: set[int] = set()
+        self._extra: dict[int, tuple[int, np.ndarray]] = {}  # sync + cache: (bonus guess, its q row) per block
 
     # -- the loop -----------------------------------------------------------------------------
     def run(self) -> LoopResult:
@@ -135,10 +142,18 @@ class SpecLoop:
             # take every verdict that is already here; block only when the window is full
             while self.inflight:
                 blocking = len(self.inflight) >= window
-                t_wait = time.perf_counter()
-                v = self.transport.recv(None if blocking else 0.0)
-                if blocking:
-                    self.stats.wait_s += time.perf_counter() - t_wait
+                self._plan_cache()
+                if blocking and self.cache is not None and self.cache.has_work:
+                    # the edge would idle here: pre-draft likely outcomes, checking for the verdict in between
+                    v = self.transport.recv(0.0)
+                    if v is None:
+                        self.cache.predraft_one()
+                        continue
+                else:
+                    t_wait = time.perf_counter()
+                    v = self.transport.recv(None if blocking else 0.0)
+                    if blocking:
+                        self.stats.wait_s += time.perf_counter() - t_wait
                 if v is None:
                     break
                 if isinstance(v, Disconnected):
@@ -151,6 +166,9 @@ class SpecLoop:
                 break
             self._send_next_block()
         self.stats.wall_s = time.perf_counter() - t_start
+        if self.cache is not None:
+            self.stats.cache.update(self.cache.metrics.as_dict())
+            self.cache.clear()
         return LoopResult(self.committed[len(self.prompt) :], self.stats, self.finished)
 
     def _resync(self) -> None:
@@ -161,6 +179,9 @@ class SpecLoop:
         self.inflight.clear()
         self.spec = list(self.committed)
         self.reconnects += 1
+        self._ready = None
+        if self.cache is not None:
+            self.cache.clear()
 
     def _send_next_block(self) -> None:
         k = self.policy.next_k() if self.drafter is not None else 0
@@ -171,10 +192,23 @@ class SpecLoop:
         base = live[-1].base + len(live[-1].tokens) if live else len(self.spec)
         block_tokens: list[int] = []
         q = None
-        if k + overlap > 0 and self.drafter is not None:
-            d = self.drafter.draft(self.spec, k + overlap, min_conf=self.cfg.min_conf, min_tokens=overlap + 1)
+        if self._ready is not None and not live:
+            block_tokens, q = list(self._ready.tokens), self._ready.q
+            self._ready = None
+        elif k + overlap > 0 and self.drafter is not None:
+            # sync mode with a cache: draft one token more than we send; it is the likely bonus,
+            # and its q row lets the cache plan the full-accept outcomes
+            extra = 1 if (self.cache is not None and self.cfg.mode == "sync") else 0
+            keep_q = True if self.cache is not None else None
+            d = self.drafter.draft(
+                self.spec, k + overlap + extra, min_conf=self.cfg.min_conf, min_tokens=overlap + 1, keep_q=keep_q
+            )
             self.stats.draft_s += d.seconds
             block_tokens, q = d.tokens, d.q
+            if extra and len(block_tokens) == k + overlap + extra:
+                self._extra[self.seq] = (block_tokens[-1], None if q is None else q[-1])
+                block_tokens = block_tokens[:-1]
+                q = None if q is None else q[:-1]
         self.stats.k_chosen.append(len(block_tokens) - overlap)
         block = Block(self.seq, base, block_tokens, q, overlap)
         self.seq += 1
@@ -182,8 +216,33 @@ class SpecLoop:
         self.inflight.append(block)
         self.transport.send(block)
 
+    def _plan_cache(self) -> None:
+        """Queue the likely outcomes of the oldest live block in flight (once per block)."""
+        if self.cache is None or self.cache.has_work:
+            return
+        live = [b for b in self.inflight if not b.doomed]
+        if not live or live[0].seq in self._planned or live[0].q is None:
+            return
+        b = live[0]
+        self._planned.add(b.seq)
+        rows = b.q[b.overlap :]
+        draft = b.tokens[b.overlap :]
+        bonus_guess = None
+        if len(live) > 1 and live[1].overlap and live[1].q is not None:
+            bonus_guess = live[1].tokens[0]  # already in flight: not worth a cache entry
+            rows = np.concatenate([rows, live[1].q[:1]])
+        elif b.seq in self._extra and self._extra[b.seq][1] is not None:
+            rows = np.concatenate([rows, self._extra[b.seq][1][None, :]])
+        accept = self.stats.per_position_acceptance or [0.7]
+        self.cache.cfg.depth = max(1, self.policy.next_k())
+        committed_then = self.spec[: b.base + b.overlap] if b.base + b.overlap <= len(self.spec) else self.committed
+        self.cache.plan_block(
+            b.seq, committed_then, draft, rows, accept, bonus_guess=bonus_guess, coupled_seed=self.coupled_seed
+        )
+
     def _apply(self, v: Verdict) -> None:
         block = self.inflight.popleft()
+        self._extra.pop(block.seq, None)
         if v.seq != block.seq:
             raise RuntimeError(f"verdict for block {v.seq} arrived while block {block.seq} was expected")
         if v.dropped:
@@ -216,3 +275,9 @@ class SpecLoop:
             self.spec = list(self.committed)
             for b in self.inflight:
                 b.doomed = True
+            if self.cache is not None and not v.finished:
+                hit = self.cache.lookup(v.seq, v.accepted, v.next_token, rejected=v.accepted < drafted)
+                if hit is not None:
+                    self._ready = hit
+        if self.cache is not None:
+            self.cache.discard_block(v.seq)

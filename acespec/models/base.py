@@ -69,8 +69,12 @@ class Model(ABC):
     n_ctx: int  # context window in tokens
     tokenizer: Tokenizer
 
+    n_slots: int = 1  # KV sequences this model can hold at once (forks for the state cache)
+
     def __init__(self) -> None:
-        self.tokens: list[int] = []  # what the KV cache holds, in order
+        self.tokens: list[int] = []  # what the active KV sequence holds, in order
+        self.slot = 0  # the active sequence: eval and rollback act on it
+        self._slots: dict[int, list[int]] = {0: self.tokens}
 
     @property
     def n_past(self) -> int:
@@ -114,6 +118,37 @@ class Model(ABC):
             n += 1
         self.rollback(n)
         return n
+
+    # -- forks: extra KV sequences sharing a prefix with the active one ------------------------------
+    def fork(self, dst: int, n: int) -> None:
+        """Sequence `dst` := the first `n` tokens of the active sequence. Runtimes with a shared KV
+        cache (llama.cpp's unified cache) tag the same cells, so a fork costs no compute."""
+        if not 0 <= dst < self.n_slots or dst == self.slot:
+            raise ModelError(f"{self.name}: bad fork slot {dst} (slots 0..{self.n_slots - 1}, active {self.slot})")
+        if not 0 <= n <= len(self.tokens):
+            raise ModelError(f"{self.name}: cannot fork {n} tokens from a sequence of {len(self.tokens)}")
+        self._fork(self.slot, dst, n)
+        self._slots[dst] = self.tokens[:n]
+
+    def activate(self, slot: int) -> None:
+        """Make `slot` the active sequence (it must have been forked into)."""
+        if slot not in self._slots:
+            raise ModelError(f"{self.name}: slot {slot} holds no sequence")
+        self.slot = slot
+        self.tokens = self._slots[slot]
+
+    def free(self, slot: int) -> None:
+        """Drop sequence `slot` (not the active one)."""
+        if slot == self.slot:
+            raise ModelError(f"{self.name}: cannot free the active slot {slot}")
+        if self._slots.pop(slot, None) is not None:
+            self._free(slot)
+
+    def _fork(self, src: int, dst: int, n: int) -> None:
+        raise ModelError(f"{self.name}: this runtime does not support forked sequences")
+
+    def _free(self, slot: int) -> None:
+        pass
 
     @abstractmethod
     def _eval(self, new: list[int], want: int) -> np.ndarray:

@@ -66,6 +66,7 @@ class LlamaCppModel(Model):
         n_batch: int = 256,  # most tokens per llama_decode call
         n_threads: int | None = None,  # CPU threads; default all cores (ACESPEC_THREADS overrides)
         n_gpu_layers: int = 0,  # layers to offload when llama.cpp was built with a GPU backend
+        n_slots: int = 1,  # KV sequences (forks) in one unified cache; the state cache needs > 1
         name: str | None = None,
     ) -> None:
         super().__init__()
@@ -100,6 +101,19 @@ class LlamaCppModel(Model):
         self.tokenizer = LlamaTokenizer(self._llm)
         self._ctx = self._llm._ctx
         self._batch = self._llm._batch
+        self.n_slots = max(1, int(n_slots))
+        if self.n_slots > 1:
+            # Llama() builds a one-sequence context; rebuild it with n_seq_max sequences in a unified
+            # KV cache, where a fork tags the prefix's cells with another sequence id instead of copying
+            from llama_cpp import _internals
+
+            params = self._llm.context_params
+            params.n_seq_max = self.n_slots
+            params.kv_unified = True
+            self._ctx = _internals.LlamaContext(model=self._llm._model, params=params, verbose=False)
+            self._llm._ctx.close()
+            self._llm._ctx = self._ctx
+        self.kv_bytes_per_token = self._kv_bytes_per_token()
         self.passes = 0  # llama_decode calls that produced logits
 
     def _eval(self, new: list[int], want: int) -> np.ndarray:
@@ -107,7 +121,7 @@ class LlamaCppModel(Model):
         out = np.empty((want, V), dtype=np.float32)
         n_past = len(self.tokens)
         first_wanted = len(new) - want
-        self._ctx.kv_cache_seq_rm(0, n_past, -1)
+        self._ctx.kv_cache_seq_rm(self.slot, n_past, -1)
         done = 0
         row = 0
         b = self._batch.batch
@@ -119,7 +133,7 @@ class LlamaCppModel(Model):
             for i, tok in enumerate(chunk):
                 b.token[i] = tok
                 b.pos[i] = n_past + done + i
-                b.seq_id[i][0] = 0
+                b.seq_id[i][0] = self.slot
                 b.n_seq_id[i] = 1
                 flag = done + i >= first_wanted
                 b.logits[i] = flag
@@ -127,7 +141,7 @@ class LlamaCppModel(Model):
             rc = self._lc.llama_decode(self._ctx.ctx, b)
             if rc != 0:
                 # llama.cpp leaves the cache in an unknown state past n_past; drop it so we stay consistent
-                self._ctx.kv_cache_seq_rm(0, n_past, -1)
+                self._ctx.kv_cache_seq_rm(self.slot, n_past, -1)
                 raise ModelError(f"{self.name}: llama_decode failed with code {rc}")
             if n_out:
                 ptr = self._ctx.get_logits()
@@ -138,7 +152,29 @@ class LlamaCppModel(Model):
         return out
 
     def _rollback(self, n: int) -> None:
-        self._ctx.kv_cache_seq_rm(0, n, -1)
+        self._ctx.kv_cache_seq_rm(self.slot, n, -1)
+
+    def _fork(self, src: int, dst: int, n: int) -> None:
+        self._ctx.kv_cache_seq_rm(dst, 0, -1)
+        if n:
+            self._ctx.kv_cache_seq_cp(src, dst, 0, n)
+
+    def _free(self, slot: int) -> None:
+        self._ctx.kv_cache_seq_rm(slot, 0, -1)
+
+    def _kv_bytes_per_token(self) -> int:
+        """K and V, every layer, f16: what one more cached token costs (for memory budgets)."""
+        lc = self._lc
+        m = self._llm._model.model
+        try:
+            n_layer = lc.llama_model_n_layer(m)
+            n_embd = lc.llama_model_n_embd(m)
+            n_head = lc.llama_model_n_head(m)
+            n_head_kv = lc.llama_model_n_head_kv(m)
+        except AttributeError:  # pragma: no cover - older bindings
+            return 0
+        head_dim = n_embd // max(1, n_head)
+        return int(2 * n_layer * n_head_kv * head_dim * 2)
 
     def close(self) -> None:
         self._llm.close()

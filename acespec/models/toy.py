@@ -45,6 +45,7 @@ class ToyModel(Model):
         noise_seed: int = 0,  # which noise table
         eos: int = -1,  # end-of-sequence token id, -1 for none
         n_ctx: int = 1 << 20,  # context window
+        n_slots: int = 64,  # forked sequences it can hold (they cost nothing here)
     ) -> None:
         super().__init__()
         if vocab < 2:
@@ -55,6 +56,7 @@ class ToyModel(Model):
         self.seed, self.order, self.scale = int(seed), int(order), float(scale)
         self.noise, self.noise_seed = float(noise), int(noise_seed)
         self.n_ctx = int(n_ctx)
+        self.n_slots = int(n_slots)
         self.tokenizer = ToyTokenizer(self.vocab_size, None if eos < 0 else int(eos))
         self.name = f"toy:vocab={vocab},seed={seed}" + (f",noise={noise:g}" if noise else "")
         self._table: dict[tuple[int, ...], np.ndarray] = {}
@@ -85,4 +87,7 @@ class ToyModel(Model):
 
     def _rollback(self, n: int) -> None:
         pass  # the "KV cache" is just self.tokens
+
+    def _fork(self, src: int, dst: int, n: int) -> None:
+        pass  # likewise: the slot's token list is its whole state
 

@@ -1,0 +1,267 @@
+"""The probabilistic state cache: continuations pre-drafted for the likely verdicts of a block in flight.
+
+While the edge waits for the verdict of block `b` (draft tokens x_0..x_{k-1}), it knows what the
+verdict can be: `(accepted n, next token t)`. For each likely outcome it drafts, ahead of time, the
+block that would follow `committed + x[:n] + [t]`, and keeps the drafter's KV for it in a forked
+sequence. When the verdict arrives, a hit is one dict lookup: the next block is already drafted and
+the drafter state is already in place, so the edge sends at once instead of drafting on the
+critical path. A miss rolls back and drafts fresh.
+
+Outcomes and their estimated probabilities (a_i = measured acceptance at block position i):
+- rejection at i with recovered token t != x_i:  P = prod_{j<i} a_j * (1 - a_i) * w_i(t)
+- full accept with bonus t:                      P = prod_{j<k} a_j * w_k(t)
+where w_i ranks the alternatives at position i: q_i(t) renormalised over t != x_i; in coupled mode the
+target's token is argmax(log p + g) with the shared Gumbel noise g, so alternatives are ranked by
+log q + g instead (the drafter's best guess of that argmax), which is much sharper. In pipelined mode
+the drafter's own bonus guess is already the next block in flight, so it is not cached again.
+
+Mechanism for the drafter state: llama.cpp's unified KV cache holds several sequences; a fork tags the
+committed prefix's cells with another sequence id (no copy, no compute), and an entry owns only the
+cells of its own few tokens. The alternative, saving and restoring whole context states, copies the
+full KV (tens of MB) per entry. Entries live in an LRU map whose byte budget counts everything an
+entry holds: the KV of its own tokens, its q rows, and its token list.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from acespec.draft.chain import ChainDrafter, DraftBlock
+from acespec.verify import gumbel_noise
+
+ENTRY_OVERHEAD = 256  # bytes of bookkeeping per entry (key, lists, object headers), counted in the budget
+
+
+@dataclass
+class CacheConfig:
+    budget_bytes: int = 32 << 20  # memory the cache may hold per session
+    alternatives: int = 3  # alternatives considered per position
+    max_entries_per_block: int = 8  # most outcomes pre-drafted for one block in flight
+    min_prob: float = 0.01  # skip outcomes less likely than this
+    depth: int = 4  # tokens drafted per entry (the most probable outcomes)
+    shallow_depth: int = 2  # tokens drafted for the less probable ones
+
+
+@dataclass
+class Entry:
+    key: tuple[int, int, int]  # (block seq, accepted n, next token t)
+    tokens: list[int]  # the pre-drafted block that follows committed + x[:n] + [t]
+    q: np.ndarray | None  # [len(tokens), V] (sparse-truncated rows; only for rules that need q)
+    slot: int  # drafter KV sequence holding committed + x[:n] + [t] + tokens[:-1]
+    prob: float  # estimated probability of this outcome
+    nbytes: int  # what it costs against the budget
+    draft_s: float  # time it took to pre-draft (what a hit saves)
+    kind: str  # "reject" or "bonus"
+
+
+@dataclass
+class CacheMetrics:
+    lookups: int = 0  # verdicts that invalidated the speculation and consulted the cache
+    hits: int = 0
+    lookups_rejected: int = 0  # lookups after a block with a rejected draft token
+    hits_rejected: int = 0  # ... that hit
+    hits_reject: int = 0  # hits on a rejection outcome
+    hits_bonus: int = 0  # hits on a full-accept outcome with another bonus token
+    entries_drafted: int = 0
+    evictions: int = 0
+    bytes_held: int = 0
+    peak_bytes: int = 0
+    time_saved_s: float = 0.0  # drafting time the hits took off the critical path
+    lookup_s: float = 0.0  # total time spent in lookups
+    predraft_s: float = 0.0  # time spent pre-drafting (off the critical path)
+
+    def as_dict(self) -> dict:
+        return {
+            "lookups": self.lookups,
+            "hits": self.hits,
+            "hit_rate": round(self.hits / self.lookups, 4) if self.lookups else 0.0,
+            "lookups_rejected": self.lookups_rejected,
+            "hit_rate_rejected": round(self.hits_rejected / self.lookups_rejected, 4) if self.lookups_rejected else 0.0,
+            "hits_reject": self.hits_reject,
+            "hits_bonus": self.hits_bonus,
+            "entries_drafted": self.entries_drafted,
+            "evictions": self.evictions,
+            "bytes_held": self.bytes_held,
+            "peak_bytes": self.peak_bytes,
+            "time_saved_s": round(self.time_saved_s, 4),
+            "lookup_us_mean": round(1e6 * self.lookup_s / self.lookups, 2) if self.lookups else 0.0,
+            "predraft_s": round(self.predraft_s, 4),
+        }
+
+
+class StateCache:
+    def __init__(self, drafter: ChainDrafter, config: CacheConfig | None = None) -> None:
+        self.drafter = drafter
+        self.model = drafter.model
+        self.cfg = config or CacheConfig()
+        self.entries: OrderedDict[tuple[int, int, int], Entry] = OrderedDict()
+        self.metrics = CacheMetrics()
+        self.plan: list[tuple[float, tuple[int, int, int], list[int], int, str]] = []  # pending outcomes
+        kv = int(getattr(self.model, "kv_bytes_per_token", 0))
+        self.kv_bytes_per_token = kv
+
+    # -- planning ---------------------------------------------------------------------------------
+    def plan_block(
+        self,
+        seq: int,
+        committed: Sequence[int],
+        draft: Sequence[int],  # int[k] the block's draft tokens (after any overlap)
+        q_rows: np.ndarray | None,  # [k+1, V]: q at each draft position, plus the bonus position if known
+        accept: Sequence[float],  # estimated acceptance per block position
+        *,
+        bonus_guess: int | None,  # the drafter's own bonus guess already in flight (pipelined), else None
+        coupled_seed: int | None,  # coupled mode: rank alternatives by the shared Gumbel noise
+    ) -> None:
+        """Queue the likely outcomes of block `seq`, most probable first."""
+        if q_rows is None or self.model.n_slots < 2:
+            return
+        C = len(committed)
+        k = len(draft)
+        outcomes: list[tuple[float, tuple[int, int, int], list[int], int, str]] = []
+        reach = 1.0
+        for i in range(min(k + 1, len(q_rows))):
+            a = accept[i] if i < len(accept) else (accept[-1] if accept else 0.5)
+            a = float(min(max(a, 0.02), 0.98))
+            exclude = draft[i] if i < k else bonus_guess
+            p_here = reach * ((1.0 - a) if i < k else 1.0)
+            for t, w in self._alternatives(q_rows[i], exclude, coupled_seed, C + i):
+                prob = p_here * w
+                if prob >= self.cfg.min_prob:
+                    ctx = list(committed) + list(draft[:i]) + [t]
+                    outcomes.append((prob, (seq, i, t), ctx, C + i, "reject" if i < k else "bonus"))
+            if i < k:
+                reach *= a
+        outcomes.sort(key=lambda o: -o[0])
+        self.plan = outcomes[: self.cfg.max_entries_per_block]
+
+    def _alternatives(self, q: np.ndarray, exclude: int | None, seed: int | None, pos: int):
+        if seed is not None:
+            with np.errstate(divide="ignore"):
+                score = np.log(q) + gumbel_noise(seed, pos, len(q))
+        else:
+            score = q
+        m = self.cfg.alternatives + 1
+        idx = np.argpartition(-score, m)[:m] if len(score) > m else np.arange(len(score))
+        idx = idx[np.argsort(-score[idx])]
+        alts = [int(t) for t in idx if int(t) != exclude and q[t] > 0][: self.cfg.alternatives]
+        if not alts:
+            return []
+        if seed is not None:
+            # the first alternative under the perturbed scores is the likely one; share mass geometrically
+            ws = np.array([0.6 ** r for r in range(len(alts))])
+        else:
+            rest = 1.0 - (q[exclude] if exclude is not None else 0.0)
+            ws = np.array([q[t] for t in alts]) / max(rest, 1e-9)
+        return list(zip(alts, ws.tolist()))
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.plan)
+
+    def predraft_one(self) -> None:
+        """Draft the most probable pending outcome into a forked drafter sequence."""
+        if not self.plan:
+            return
+        prob, key, ctx, fork_at, kind = self.plan.pop(0)
+        if key in self.entries:
+            return
+        slot = self._free_slot()
+        if slot is None:
+            self.plan.clear()
+            return
+        t0 = time.perf_counter()
+        main = self.model.slot
+        n_common = min(fork_at, len(self.model.tokens))
+        while n_common > 0 and self.model.tokens[:n_common] != ctx[:n_common]:
+            n_common -= 1  # fork only what really matches (the main sequence may have moved on)
+        self.model.fork(slot, n_common)
+        self.model.activate(slot)
+        try:
+            top = self.plan[0][0] if self.plan else prob
+            depth = self.cfg.depth if prob >= 0.5 * max(top, prob) else self.cfg.shallow_depth
+            d: DraftBlock = self.drafter.draft(ctx, depth)
+        finally:
+            self.model.activate(main)
+        dt = time.perf_counter() - t0
+        own_tokens = len(ctx) - n_common + len(d.tokens)
+        nbytes = ENTRY_OVERHEAD + own_tokens * self.kv_bytes_per_token + 8 * len(d.tokens)
+        if d.q is not None:
+            nbytes += int(np.count_nonzero(d.q)) * 12  # stored sparse: id + prob
+        e = Entry(key, d.tokens, d.q, slot, prob, nbytes, dt, kind)
+        self._insert(e)
+        self.metrics.entries_drafted += 1
+        self.metrics.predraft_s += dt
+
+    # -- storage ----------------------------------------------------------------------------------
+    def _used_slots(self) -> set[int]:
+        return {e.slot for e in self.entries.values()}
+
+    def _free_slot(self) -> int | None:
+        used = self._used_slots() | {self.model.slot}
+        for s in range(self.model.n_slots):
+            if s not in used:
+                return s
+        if self.entries:
+            self._evict_lru()
+            return self._free_slot()
+        return None
+
+    def _insert(self, e: Entry) -> None:
+        if e.nbytes > self.cfg.budget_bytes:
+            self.model.free(e.slot)
+            return
+        while self.metrics.bytes_held + e.nbytes > self.cfg.budget_bytes and self.entries:
+            self._evict_lru()
+        self.entries[e.key] = e
+        self.metrics.bytes_held += e.nbytes
+        self.metrics.peak_bytes = max(self.metrics.peak_bytes, self.metrics.bytes_held)
+
+    def _evict_lru(self) -> None:
+        _, e = self.entries.popitem(last=False)
+        self._drop(e)
+        self.metrics.evictions += 1
+
+    def _drop(self, e: Entry) -> None:
+        self.metrics.bytes_held -= e.nbytes
+        if e.slot != self.model.slot:
+            self.model.free(e.slot)
+
+    def discard_block(self, seq: int) -> None:
+        """A verdict for block `seq` arrived: its other outcomes can no longer happen."""
+        for key in [k for k in self.entries if k[0] <= seq]:
+            self._drop(self.entries.pop(key))
+        self.plan = [o for o in self.plan if o[1][0] > seq]
+
+    # -- lookup -----------------------------------------------------------------------------------
+    def lookup(self, seq: int, accepted: int, next_token: int, *, rejected: bool = False) -> Entry | None:
+        """O(1): the pre-drafted continuation for this verdict, with its drafter sequence made active."""
+        t0 = time.perf_counter()
+        e = self.entries.pop((seq, accepted, next_token), None)
+        self.metrics.lookup_s += time.perf_counter() - t0
+        self.metrics.lookups += 1
+        self.metrics.lookups_rejected += rejected
+        if e is None:
+            return None
+        self.metrics.hits_rejected += rejected
+        self.metrics.bytes_held -= e.nbytes
+        self.metrics.hits += 1
+        if e.kind == "reject":
+            self.metrics.hits_reject += 1
+        else:
+            self.metrics.hits_bonus += 1
+        self.metrics.time_saved_s += e.draft_s
+        old = self.model.slot
+        self.model.activate(e.slot)
+        self.model.free(old)
+        return e
+
+    def clear(self) -> None:
+        for e in list(self.entries.values()):
+            self._drop(e)
+        self.entries.clear()
+        self.plan = []
