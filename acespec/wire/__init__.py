@@ -1,0 +1,87 @@
+"""The binary frame format between edge and cloud: encode/decode, limits, versioning.
+
+The format itself is specified in the docstring of `acespec.wire.frames`; start there.
+
+    encode(frame, limits=DEFAULT_LIMITS) -> bytes          a whole frame, length prefix included
+    decode(data, limits=DEFAULT_LIMITS) -> frame           exactly one whole frame
+    FrameDecoder(limits).feed(data) -> list[frame]         incremental, for byte streams
+    await read_frame(reader, limits) / write_frame(writer, frame)    asyncio streams
+    recv_frame(sock, limits) / send_frame(sock, frame)               blocking sockets
+
+Frames are frozen dataclasses, one per FrameType: Hello, Welcome, Draft, Verdict, Resume, Ping,
+Pong, Error, Close, Tokens. Decoding raises WireError (with an ErrorCode) and nothing else.
+
+This package depends on the standard library only, so either side can use it alone.
+"""
+
+from .errors import ErrorCode, WireError
+from .frames import (
+    DEFAULT_LIMITS,
+    MAX_ERROR_MESSAGE_BYTES,
+    PROTOCOL_VERSION,
+    Close,
+    CloseReason,
+    Draft,
+    DraftFlag,
+    Error,
+    Frame,
+    FrameDecoder,
+    FrameType,
+    Hello,
+    Limits,
+    Mode,
+    Ping,
+    Pong,
+    Resume,
+    SparseRow,
+    Tokens,
+    TokensFlag,
+    Verdict,
+    VerdictFlag,
+    Welcome,
+    decode,
+    decode_uvarint,
+    encode,
+    encode_uvarint,
+    zigzag_decode,
+    zigzag_encode,
+)
+from .stream import read_frame, recv_frame, send_frame, write_frame
+
+__all__ = [
+    "PROTOCOL_VERSION",
+    "MAX_ERROR_MESSAGE_BYTES",
+    "ErrorCode",
+    "WireError",
+    "FrameType",
+    "Mode",
+    "CloseReason",
+    "DraftFlag",
+    "VerdictFlag",
+    "TokensFlag",
+    "Limits",
+    "DEFAULT_LIMITS",
+    "SparseRow",
+    "Hello",
+    "Welcome",
+    "Draft",
+    "Verdict",
+    "Resume",
+    "Ping",
+    "Pong",
+    "Error",
+    "Close",
+    "Tokens",
+    "Frame",
+    "encode",
+    "decode",
+    "FrameDecoder",
+    "encode_uvarint",
+    "decode_uvarint",
+    "zigzag_encode",
+    "zigzag_decode",
+    "read_frame",
+    "write_frame",
+    "recv_frame",
+    "send_frame",
+]
