@@ -16,6 +16,7 @@ from typing import Callable, Sequence
 
 from acespec import wire
 from acespec.control.depth import DepthPolicy, make_policy
+from acespec.draft.cache import CacheConfig, StateCache
 from acespec.draft.chain import ChainDrafter
 from acespec.edge.client import CloudSession, ConnectConfig, EdgeError, TcpTransport
 from acespec.engine.loop import LoopConfig, LoopResult, SpecLoop
@@ -40,6 +41,8 @@ class EdgeConfig:
     max_tokens: int = 128  # generation budget
     q_topn: int = 32  # rules that need q: the drafter samples from, and sends, the top-n of q
     min_conf: float = 0.0  # stop a block early when q(x) < this
+    cache: bool = False  # pre-draft likely verdict outcomes (the drafter model needs n_slots > 1)
+    cache_budget_mb: float = 32.0  # state-cache memory budget per session
     connect: ConnectConfig = field(default_factory=ConnectConfig)  # where the cloud is
 
     def __post_init__(self) -> None:
@@ -73,10 +76,15 @@ def run_edge(
             raise EdgeError("speculative modes need a drafter model")
         drafter = ChainDrafter(drafter_model, sampling=sp, rule=rule, seed=cfg.seed, q_topn=cfg.q_topn)
         transport = TcpTransport(session, send_q=rule.info.needs_q)
+        cache = None
+        if cfg.cache:
+            if drafter_model.n_slots < 2:
+                raise EdgeError("the state cache needs a drafter loaded with n_slots > 1")
+            cache = StateCache(drafter, CacheConfig(budget_bytes=int(cfg.cache_budget_mb * (1 << 20))))
         loop = SpecLoop(
             transport, prompt, drafter=drafter, policy=policy or make_policy(cfg.policy, cfg.k),
             config=LoopConfig(mode=cfg.mode, window=cfg.window, max_tokens=cfg.max_tokens, min_conf=cfg.min_conf),
-            on_tokens=on_tokens,
+            on_tokens=on_tokens, cache=cache, coupled_seed=cfg.seed if rule.name == "coupled" else None,
         )
         loop._t0 = t0
         res = loop.run()

@@ -259,7 +259,15 @@ class SpecLoop:
             raise RuntimeError(f"edge and target disagree on the committed length ({len(self.committed)} vs {v.committed})")
         self.stats.observe_block(drafted, v.accepted)
         self.stats.verify_s += v.verify_us / 1e6
-        self.policy.update(drafted, v.accepted, verify_s=v.verify_us / 1e6)
+        obs = {"verify_s": v.verify_us / 1e6}
+        if self.drafter is not None and self.drafter.tokens_drafted:
+            obs["draft_s_per_token"] = self.stats.draft_s / self.drafter.tokens_drafted
+        rtt = getattr(self.transport, "rtt_samples", None)
+        if rtt:
+            obs["rtt_s"] = rtt[-1]
+        self.policy.update(drafted, v.accepted, **obs)
+        if getattr(self.policy, "min_conf", None) is not None:
+            self.cfg.min_conf = float(self.policy.min_conf)
         now = time.perf_counter() - self._t0
         if self.stats.emitted == 0:
             self.stats.ttft_s = now
