@@ -95,11 +95,9 @@ def cmd_models(args: argparse.Namespace) -> int:
             path = registry.install(name, progress=not args.quiet, verify=args.verify)
             print(path)
         else:  # path
-            path = registry.installed_path(name)
+            path = registry.installed_path(name)  # raises UnknownModelError for a name not in the registry
             if path is None:
-                raise registry.NotInstalledError(
-                    f"model {name!r} is not installed; run `acespec models install {name}`"
-                ) if name in registry.REGISTRY else registry.UnknownModelError(f"unknown model {name!r}")
+                raise registry.NotInstalledError(name, registry.model_path(name))
             print(path)
     return 0
 
@@ -109,13 +107,14 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from acespec.engine import SpecConfig, generate
     from acespec.models import TextStream, load_model
 
-    target = load_model(args.target, n_ctx=args.n_ctx)
-    draft = None if args.no_spec else load_model(args.draft, n_ctx=args.n_ctx)
     cfg = SpecConfig(
         rule=args.rule, k=args.k, policy=args.policy, temperature=args.temperature, top_k=args.top_k,
         top_p=args.top_p, seed=args.seed, max_tokens=args.max_tokens, spec=not args.no_spec,
     )
     cfg.rule_spec  # validate before loading anything slow  # noqa: B018
+    cfg.sampling  # noqa: B018
+    target = load_model(args.target, n_ctx=args.n_ctx)
+    draft = None if args.no_spec else load_model(args.draft, n_ctx=args.n_ctx)
     ids = prompt_tokens(target.tokenizer, args.prompt, args.chat)
     stream = TextStream(target.tokenizer)
     pieces: list[str] = []
@@ -157,8 +156,16 @@ def print_stats(s: dict, out) -> None:
 
 
 # ------------------------------------------------------------------------------------------ parser
+class _ArgumentParser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line `acespec: error: ...` (exit 2) like every other error.
+    Subparsers inherit the class, so every subcommand reports the same way."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(EXIT_USAGE, f"acespec: error: {message} (see `{self.prog} -h`)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="acespec", description="Speculative decoding across an edge device and a cloud GPU.")
+    ap = _ArgumentParser(prog="acespec", description="Speculative decoding across an edge device and a cloud GPU.")
     sub = ap.add_subparsers(dest="command", required=True)
 
     m = sub.add_parser("models", help="list, install or locate the registry's models")
@@ -194,7 +201,7 @@ def _extra_commands():
         ("acespec.cloud.cli", "register"),
         ("acespec.edge.cli", "register"),
         ("acespec.net.cli", "register"),
-        ("acespec.edge.demo", "register"),
+        ("acespec.demo", "register"),
     ):
         try:
             module = __import__(mod, fromlist=[fn])
@@ -209,13 +216,14 @@ def _extra_commands():
 def main(argv: Sequence[str] | None = None) -> int:
     from acespec.models.base import ModelError
     from acespec.models.registry import RegistryError
+    from acespec.edge.client import EdgeError
     from acespec.verify import RuleSpecError
 
     ap = build_parser()
     args = ap.parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except (CliError, ModelError, RegistryError, RuleSpecError, ValueError, OSError) as e:
+    except (CliError, ModelError, RegistryError, RuleSpecError, EdgeError, ValueError, OSError) as e:
         print(f"acespec: error: {e}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:

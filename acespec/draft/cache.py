@@ -57,6 +57,8 @@ class Entry:
     nbytes: int  # what it costs against the budget
     draft_s: float  # time it took to pre-draft (what a hit saves)
     kind: str  # "reject" or "bonus"
+    base: int = 0  # committed length before the block's draft tokens
+    lead: list[int] = field(default_factory=list)  # the outcome's tokens after `base`: x[:n] + [t]
 
 
 @dataclass
@@ -163,17 +165,17 @@ class StateCache:
     def has_work(self) -> bool:
         return bool(self.plan)
 
-    def predraft_one(self) -> None:
-        """Draft the most probable pending outcome into a forked drafter sequence."""
+    def predraft_one(self) -> Entry | None:
+        """Draft the most probable pending outcome into a forked drafter sequence; returns the entry."""
         if not self.plan:
-            return
+            return None
         prob, key, ctx, fork_at, kind = self.plan.pop(0)
         if key in self.entries:
-            return
+            return None
         slot = self._free_slot()
         if slot is None:
             self.plan.clear()
-            return
+            return None
         t0 = time.perf_counter()
         main = self.model.slot
         n_common = min(fork_at, len(self.model.tokens))
@@ -192,10 +194,12 @@ class StateCache:
         nbytes = ENTRY_OVERHEAD + own_tokens * self.kv_bytes_per_token + 8 * len(d.tokens)
         if d.q is not None:
             nbytes += int(np.count_nonzero(d.q)) * 12  # stored sparse: id + prob
-        e = Entry(key, d.tokens, d.q, slot, prob, nbytes, dt, kind)
+        base = fork_at - key[1]
+        e = Entry(key, d.tokens, d.q, slot, prob, nbytes, dt, kind, base=base, lead=list(ctx[base:]))
         self._insert(e)
         self.metrics.entries_drafted += 1
         self.metrics.predraft_s += dt
+        return e if e.key in self.entries else None
 
     # -- storage ----------------------------------------------------------------------------------
     def _used_slots(self) -> set[int]:

@@ -14,7 +14,7 @@ from typing import Sequence
 import numpy as np
 
 from acespec.models.base import Model
-from acespec.verify import RuleSpec, SamplingParams, coupled_sample, probs_from_logits, sample
+from acespec.verify import RuleSpec, SamplingParams, coupled_sample, probs_from_logits, sample, softmax
 from acespec.verify.sampling import dense_row, sparse_top
 
 
@@ -85,7 +85,9 @@ class ChainDrafter:
             tokens.append(x)
             conf.append(float(q[x]))
             if keep_q:
-                rows.append(q)
+                # greedy sampling makes q one-hot; keep the drafter's soft ranking instead, which is
+                # what the state cache needs to guess alternatives (and verifies identically at T=0)
+                rows.append(softmax(logits) if self.sampling.greedy else q)
             pos += 1
             if len(tokens) >= n or (len(tokens) >= min_tokens and q[x] < min_conf):
                 break

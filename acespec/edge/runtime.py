@@ -43,6 +43,7 @@ class EdgeConfig:
     min_conf: float = 0.0  # stop a block early when q(x) < this
     cache: bool = False  # pre-draft likely verdict outcomes (the drafter model needs n_slots > 1)
     cache_budget_mb: float = 32.0  # state-cache memory budget per session
+    branches: bool = False  # also send cached outcomes as branch blocks (needs cache; q-free rules)
     connect: ConnectConfig = field(default_factory=ConnectConfig)  # where the cloud is
 
     def __post_init__(self) -> None:
@@ -83,7 +84,9 @@ def run_edge(
             cache = StateCache(drafter, CacheConfig(budget_bytes=int(cfg.cache_budget_mb * (1 << 20))))
         loop = SpecLoop(
             transport, prompt, drafter=drafter, policy=policy or make_policy(cfg.policy, cfg.k),
-            config=LoopConfig(mode=cfg.mode, window=cfg.window, max_tokens=cfg.max_tokens, min_conf=cfg.min_conf),
+            config=LoopConfig(
+                mode=cfg.mode, window=cfg.window, max_tokens=cfg.max_tokens, min_conf=cfg.min_conf, branches=cfg.branches
+            ),
             on_tokens=on_tokens, cache=cache, coupled_seed=cfg.seed if rule.name == "coupled" else None,
         )
         loop._t0 = t0

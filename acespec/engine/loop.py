@@ -39,6 +39,7 @@ class Block:
     q: np.ndarray | None = None  # [len(tokens), V] drafter rows, for rules that need q
     overlap: int = 0  # how many leading tokens are assumptions about the previous block
     doomed: bool = False  # a verdict already showed the assumptions it builds on were wrong
+    alt_key: tuple[int, int, int] | None = None  # a branch: the outcome (seq, accepted, next) it continues
 
 
 @dataclass
@@ -84,6 +85,7 @@ class LoopConfig:
     window: int = 2  # pipelined: most blocks in flight
     min_conf: float = 0.0  # stop a block early when q(x) drops below this
     max_tokens: int = 128  # generation budget (the target enforces it too)
+    branches: bool = False  # send pre-drafted outcomes as branch blocks, so the target can continue past a rejection
 
     def __post_init__(self) -> None:
         if self.mode not in ("sync", "pipelined"):
@@ -131,7 +133,8 @@ class SpecLoop:
         self.coupled_seed = coupled_seed
         self._ready = None  # a cache hit: the next block, already drafted
         self._planned: set[int] = set()
-        self._extra: dict[int, tuple[int, np.ndarray]] = {}  # sync + cache: (bonus guess, its q row) per block
+        self._extra: dict[int, tuple[int, np.ndarray]] = {}
+        self._alts: dict[tuple[int, int, int], Block] = {}  # branches in flight, by the outcome they continue  # sync + cache: (bonus guess, its q row) per block
 
     # -- the loop -----------------------------------------------------------------------------
     def run(self) -> LoopResult:
@@ -141,13 +144,16 @@ class SpecLoop:
         while not self.finished:
             # take every verdict that is already here; block only when the window is full
             while self.inflight:
-                blocking = len(self.inflight) >= window
+                # doomed blocks and branches do not hold the window: the target drops or skips them itself
+                blocking = sum(1 for b in self.inflight if not b.doomed and b.alt_key is None) >= window
                 self._plan_cache()
                 if blocking and self.cache is not None and self.cache.has_work:
                     # the edge would idle here: pre-draft likely outcomes, checking for the verdict in between
                     v = self.transport.recv(0.0)
                     if v is None:
-                        self.cache.predraft_one()
+                        entry = self.cache.predraft_one()
+                        if entry is not None and self.cfg.branches:
+                            self._send_branch(entry)
                         continue
                 else:
                     t_wait = time.perf_counter()
@@ -183,9 +189,25 @@ class SpecLoop:
         if self.cache is not None:
             self.cache.clear()
 
+    def _send_branch(self, e) -> None:
+        """A pre-drafted outcome as its own block: `lead` (the outcome's tokens) is the overlap the
+        target checks, so it is verified only if that outcome really happened, and dropped otherwise."""
+        if e.q is not None and self.transport_needs_q:
+            return  # rules that need q would need rows for the lead tokens too; keep branches to q-free rules
+        block = Block(self.seq, e.base, list(e.lead) + list(e.tokens), None, len(e.lead), alt_key=e.key)
+        self.seq += 1
+        self.inflight.append(block)
+        self._alts[e.key] = block
+        self.transport.send(block)
+        self.stats.cache["branches_sent"] = self.stats.cache.get("branches_sent", 0) + 1
+
+    @property
+    def transport_needs_q(self) -> bool:
+        return bool(self.drafter is not None and self.drafter.rule.info.needs_q)
+
     def _send_next_block(self) -> None:
         k = self.policy.next_k() if self.drafter is not None else 0
-        live = [b for b in self.inflight if not b.doomed]
+        live = [b for b in self.inflight if not b.doomed and b.alt_key is None]
         # build on the committed length the target will have when it reaches this block if every live
         # block in flight is accepted in full; the first token is then our guess of the last bonus
         overlap = 1 if live else 0
@@ -220,7 +242,7 @@ class SpecLoop:
         """Queue the likely outcomes of the oldest live block in flight (once per block)."""
         if self.cache is None or self.cache.has_work:
             return
-        live = [b for b in self.inflight if not b.doomed]
+        live = [b for b in self.inflight if not b.doomed and b.alt_key is None]
         if not live or live[0].seq in self._planned or live[0].q is None:
             return
         b = live[0]
@@ -233,7 +255,9 @@ class SpecLoop:
             rows = np.concatenate([rows, live[1].q[:1]])
         elif b.seq in self._extra and self._extra[b.seq][1] is not None:
             rows = np.concatenate([rows, self._extra[b.seq][1][None, :]])
-        accept = self.stats.per_position_acceptance or [0.7]
+        # conditional acceptance per position: P(accept i | accepted 0..i-1)
+        pa, pd = self.stats.pos_accepted, self.stats.pos_drafted
+        accept = [(pa[i] + 1) / ((pa[i - 1] if i else pd[0]) + 2) for i in range(len(pa))] or [0.7]
         self.cache.cfg.depth = max(1, self.policy.next_k())
         committed_then = self.spec[: b.base + b.overlap] if b.base + b.overlap <= len(self.spec) else self.committed
         self.cache.plan_block(
@@ -243,6 +267,8 @@ class SpecLoop:
     def _apply(self, v: Verdict) -> None:
         block = self.inflight.popleft()
         self._extra.pop(block.seq, None)
+        if block.alt_key is not None:
+            self._alts.pop(block.alt_key, None)
         if v.seq != block.seq:
             raise RuntimeError(f"verdict for block {v.seq} arrived while block {block.seq} was expected")
         if v.dropped:
@@ -279,13 +305,25 @@ class SpecLoop:
             self.finished = True
         # keep speculating only while the assumptions still extend what was committed
         n = len(self.committed)
+        if block.alt_key is None:
+            # the other outcomes' branches of this block can no longer be verified
+            for key in [k for k in self._alts if k[0] == block.seq]:
+                if key != (v.seq, v.accepted, v.next_token):
+                    self._alts.pop(key).doomed = True
         if len(self.spec) < n or self.spec[:n] != self.committed:
             self.spec = list(self.committed)
+            branch = self._alts.pop((v.seq, v.accepted, v.next_token), None)
             for b in self.inflight:
-                b.doomed = True
+                if b is not branch:
+                    b.doomed = True
             if self.cache is not None and not v.finished:
                 hit = self.cache.lookup(v.seq, v.accepted, v.next_token, rejected=v.accepted < drafted)
-                if hit is not None:
+                if branch is not None and hit is not None:
+                    # the target will verify that branch next: speculate on past it at once
+                    branch.alt_key = None
+                    self.spec = list(self.committed) + list(hit.tokens)
+                    self.stats.cache["branch_hits"] = self.stats.cache.get("branch_hits", 0) + 1
+                elif hit is not None:
                     self._ready = hit
         if self.cache is not None:
             self.cache.discard_block(v.seq)
