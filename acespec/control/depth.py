@@ -52,7 +52,7 @@ class PlusTwoMinusOne(DepthPolicy):
         self.k = min(self.k_max, self.k + 2) if accepted >= drafted else max(self.k_min, self.k - 1)
 
 
-def make_policy(spec: str, k: int) -> DepthPolicy:
+def make_policy(spec: str, k: int, *, pipelined: bool = False) -> DepthPolicy:
     """`fixed` / `adaptive` (the +2/-1 schedule) / `controller` (the cost-model controller)."""
     if spec == "fixed":
         return FixedDepth(k)
@@ -61,5 +61,5 @@ def make_policy(spec: str, k: int) -> DepthPolicy:
     if spec == "controller":
         from acespec.control.adaptive import AdaptiveController  # noqa: PLC0415
 
-        return AdaptiveController(k_init=k)
+        return AdaptiveController(k_init=max(1, k), pipelined=pipelined)
     raise ValueError(f"unknown depth policy {spec!r}; choose fixed, adaptive or controller")

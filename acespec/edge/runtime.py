@@ -83,7 +83,7 @@ def run_edge(
                 raise EdgeError("the state cache needs a drafter loaded with n_slots > 1")
             cache = StateCache(drafter, CacheConfig(budget_bytes=int(cfg.cache_budget_mb * (1 << 20))))
         loop = SpecLoop(
-            transport, prompt, drafter=drafter, policy=policy or make_policy(cfg.policy, cfg.k),
+            transport, prompt, drafter=drafter, policy=policy or make_policy(cfg.policy, cfg.k, pipelined=cfg.mode == "pipelined"),
             config=LoopConfig(
                 mode=cfg.mode, window=cfg.window, max_tokens=cfg.max_tokens, min_conf=cfg.min_conf, branches=cfg.branches
             ),

@@ -1,0 +1,462 @@
+"""Adaptive draft depth (DESIGN.md, protocol point 4): a cost-model controller for K and fan-out B.
+
+Each round the controller picks the draft depth K (and the branch fan-out B, 1 = a plain chain) that
+maximises the expected committed tokens per second, from estimates it keeps online. All estimates
+start at the priors in `AdaptiveConfig`; an observation key that never arrives leaves its prior in
+place. Before the first verdict `next_k()` returns `k_init`.
+
+Estimates
+---------
+* Per-position acceptance a_i (i = 0-based position in the block): the probability that draft
+  position i is accepted *given that every earlier position was*. After a verdict (drafted d,
+  accepted n), position i was reached iff i < d and i <= n, and accepted iff i < n. (Counting every
+  i < d as an observation would estimate P(n > i) = a_0 ... a_i instead, and the product below would
+  count the earlier positions twice.) Each position keeps exponentially discounted counts, s_i of
+  acceptances and m_i of observations; every round all counts are multiplied by (1 - accept_ema) before
+  the new ones are added, so this is an EMA with weight accept_ema (bias-corrected: the first
+  observation is not diluted by a zero start). A position seen rarely (e.g. deeper than any K drafted
+  lately) shrinks towards the pooled acceptance over all positions, itself shrunk to the prior:
+
+      a_pool = (S + w0 * prior_accept) / (M + w0)
+      a_i    = (s_i + w * a_pool) / (m_i + w)              w = accept_shrink, w0 = accept_prior_weight
+
+* Expected tokens per round (accepted draft tokens + the one recovered/bonus token):
+
+      E[K] = 1 + sum_{j=1..K} prod_{i<j} a_i               (constant a: (1 - a^(K+1)) / (1 - a))
+
+* Drafter time per token t_d, RTT, uplink rate (bits/s, 0 = unlimited, as in `acespec.net`), bytes
+  per draft token and state-cache bytes per entry: bias-corrected EMAs (weight `timing_ema`) of the
+  observation keys `draft_s_per_token`, `rtt_s`, `up_bps`, `bytes_per_token`, `cache_bytes_per_entry`.
+  Non-finite or negative values are ignored.
+
+* Verify time as a function of the tokens verified n: t_v(n) = c0 + c1 n, fitted by exponentially
+  weighted least squares (forgetting factor `verify_forget` per round) on the (n, verify_s) pairs,
+  n = `drafted` (or obs `verify_tokens` when the caller verified more, e.g. branches). The prior line
+  enters as two pseudo-observations (at n = 0 and n = k_max, weight `verify_prior_weight`), which keeps
+  the 2x2 normal equations solvable while every block has the same length; with plenty of spread in n
+  the data dominate. Predictions use max(c0, 0) and max(c1, 0).
+
+Cost model for a decision (K, B)
+--------------------------------
+Fan-out B sends B candidates per position (B*K draft tokens). Approximation: the first candidate is
+accepted with a_i, each further one, given all before it were rejected, with `branch_accept`, so
+
+      a_i(B) = 1 - (1 - a_i) (1 - branch_accept)^(B-1)
+
+      draft time   T_d = K t_d (1 + branch_draft_cost (B - 1))
+      uplink time  T_u = 8 (B K bytes_per_token + frame_overhead_bytes) / up_bps      (0 if unlimited)
+      round trip   T_r = rtt + t_v(B K) + T_u
+      sync cycle   C   = T_d + T_r                          (stop and wait: everything in series)
+      pipelined    C   = max(T_d, T_r)                      (drafting the next block hides the round trip)
+
+With `pipelined_miss=True` (default) the pipelined cycle also pays for mis-speculation: the next block
+was drafted assuming this one is accepted in full *and* that the drafter guessed the bonus token, which
+happens with p_ok = prod_{i<=K} a_i(B); otherwise that block is doomed and the edge waits a full round
+trip, so C = p_ok max(T_d, T_r) + (1 - p_ok)(T_d + T_r). With `pipelined_miss=False` it is the plain max.
+
+      rate(K, B)   = E_B[K] / C                                             (tokens/s)
+      bw_use(K, B) = (B K bytes_per_token + frame_overhead_bytes) / C       (uplink bytes/s for drafts)
+      mem_use(K,B) = (K + 1) B cache_entries_per_position cache_bytes_per_entry   (state-cache bytes)
+
+Constraints and multipliers
+---------------------------
+maximise rate subject to bw_use <= bw_budget and mem_use <= mem_budget. Each constraint is written
+relative to its budget, g(K,B) = use / budget - 1 <= 0 (an equivalent constraint), and the objective
+is divided by r* = max_{K,B} rate (a positive constant within a round: it does not move the argmax,
+and it makes the multipliers dimensionless, "fractions of the peak rate"). Every round:
+
+      (K, B) = argmax_{K in [k_min, k_max], B in [1, b_max]}  L(K, B)
+      L(K, B) = rate(K,B)/r* - mu_bw g_bw(K,B) - mu_mem g_mem(K,B)
+
+by exhaustive search (a few dozen evaluations), and after each verdict the dual variables take a
+projected subgradient step at the current decision, with the refreshed estimates:
+
+      mu <- min(mu_max, max(0, mu + dual_step g(K, B)))
+
+so a multiplier grows while its budget is violated and decays to 0 while it is not. The cap mu_max
+bounds wind-up. Hysteresis: the controller moves off its current (K, B) only when the best candidate
+beats it by more than `hysteresis` (in units of r*), so noise in the estimates does not flap K.
+
+Early-stop threshold `min_conf`
+-------------------------------
+The drafter ends a block at a token with q(x) < min_conf. With `AdaptiveConfig.min_conf` set, that
+constant is used. With None (default) it follows the pooled acceptance a:
+min_conf = min_conf_max (1 - a): when most drafts are accepted, stopping early mostly throws away
+tokens that would have been kept, so the threshold is low; when acceptance collapses, low-confidence
+tokens are the likely rejections and the drafter stops sooner. The loop reads the attribute.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from acespec.control.depth import DepthPolicy
+
+__all__ = ["AdaptiveConfig", "AdaptiveController", "VerifyTimeFit", "expected_tokens"]
+
+
+@dataclass
+class AdaptiveConfig:
+    # -- decision space
+    k_init: int = 4  # depth before the first verdict (clamped into [k_min, k_max])
+    k_min: int = 1  # never draft fewer tokens per block
+    k_max: int = 16  # never draft more tokens per block
+    b_max: int = 1  # largest branch fan-out considered; 1 = chains only
+    pipelined: bool = False  # True: the round trip overlaps drafting the next block (cycle = max, not sum)
+    pipelined_miss: bool = True  # pipelined: charge a stop-and-wait cycle when the next block is doomed
+    hysteresis: float = 0.02  # move off the current (K, B) only for a gain above this fraction of peak rate
+    # -- estimators
+    accept_ema: float = 0.1  # weight of a new verdict in the per-position acceptance EMAs
+    accept_shrink: float = 2.0  # pseudo-observations pulling a rarely seen position to the pooled acceptance
+    accept_prior_weight: float = 2.0  # pseudo-observations pulling the pooled acceptance to prior_accept
+    timing_ema: float = 0.2  # weight of a new sample in the timing / network EMAs
+    verify_forget: float = 0.98  # forgetting factor of the verify-time least squares, per sample
+    verify_prior_weight: float = 1e-3  # weight of each of the two prior pseudo-observations in that fit
+    # -- priors, used until (or unless) the matching observation arrives
+    prior_accept: float = 0.7  # per-position acceptance
+    prior_draft_s_per_token: float = 0.02  # drafter seconds per token (edge NPU: ~10-30 ms)
+    prior_rtt_s: float = 0.1  # round-trip time, seconds (WAN: 80-250 ms)
+    prior_up_bps: float = 0.0  # uplink rate in bits/s; 0 = unlimited
+    prior_bytes_per_token: float = 3.0  # uplink bytes per draft token (varint ids, no q)
+    prior_cache_bytes_per_entry: float = 0.0  # state-cache bytes per entry; 0 = no cache / free
+    prior_verify_c0: float = 0.03  # cloud verify time at K = 0, seconds
+    prior_verify_c1: float = 0.002  # extra cloud verify seconds per draft token (a GPU verifies k ~ 1)
+    # -- branches, wire and cache model
+    branch_accept: float = 0.3  # P(an extra candidate is accepted | all candidates before it were rejected)
+    branch_draft_cost: float = 1.0  # drafter cost of each extra branch, in chains (< 1 when batched)
+    frame_overhead_bytes: float = 16.0  # uplink bytes per DRAFT frame besides the tokens
+    cache_entries_per_position: float = 2.0  # state-cache entries pre-drafted per position and branch
+    # -- budgets and their multipliers
+    bw_budget: float = math.inf  # uplink bytes/s the drafts may use
+    mem_budget: float = 32e6  # state-cache bytes (DESIGN: 32 MB per session)
+    dual_step: float = 0.2  # step size of the multipliers' projected subgradient ascent
+    mu_max: float = 10.0  # cap on each multiplier (bounds wind-up)
+    # -- early stop
+    min_conf: float | None = None  # fixed early-stop threshold; None = min_conf_max * (1 - acceptance)
+    min_conf_max: float = 0.4  # adaptive threshold at zero acceptance
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.k_min <= self.k_max:
+            raise ValueError(f"need 0 <= k_min <= k_max, got k_min={self.k_min}, k_max={self.k_max}")
+        if self.b_max < 1:
+            raise ValueError(f"b_max must be >= 1, got {self.b_max}")
+        for name in ("accept_ema", "timing_ema"):
+            if not 0.0 < getattr(self, name) <= 1.0:
+                raise ValueError(f"{name} must be in (0, 1], got {getattr(self, name)}")
+        if not 0.0 < self.verify_forget <= 1.0:
+            raise ValueError(f"verify_forget must be in (0, 1], got {self.verify_forget}")
+        for name in ("prior_accept", "branch_accept", "min_conf_max"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
+        if self.min_conf is not None and not 0.0 <= self.min_conf <= 1.0:
+            raise ValueError(f"min_conf must be in [0, 1] or None, got {self.min_conf}")
+        for name in (
+            "accept_shrink", "accept_prior_weight", "verify_prior_weight", "prior_draft_s_per_token",
+            "prior_rtt_s", "prior_up_bps", "prior_bytes_per_token", "prior_cache_bytes_per_entry",
+            "prior_verify_c0", "prior_verify_c1", "branch_draft_cost", "frame_overhead_bytes",
+            "cache_entries_per_position", "dual_step", "mu_max", "hysteresis",
+        ):
+            v = getattr(self, name)
+            if not (math.isfinite(v) and v >= 0.0):
+                raise ValueError(f"{name} must be finite and >= 0, got {v}")
+        for name in ("bw_budget", "mem_budget"):
+            v = getattr(self, name)
+            if math.isnan(v) or v <= 0.0:
+                raise ValueError(f"{name} must be > 0 (inf = unconstrained), got {v}")
+
+
+def expected_tokens(accept: Sequence[float] | float, k: int) -> float:
+    """E[K] = 1 + sum_{j=1..K} prod_{i<j} a_i: expected tokens a round emits when K tokens are drafted.
+
+    `accept` is the per-position conditional acceptance a_0, a_1, ... (at least K values), or one
+    number for a constant a, in which case this equals (1 - a^(K+1)) / (1 - a)."""
+    if k < 0:
+        raise ValueError(f"k must be >= 0, got {k}")
+    a = np.full(k, float(accept)) if np.isscalar(accept) else np.asarray(accept, dtype=float)[:k]
+    if len(a) < k:
+        raise ValueError(f"need {k} acceptance values, got {len(a)}")
+    return float(1.0 + np.sum(np.cumprod(a)))
+
+
+class _Ema:
+    """Bias-corrected exponential moving average: the first sample is taken as is."""
+
+    __slots__ = ("w", "s", "n", "prior")
+
+    def __init__(self, w: float, prior: float) -> None:
+        self.w, self.s, self.n, self.prior = w, 0.0, 0.0, prior
+
+    def add(self, x: float) -> None:
+        self.s = (1.0 - self.w) * self.s + self.w * x
+        self.n = (1.0 - self.w) * self.n + self.w
+
+    @property
+    def value(self) -> float:
+        return self.s / self.n if self.n > 0.0 else self.prior
+
+    @property
+    def seen(self) -> bool:
+        return self.n > 0.0
+
+
+class VerifyTimeFit:
+    """Online least squares with forgetting for t_v(n) = c0 + c1 n (n = tokens verified).
+
+    Minimises sum_t lam^(T-t) (y_t - c0 - c1 n_t)^2 + rho [(c0 - p0)^2 + (c0 + c1 N - p0 - p1 N)^2]:
+    the prior line (p0, p1) as two pseudo-observations at n = 0 and n = N with weight rho."""
+
+    def __init__(
+        self, c0: float, c1: float, *, forget: float = 0.98, prior_weight: float = 1e-3, n_ref: float = 16.0
+    ) -> None:
+        self.p0, self.p1 = float(c0), float(c1)
+        self.forget, self.rho, self.n_ref = float(forget), float(prior_weight), float(max(n_ref, 1.0))
+        self.sw = self.sx = self.sy = self.sxx = self.sxy = 0.0
+        self.count = 0
+        self.c0, self.c1 = self.p0, self.p1
+
+    def add(self, n: float, y: float) -> None:
+        lam = self.forget
+        self.sw = lam * self.sw + 1.0
+        self.sx = lam * self.sx + n
+        self.sy = lam * self.sy + y
+        self.sxx = lam * self.sxx + n * n
+        self.sxy = lam * self.sxy + n * y
+        self.count += 1
+        self._solve()
+
+    def _solve(self) -> None:
+        rho, N = self.rho, self.n_ref
+        y0, yN = self.p0, self.p0 + self.p1 * N
+        sw, sx, sy = self.sw + 2 * rho, self.sx + rho * N, self.sy + rho * (y0 + yN)
+        sxx, sxy = self.sxx + rho * N * N, self.sxy + rho * N * yN
+        det = sw * sxx - sx * sx
+        if det > 1e-12 * max(1.0, sw * sxx):
+            self.c1 = (sw * sxy - sx * sy) / det
+            self.c0 = (sy - self.c1 * sx) / sw
+        elif sw > 0:  # every sample at one n and no prior weight: keep the prior slope through the mean
+            self.c1 = self.p1
+            self.c0 = (sy - self.c1 * sx) / sw
+
+    def predict(self, n: np.ndarray | float) -> np.ndarray | float:
+        return max(self.c0, 0.0) + max(self.c1, 0.0) * np.asarray(n, dtype=float)
+
+
+class AdaptiveController(DepthPolicy):
+    """Picks K (and fan-out B) each round to maximise expected tokens/s under bandwidth and memory budgets.
+
+    `next_k()` / `next_fanout()` before drafting a block; `update(drafted, accepted, **obs)` after each
+    verdict; `observe(**obs)` for timings that arrive without a verdict; `min_conf` is the current
+    early-stop threshold; `snapshot()` the current estimates. Deterministic: no randomness."""
+
+    name = "controller"
+
+    def __init__(self, config: AdaptiveConfig | None = None, **overrides) -> None:
+        if config is None:
+            config = AdaptiveConfig(**overrides)
+        elif overrides:
+            config = AdaptiveConfig(**{**config.__dict__, **overrides})
+        self.cfg = c = config
+        self.k = int(min(max(c.k_init, c.k_min), c.k_max))
+        self.b = 1
+        self.rounds = 0
+        n = c.k_max + 1  # positions 0..k_max-1, plus k_max for the bonus guess of a full block
+        self._s = np.zeros(n)  # discounted acceptances per position
+        self._m = np.zeros(n)  # discounted observations per position
+        self._S = 0.0  # pooled discounted acceptances
+        self._M = 0.0  # pooled discounted observations
+        w = c.timing_ema
+        self._td = _Ema(w, c.prior_draft_s_per_token)
+        self._rtt = _Ema(w, c.prior_rtt_s)
+        self._up = _Ema(w, c.prior_up_bps)
+        self._bpt = _Ema(w, c.prior_bytes_per_token)
+        self._cbe = _Ema(w, c.prior_cache_bytes_per_entry)
+        self.verify = VerifyTimeFit(
+            c.prior_verify_c0,
+            c.prior_verify_c1,
+            forget=c.verify_forget,
+            prior_weight=c.verify_prior_weight,
+            n_ref=c.k_max,
+        )
+        self.mu_bw = 0.0
+        self.mu_mem = 0.0
+        self.min_conf = self._min_conf()
+        self._last: dict[str, float] = {}
+
+    # -- the DepthPolicy interface ----------------------------------------------------------------
+    def next_k(self) -> int:
+        return self.k
+
+    def next_fanout(self) -> int:
+        return self.b
+
+    def update(self, drafted: int, accepted: int, **obs: float) -> None:
+        drafted, accepted = int(drafted), int(accepted)
+        if drafted < 0 or not 0 <= accepted <= max(drafted, 0):
+            raise ValueError(f"need 0 <= accepted <= drafted, got drafted={drafted}, accepted={accepted}")
+        self._observe_accept(drafted, accepted)
+        vs = _num(obs.get("verify_s"))
+        if vs is not None:
+            n = _num(obs.get("verify_tokens"))
+            self.verify.add(float(drafted if n is None else n), vs)
+        self._observe_timings(obs)
+        self.rounds += 1
+        # dual step at the decision in force, with the refreshed estimates; then re-plan
+        g_bw, g_mem = self._violations(self.k, self.b)
+        c = self.cfg
+        self.mu_bw = min(c.mu_max, max(0.0, self.mu_bw + c.dual_step * g_bw))
+        self.mu_mem = min(c.mu_max, max(0.0, self.mu_mem + c.dual_step * g_mem))
+        self._plan()
+        self.min_conf = self._min_conf()
+
+    def observe(self, **obs: float) -> None:
+        """Timing / network observations that come without a verdict (e.g. a PING's RTT)."""
+        self._observe_timings(obs)
+
+    # -- estimates ----------------------------------------------------------------------------------
+    def _observe_accept(self, drafted: int, accepted: int) -> None:
+        decay = 1.0 - self.cfg.accept_ema
+        self._s *= decay
+        self._m *= decay
+        self._S *= decay
+        self._M *= decay
+        reached = min(drafted, accepted + 1, len(self._m))  # positions 0..reached-1 were tested
+        if reached > 0:
+            self._m[:reached] += 1.0
+            self._s[: min(accepted, reached)] += 1.0
+            self._M += reached
+            self._S += min(accepted, reached)
+
+    def _observe_timings(self, obs: dict) -> None:
+        for key, ema in (
+            ("draft_s_per_token", self._td),
+            ("rtt_s", self._rtt),
+            ("up_bps", self._up),
+            ("bytes_per_token", self._bpt),
+            ("cache_bytes_per_entry", self._cbe),
+        ):
+            v = _num(obs.get(key))
+            if v is not None:
+                ema.add(v)
+                self._last[key] = v
+
+    @property
+    def pooled_accept(self) -> float:
+        c = self.cfg
+        w0 = c.accept_prior_weight
+        if self._M + w0 <= 0.0:
+            return c.prior_accept
+        return (self._S + w0 * c.prior_accept) / (self._M + w0)
+
+    def accept_estimates(self) -> np.ndarray:
+        """a_i for positions 0..k_max (the last one stands for guessing the bonus token)."""
+        w, pool = self.cfg.accept_shrink, self.pooled_accept
+        den = self._m + w
+        with np.errstate(invalid="ignore", divide="ignore"):
+            a = np.where(den > 0.0, (self._s + w * pool) / np.where(den > 0.0, den, 1.0), pool)
+        return np.clip(a, 0.0, 1.0)
+
+    # -- the cost model -------------------------------------------------------------------------------
+    def evaluate(self) -> dict[str, np.ndarray]:
+        """rate, bw_use, mem_use, E[K], cycle over the grid [b-1, K] for K = 0..k_max, B = 1..b_max."""
+        c = self.cfg
+        ks = np.arange(c.k_max + 1, dtype=float)
+        a = self.accept_estimates()
+        td, rtt, bpt, cbe = self._td.value, self._rtt.value, self._bpt.value, self._cbe.value
+        up = self._up.value
+        out = {name: np.zeros((c.b_max, c.k_max + 1)) for name in ("rate", "bw_use", "mem_use", "tokens", "cycle")}
+        for bi in range(c.b_max):
+            b = bi + 1
+            a_b = 1.0 - (1.0 - a) * (1.0 - c.branch_accept) ** (b - 1)
+            surv = np.concatenate(([1.0], np.cumprod(a_b)))  # surv[j] = prod_{i<j} a_i(B), j = 0..k_max+1
+            tokens = np.cumsum(surv)[: c.k_max + 1]  # E[K] for K = 0..k_max
+            p_ok = surv[1 : c.k_max + 2]  # prod_{i<=K} a_i(B)
+            sent = b * ks * bpt + c.frame_overhead_bytes
+            t_draft = ks * td * (1.0 + c.branch_draft_cost * (b - 1))
+            t_up = 8.0 * sent / up if up > 0.0 and math.isfinite(up) else np.zeros_like(ks)
+            t_rt = rtt + self.verify.predict(b * ks) + t_up
+            if c.pipelined:
+                overlap = np.maximum(t_draft, t_rt)
+                cycle = p_ok * overlap + (1.0 - p_ok) * (t_draft + t_rt) if c.pipelined_miss else overlap
+            else:
+                cycle = t_draft + t_rt
+            cycle = np.maximum(cycle, 1e-9)
+            out["rate"][bi] = tokens / cycle
+            out["bw_use"][bi] = sent / cycle
+            out["mem_use"][bi] = (ks + 1.0) * b * c.cache_entries_per_position * cbe
+            out["tokens"][bi] = tokens
+            out["cycle"][bi] = cycle
+        return out
+
+    def _violations_from(self, ev: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        c = self.cfg
+        g_bw = ev["bw_use"] / c.bw_budget - 1.0
+        g_mem = ev["mem_use"] / c.mem_budget - 1.0
+        return g_bw, g_mem
+
+    def _violations(self, k: int, b: int) -> tuple[float, float]:
+        g_bw, g_mem = self._violations_from(self.evaluate())
+        return float(g_bw[b - 1, k]), float(g_mem[b - 1, k])
+
+    def lagrangian(self) -> np.ndarray:
+        """L(K, B) on the [b-1, K] grid (entries outside [k_min, k_max] are -inf)."""
+        ev = self.evaluate()
+        g_bw, g_mem = self._violations_from(ev)
+        r_star = float(np.max(ev["rate"][:, self.cfg.k_min :]))
+        L = ev["rate"] / max(r_star, 1e-12) - self.mu_bw * g_bw - self.mu_mem * g_mem
+        L[:, : self.cfg.k_min] = -np.inf
+        return L
+
+    def _plan(self) -> None:
+        L = self.lagrangian()
+        bi, k = np.unravel_index(int(np.argmax(L)), L.shape)  # first maximum: smallest B, then smallest K
+        if L[bi, k] > L[self.b - 1, self.k] + self.cfg.hysteresis:
+            self.k, self.b = int(k), int(bi) + 1
+
+    def _min_conf(self) -> float:
+        c = self.cfg
+        if c.min_conf is not None:
+            return float(c.min_conf)
+        return float(min(1.0, max(0.0, c.min_conf_max * (1.0 - self.pooled_accept))))
+
+    # -- stats ----------------------------------------------------------------------------------------
+    def snapshot(self) -> dict:
+        ev = self.evaluate()
+        k, bi = self.k, self.b - 1
+        return {
+            "k": self.k,
+            "fanout": self.b,
+            "min_conf": self.min_conf,
+            "rounds": self.rounds,
+            "accept": [round(float(x), 6) for x in self.accept_estimates()],
+            "accept_pooled": self.pooled_accept,
+            "expected_tokens": float(ev["tokens"][bi, k]),
+            "rate_tok_s": float(ev["rate"][bi, k]),
+            "cycle_s": float(ev["cycle"][bi, k]),
+            "bw_use_bytes_s": float(ev["bw_use"][bi, k]),
+            "mem_use_bytes": float(ev["mem_use"][bi, k]),
+            "draft_s_per_token": self._td.value,
+            "rtt_s": self._rtt.value,
+            "up_bps": self._up.value,
+            "bytes_per_token": self._bpt.value,
+            "cache_bytes_per_entry": self._cbe.value,
+            "verify_c0": self.verify.c0,
+            "verify_c1": self.verify.c1,
+            "mu_bw": self.mu_bw,
+            "mu_mem": self.mu_mem,
+            "pipelined": self.cfg.pipelined,
+        }
+
+
+def _num(v) -> float | None:
+    """A usable observation: a finite, non-negative number; anything else is ignored."""
+    if v is None or isinstance(v, bool):
+        return None
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        return None
+    return x if math.isfinite(x) and x >= 0.0 else None

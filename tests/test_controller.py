@@ -1,0 +1,373 @@
+"""The adaptive depth controller (acespec.control.adaptive): synthetic observations, no models."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from acespec.control.adaptive import AdaptiveConfig, AdaptiveController, VerifyTimeFit, expected_tokens
+from acespec.control.depth import make_policy
+
+C0, C1 = 0.03, 0.002  # synthetic cloud verify time: c0 + c1 * K seconds
+
+
+def simulate(ctrl, *, accept, rtt, rounds, seed=0, td=0.02, **obs):
+    """Feed `rounds` synthetic verdicts: each position accepted i.i.d. with `accept` (callable of the
+    round index or a number). Returns the K chosen after each round."""
+    rng = np.random.default_rng(seed)
+    ks = []
+    for r in range(rounds):
+        a = accept(r) if callable(accept) else accept
+        k = ctrl.next_k()
+        acc = 0
+        while acc < k and rng.random() < a:
+            acc += 1
+        ctrl.update(k, acc, verify_s=C0 + C1 * k, rtt_s=rtt, draft_s_per_token=td, **obs)
+        ks.append(ctrl.next_k())
+    return ks
+
+
+# ------------------------------------------------------------------------------------------ expected tokens
+
+
+@pytest.mark.parametrize("a", [0.0, 0.1, 0.5, 0.8, 0.95, 0.999])
+def test_expected_tokens_matches_closed_form_for_constant_acceptance(a):
+    for k in range(0, 17):
+        closed = (1 - a ** (k + 1)) / (1 - a)
+        assert expected_tokens(a, k) == pytest.approx(closed, rel=1e-12)
+        assert expected_tokens([a] * k, k) == pytest.approx(closed, rel=1e-12)
+
+
+def test_expected_tokens_general_and_edge_cases():
+    assert expected_tokens(1.0, 5) == 6.0  # every token accepted: K + bonus
+    assert expected_tokens([0.9, 0.5, 0.2], 3) == pytest.approx(1 + 0.9 + 0.9 * 0.5 + 0.9 * 0.5 * 0.2)
+    assert expected_tokens([0.9, 0.5, 0.2], 0) == 1.0
+    with pytest.raises(ValueError):
+        expected_tokens([0.9], 2)
+
+
+def test_controller_expected_tokens_use_the_formula():
+    ctrl = AdaptiveController(prior_accept=0.8, accept_prior_weight=1.0)
+    ev = ctrl.evaluate()  # no observations: every a_i is the prior
+    for k in range(ctrl.cfg.k_max + 1):
+        assert ev["tokens"][0, k] == pytest.approx((1 - 0.8 ** (k + 1)) / 0.2)
+
+
+# ------------------------------------------------------------------------------------------ basics
+
+
+def test_no_observations_returns_k_init_and_priors():
+    ctrl = AdaptiveController(k_init=7)
+    assert ctrl.next_k() == 7 and ctrl.next_fanout() == 1
+    assert make_policy("controller", 5).next_k() == 5
+    assert AdaptiveController(k_init=0).next_k() == 1  # clamped into [k_min, k_max]
+    assert AdaptiveController(k_init=99).next_k() == 16
+    snap = ctrl.snapshot()
+    cfg = AdaptiveConfig()
+    assert snap["k"] == 7 and snap["mu_bw"] == 0.0 and snap["mu_mem"] == 0.0
+    assert snap["rtt_s"] == cfg.prior_rtt_s and snap["draft_s_per_token"] == cfg.prior_draft_s_per_token
+    assert snap["verify_c0"] == cfg.prior_verify_c0 and snap["verify_c1"] == cfg.prior_verify_c1
+
+
+def test_missing_obs_keys_fall_back_to_priors():
+    ctrl = AdaptiveController()
+    ctrl.update(4, 2)  # no obs at all
+    ctrl.update(4, 4, rtt_s=float("nan"), up_bps=-1.0, draft_s_per_token=None)  # unusable values are ignored
+    snap = ctrl.snapshot()
+    cfg = ctrl.cfg
+    assert snap["rtt_s"] == cfg.prior_rtt_s
+    assert snap["up_bps"] == cfg.prior_up_bps
+    assert snap["draft_s_per_token"] == cfg.prior_draft_s_per_token
+    assert snap["bytes_per_token"] == cfg.prior_bytes_per_token
+    assert cfg.k_min <= ctrl.next_k() <= cfg.k_max
+    ctrl.update(4, 1, rtt_s=0.2)
+    assert ctrl.snapshot()["rtt_s"] == pytest.approx(0.2)  # first sample is taken as is
+
+
+def test_invalid_config_and_verdicts_are_rejected():
+    with pytest.raises(ValueError):
+        AdaptiveConfig(k_min=5, k_max=4)
+    with pytest.raises(ValueError):
+        AdaptiveConfig(accept_ema=0.0)
+    with pytest.raises(ValueError):
+        AdaptiveConfig(bw_budget=0.0)
+    with pytest.raises(ValueError):
+        AdaptiveController().update(3, 4)
+
+
+def test_acceptance_estimate_is_conditional_per_position():
+    # i.i.d. acceptance 0.7: every position's conditional acceptance is 0.7 (not 0.7^(i+1))
+    ctrl = AdaptiveController(k_init=8, hysteresis=1e9, accept_ema=0.005)  # hold K = 8; long memory
+    simulate(ctrl, accept=0.7, rtt=0.1, rounds=3000, seed=3)
+    a = ctrl.accept_estimates()
+    assert ctrl.next_k() == 8
+    assert np.all(np.abs(a[:3] - 0.7) < 0.06)
+    assert ctrl.pooled_accept == pytest.approx(0.7, abs=0.04)
+
+
+# ------------------------------------------------------------------------------------------ depth choices
+
+
+def test_k_goes_up_with_high_acceptance_and_long_rtt():
+    ctrl = AdaptiveController(k_init=2)
+    ks = simulate(ctrl, accept=0.95, rtt=0.25, rounds=80)
+    assert ks[-1] >= 8
+    assert max(ks) > 2
+
+
+def test_k_goes_down_when_acceptance_collapses():
+    ctrl = AdaptiveController(k_init=4)
+    ks = simulate(ctrl, accept=lambda r: 0.95 if r < 80 else 0.05, rtt=0.25, rounds=160)
+    assert ks[79] >= 8
+    assert ks[-1] <= 2
+    assert ks[-1] < ks[79]
+
+
+def test_long_rtt_in_sync_mode_favours_larger_k():
+    short = AdaptiveController(k_init=4)
+    long_ = AdaptiveController(k_init=4)
+    ks_short = simulate(short, accept=0.85, rtt=0.01, rounds=100, seed=1)
+    ks_long = simulate(long_, accept=0.85, rtt=0.25, rounds=100, seed=1)
+    assert ks_long[-1] > ks_short[-1]
+    assert np.mean(ks_long[50:]) > np.mean(ks_short[50:])
+
+
+def test_model_level_optimum_grows_with_rtt():
+    """Same acceptance estimates, only the RTT differs: the unhysteretic argmax over K is monotone."""
+    best = []
+    for rtt in (0.0, 0.05, 0.1, 0.2, 0.4):
+        ctrl = AdaptiveController(prior_accept=0.85, prior_rtt_s=rtt)
+        best.append(int(np.argmax(ctrl.lagrangian()[0])))
+    assert best == sorted(best) and best[-1] > best[0]
+
+
+def test_pipelined_cycle_is_max_not_sum():
+    kw = dict(prior_accept=0.9, prior_rtt_s=0.1, prior_draft_s_per_token=0.02)
+    sync = AdaptiveController(**kw).evaluate()
+    plain = AdaptiveController(pipelined=True, pipelined_miss=False, **kw).evaluate()
+    miss = AdaptiveController(pipelined=True, **kw).evaluate()
+    ks = np.arange(17)
+    t_d, t_r = 0.02 * ks, 0.1 + C0 + C1 * ks
+    np.testing.assert_allclose(sync["cycle"][0], t_d + t_r)
+    np.testing.assert_allclose(plain["cycle"][0], np.maximum(t_d, t_r))
+    p_ok = 0.9 ** (ks + 1)  # block accepted in full and the bonus guessed
+    np.testing.assert_allclose(miss["cycle"][0], p_ok * np.maximum(t_d, t_r) + (1 - p_ok) * (t_d + t_r))
+    assert np.all(plain["rate"][0] >= miss["rate"][0] - 1e-12)
+    assert np.all(miss["rate"][0] >= sync["rate"][0] - 1e-12)
+
+
+def test_uplink_time_enters_the_cycle():
+    ctrl = AdaptiveController(prior_up_bps=8000.0, prior_bytes_per_token=10.0, frame_overhead_bytes=0.0)
+    ev = ctrl.evaluate()
+    ks = np.arange(17)
+    np.testing.assert_allclose(ev["cycle"][0], 0.02 * ks + 0.1 + C0 + C1 * ks + 8 * 10 * ks / 8000.0)
+
+
+# ------------------------------------------------------------------------------------------ budgets
+
+
+def test_tight_uplink_budget_pulls_k_down_and_multiplier_tracks_violation():
+    obs = dict(up_bps=1e6)
+    free = AdaptiveController(k_init=4)
+    ks_free = simulate(free, accept=0.95, rtt=0.25, rounds=120, bytes_per_token=50.0, **obs)
+    assert free.mu_bw == 0.0
+
+    budget = 400.0  # bytes/s: far below what the unconstrained choice uses
+    assert free.snapshot()["bw_use_bytes_s"] > 2 * budget
+    ctrl = AdaptiveController(k_init=4, bw_budget=budget)
+    rng = np.random.default_rng(0)
+    ks, mus = [], []
+    for r in range(240):
+        bpt = 50.0 if r < 120 else 3.0  # second phase: q stops crossing the wire, the budget is loose
+        k = ctrl.next_k()
+        acc = 0
+        while acc < k and rng.random() < 0.95:
+            acc += 1
+        ctrl.update(k, acc, verify_s=C0 + C1 * k, rtt_s=0.25, draft_s_per_token=0.02, bytes_per_token=bpt, **obs)
+        ks.append(ctrl.next_k())
+        mus.append(ctrl.mu_bw)
+    # K is pulled down while the budget binds
+    assert np.mean(ks[60:120]) < np.mean(ks_free[60:120])
+    # the multiplier rose while the budget was violated
+    assert max(mus[:120]) > 0.0
+    assert mus[2] > mus[0] > 0.0
+    # and it returns to 0 once the budget is loose; K recovers
+    assert mus[-1] == 0.0
+    assert all(m1 <= m0 for m0, m1 in zip(mus[125:], mus[126:]))
+    assert ks[-1] > np.mean(ks[60:120])
+
+
+def test_multiplier_step_is_projected_subgradient():
+    ctrl = AdaptiveController(k_init=8, bw_budget=600.0, dual_step=0.1, hysteresis=1e9)  # hold K = 8
+    for _ in range(5):
+        mu0 = ctrl.mu_bw
+        ctrl.update(8, 8, verify_s=C0 + C1 * 8, rtt_s=0.1, bytes_per_token=50.0)
+        g_bw, _ = ctrl._violations(ctrl.k, ctrl.b)
+        assert ctrl.mu_bw == pytest.approx(min(ctrl.cfg.mu_max, max(0.0, mu0 + 0.1 * g_bw)))
+        assert g_bw > 0 and ctrl.mu_bw > mu0
+
+
+def test_budget_is_met_on_average():
+    budget = 600.0
+    ctrl = AdaptiveController(k_init=4, bw_budget=budget)
+    rng = np.random.default_rng(5)
+    uses = []
+    for _ in range(300):
+        k = ctrl.next_k()
+        acc = 0
+        while acc < k and rng.random() < 0.95:
+            acc += 1
+        ctrl.update(k, acc, verify_s=C0 + C1 * k, rtt_s=0.25, draft_s_per_token=0.02, bytes_per_token=50.0)
+        uses.append(ctrl.snapshot()["bw_use_bytes_s"])
+    assert np.mean(uses[100:]) <= 1.15 * budget
+
+
+def test_memory_budget_pulls_k_down():
+    kw = dict(k_init=4)
+    free = AdaptiveController(**kw)
+    tight = AdaptiveController(mem_budget=8 * 2 * 1e5, **kw)  # (K+1) * 2 entries * 100 kB <= 1.6 MB: K <= 7
+    ks_free = simulate(free, accept=0.97, rtt=0.25, rounds=150, cache_bytes_per_entry=1e5)
+    mus = []
+    ks_tight = []
+    for r in range(150):
+        ks_tight += simulate(tight, accept=0.97, rtt=0.25, rounds=1, seed=r, cache_bytes_per_entry=1e5)
+        mus.append(tight.mu_mem)
+    assert ks_free[-1] > 7
+    assert np.mean(ks_tight[75:]) < np.mean(ks_free[75:])
+    assert np.mean(ks_tight[75:]) <= 8.5
+    assert max(mus) > 0.0 and free.mu_mem == 0.0
+
+
+# ------------------------------------------------------------------------------------------ verify-time fit
+
+
+def test_verify_fit_recovers_line_from_noiseless_data():
+    fit = VerifyTimeFit(0.5, 0.5, prior_weight=0.0)  # priors far off
+    for i in range(40):
+        n = 1 + i % 16
+        fit.add(n, 0.042 + 0.0031 * n)
+    assert fit.c0 == pytest.approx(0.042, rel=1e-9)
+    assert fit.c1 == pytest.approx(0.0031, rel=1e-9)
+
+
+def test_controller_fit_recovers_c0_c1():
+    ctrl = AdaptiveController()  # default (tiny) prior weight
+    for i in range(60):
+        k = 1 + (7 * i) % 16
+        ctrl.update(k, k // 2, verify_s=0.042 + 0.0031 * k)
+    snap = ctrl.snapshot()
+    assert snap["verify_c0"] == pytest.approx(0.042, rel=1e-3)
+    assert snap["verify_c1"] == pytest.approx(0.0031, rel=1e-3)
+
+
+def test_verify_fit_with_one_block_length_predicts_that_length():
+    for rho in (0.0, 1e-3):
+        fit = VerifyTimeFit(0.03, 0.002, prior_weight=rho)
+        for _ in range(30):
+            fit.add(6, 0.06)
+        assert math.isfinite(fit.c0) and math.isfinite(fit.c1)
+        assert float(fit.predict(6)) == pytest.approx(0.06, rel=1e-3)
+
+
+def test_verify_fit_forgets_old_regime():
+    fit = VerifyTimeFit(0.03, 0.002, forget=0.9, prior_weight=0.0)
+    for i in range(50):
+        n = 1 + i % 8
+        fit.add(n, 0.1 + 0.01 * n)
+    for i in range(200):
+        n = 1 + i % 8
+        fit.add(n, 0.02 + 0.001 * n)
+    assert fit.c0 == pytest.approx(0.02, rel=1e-3) and fit.c1 == pytest.approx(0.001, rel=1e-2)
+
+
+# ------------------------------------------------------------------------------------------ fan-out, min_conf
+
+
+def test_fanout_chosen_only_when_branches_pay():
+    kw = dict(b_max=3, prior_accept=0.5, branch_accept=0.6, prior_rtt_s=0.25, hysteresis=0.0)
+    cheap = AdaptiveController(branch_draft_cost=0.0, **kw)
+    dear = AdaptiveController(branch_draft_cost=3.0, **kw)
+    for c in (cheap, dear):
+        c.update(4, 2)
+    assert cheap.next_fanout() > 1
+    assert dear.next_fanout() == 1
+    assert AdaptiveController().next_fanout() == 1
+
+
+def test_min_conf_follows_acceptance_or_stays_fixed():
+    hi, lo = AdaptiveController(), AdaptiveController()
+    simulate(hi, accept=0.95, rtt=0.1, rounds=60)
+    simulate(lo, accept=0.2, rtt=0.1, rounds=60)
+    assert 0.0 <= hi.min_conf < lo.min_conf <= hi.cfg.min_conf_max
+    fixed = AdaptiveController(min_conf=0.15)
+    simulate(fixed, accept=0.2, rtt=0.1, rounds=10)
+    assert fixed.min_conf == 0.15
+
+
+# ------------------------------------------------------------------------------------------ invariants
+
+
+obs_strategy = st.fixed_dictionaries(
+    {},
+    optional={
+        "verify_s": st.floats(0, 5, allow_nan=False),
+        "rtt_s": st.one_of(st.floats(0, 2), st.just(float("nan")), st.just(-1.0)),
+        "draft_s_per_token": st.floats(0, 0.5),
+        "up_bps": st.floats(0, 1e9),
+        "bytes_per_token": st.floats(0, 1000),
+        "cache_bytes_per_entry": st.floats(0, 1e8),
+    },
+)
+
+
+@st.composite
+def verdicts(draw):
+    drafted = draw(st.integers(0, 20))
+    accepted = draw(st.integers(0, drafted))
+    return drafted, accepted, draw(obs_strategy)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    k_min=st.integers(0, 4),
+    span=st.integers(0, 12),
+    b_max=st.integers(1, 3),
+    pipelined=st.booleans(),
+    bw=st.sampled_from([math.inf, 50.0, 1e4]),
+    mem=st.sampled_from([32e6, 1e3]),
+    seq=st.lists(verdicts(), min_size=1, max_size=25),
+)
+def test_k_always_within_bounds(k_min, span, b_max, pipelined, bw, mem, seq):
+    ctrl = AdaptiveController(
+        k_min=k_min, k_max=k_min + span, b_max=b_max, pipelined=pipelined, bw_budget=bw, mem_budget=mem
+    )
+    assert k_min <= ctrl.next_k() <= k_min + span
+    for drafted, accepted, obs in seq:
+        ctrl.update(drafted, accepted, **obs)
+        assert k_min <= ctrl.next_k() <= k_min + span
+        assert 1 <= ctrl.next_fanout() <= b_max
+        assert 0.0 <= ctrl.min_conf <= 1.0
+        assert 0.0 <= ctrl.mu_bw <= ctrl.cfg.mu_max and 0.0 <= ctrl.mu_mem <= ctrl.cfg.mu_max
+        assert isinstance(ctrl.next_k(), int)
+
+
+def test_deterministic_for_same_inputs():
+    runs = []
+    for _ in range(2):
+        ctrl = AdaptiveController(k_init=3, bw_budget=800.0, b_max=2, pipelined=True)
+        ks = simulate(
+            ctrl,
+            accept=lambda r: 0.9 if r < 60 else 0.4,
+            rtt=0.15,
+            rounds=120,
+            seed=11,
+            bytes_per_token=20.0,
+            up_bps=2e6,
+        )
+        runs.append((ks, ctrl.snapshot()))
+    assert runs[0][0] == runs[1][0]
+    assert runs[0][1] == runs[1][1]
