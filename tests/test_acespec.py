@@ -1,0 +1,252 @@
+"""AceSpec proper: the state cache, branches on the wire, the controller in the loop, and the demo.
+
+Everything here runs on the exact toy models over real loopback sockets (through the WAN emulator
+where the network matters), so losslessness is checked as exact equality in coupled mode.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+
+import numpy as np
+import pytest
+
+from acespec.cloud.server import CloudServerThread, ServerConfig
+from acespec.control.depth import FixedDepth
+from acespec.draft.cache import ENTRY_OVERHEAD, CacheConfig, Entry, StateCache
+from acespec.draft.chain import ChainDrafter
+from acespec.edge.client import ConnectConfig
+from acespec.edge.runtime import EdgeConfig, run_edge
+from acespec.engine import SpecConfig, generate
+from acespec.engine.loop import LocalTransport, LoopConfig, SpecLoop
+from acespec.engine.verifier import TargetVerifier
+from acespec.models.toy import ToyModel
+from acespec.net import WanProfile, WanProxyThread
+from acespec.verify import RuleSpec, SamplingParams
+
+PROMPT = [1, 2, 3]
+
+
+def target():
+    return ToyModel(vocab=64, seed=1, scale=3.0)
+
+
+def drafter(noise=0.5, seed=3):
+    return ToyModel(vocab=64, seed=1, scale=3.0, noise=noise, noise_seed=seed)
+
+
+class DelayedTransport(LocalTransport):
+    """A real verifier whose verdicts become visible only every `every`-th poll, so the loop has
+    idle time to pre-draft (what a network round trip gives it), deterministically."""
+
+    def __init__(self, verifier: TargetVerifier, every: int = 12) -> None:
+        super().__init__(verifier)
+        self.pending: deque = deque()
+        self.polls = 0
+        self.every = every
+
+    def send(self, block) -> None:
+        self.pending.append(self.verifier.verify(block.seq, block.base, block.tokens, block.q))
+
+    def recv(self, timeout=None):
+        if not self.pending:
+            return None
+        if timeout == 0.0:
+            self.polls += 1
+            if self.polls % self.every:
+                return None
+        return self.pending.popleft()
+
+
+def run_delayed(rule: str, temp: float, seed: int, *, mode="pipelined", cache_cfg=None, branches=False, max_tokens=120, noise=0.5):
+    T, D = target(), drafter(noise)
+    rs, sp = RuleSpec.parse(rule), SamplingParams(temp)
+    v = TargetVerifier(T, PROMPT, sampling=sp, rule=rs, seed=seed, max_tokens=max_tokens)
+    dr = ChainDrafter(D, sampling=sp, rule=rs, seed=seed)
+    cache = StateCache(dr, cache_cfg or CacheConfig()) if cache_cfg is not False else None
+    loop = SpecLoop(
+        DelayedTransport(v), PROMPT, drafter=dr, policy=FixedDepth(4), config=LoopConfig(mode=mode, branches=branches),
+        cache=cache, coupled_seed=seed if rule == "coupled" else None,
+    )
+    return loop.run(), cache
+
+
+def reference(rule: str, temp: float, seed: int, max_tokens=120):
+    return generate(target(), PROMPT, SpecConfig(rule=rule, temperature=temp, seed=seed, max_tokens=max_tokens, spec=False)).tokens
+
+
+# --------------------------------------------------------------------------- losslessness, in process
+@pytest.mark.parametrize("mode", ["sync", "pipelined"])
+@pytest.mark.parametrize("branches", [False, True])
+@pytest.mark.parametrize("seed", [0, 5])
+def test_cache_and_branches_keep_coupled_output_identical(mode, branches, seed):
+    res, cache = run_delayed("coupled", 0.8, seed, mode=mode, branches=branches)
+    assert res.tokens == reference("coupled", 0.8, seed)
+    assert cache.metrics.lookups > 0 and cache.metrics.entries_drafted > 0
+
+
+def test_cache_keeps_greedy_output_identical_and_hits_on_rejections():
+    res, cache = run_delayed("greedy", 0.0, 0, branches=True)
+    assert res.tokens == reference("greedy", 0.0, 0)
+    m = cache.metrics
+    assert m.lookups_rejected > 0
+    assert m.hits_rejected / m.lookups_rejected >= 0.5  # the drafter's runner-up is usually the target's choice
+
+
+def test_branches_let_the_target_continue_past_a_rejection():
+    res, _ = run_delayed("greedy", 0.0, 0, branches=True)
+    assert res.stats.cache.get("branch_hits", 0) > 0
+    # a verified branch is a round whose block never waited for the edge: passes/token stays low
+    assert res.stats.target_passes_per_token < 0.6
+
+
+# --------------------------------------------------------------------------- the cache itself
+def test_cache_honours_its_byte_budget_and_evicts_lru_over_a_long_generation():
+    budget = 4 * (ENTRY_OVERHEAD + 8 * 4) + 10  # room for about four entries
+    res, cache = run_delayed("coupled", 0.8, 1, cache_cfg=CacheConfig(budget_bytes=budget), max_tokens=300)
+    m = cache.metrics
+    assert m.entries_drafted > 20
+    assert m.peak_bytes <= budget
+    assert m.evictions > 0
+    assert res.tokens == reference("coupled", 0.8, 1, max_tokens=300)
+
+
+def test_lru_eviction_order_and_budget_in_isolation():
+    D = drafter()
+    dr = ChainDrafter(D, sampling=SamplingParams(0.0), rule=RuleSpec.parse("greedy"))
+    cost = ENTRY_OVERHEAD + 8 * 2
+    cache = StateCache(dr, CacheConfig(budget_bytes=3 * cost))
+    for i in range(3):
+        D.fork(i + 1, 0)
+        cache._insert(Entry((0, i, i), [1, 2], None, i + 1, 0.1, cost, 0.0, "reject"))
+    cache.entries.move_to_end((0, 0, 0))  # touch the oldest: now (0, 1, 1) is least recently used
+    D.fork(4, 0)
+    cache._insert(Entry((0, 3, 3), [1, 2], None, 4, 0.1, cost, 0.0, "reject"))
+    assert list(cache.entries) == [(0, 2, 2), (0, 0, 0), (0, 3, 3)]
+    assert cache.metrics.bytes_held == 3 * cost and cache.metrics.evictions == 1
+    assert 2 not in D._slots  # the evicted entry's drafter sequence was freed
+
+
+@pytest.mark.parametrize("rule,temp", [("greedy", 0.0), ("coupled", 0.9)])
+def test_a_hit_continues_from_exactly_the_state_a_fresh_draft_would_produce(rule, temp):
+    rs, sp = RuleSpec.parse(rule), SamplingParams(temp)
+    D = drafter()
+    dr = ChainDrafter(D, sampling=sp, rule=rs, seed=4)
+    committed = PROMPT + [7, 9]
+    block = dr.draft(committed, 4, keep_q=True)
+    cache = StateCache(dr, CacheConfig(max_entries_per_block=6))
+    cache.plan_block(0, committed, block.tokens, block.q, [0.6] * 4, bonus_guess=None, coupled_seed=4 if rule == "coupled" else None)
+    planned = list(cache.plan)
+    assert planned, "the cache planned no outcome"
+    while cache.has_work:
+        cache.predraft_one()
+    _, key, ctx, _, _ = planned[0]
+    hit = cache.lookup(*key)
+    assert hit is not None
+    # the drafter's active sequence is the entry's: ctx plus the drafted tokens but the last
+    assert D.tokens == ctx + hit.tokens[:-1]
+    fresh = ChainDrafter(drafter(), sampling=sp, rule=rs, seed=4).draft(ctx, len(hit.tokens))
+    assert hit.tokens == fresh.tokens
+    # continuing from the hit's state gives what a fresh drafter gives from scratch
+    nxt = dr.draft(ctx + hit.tokens, 3)
+    assert nxt.tokens == ChainDrafter(drafter(), sampling=sp, rule=rs, seed=4).draft(ctx + hit.tokens, 3).tokens
+
+
+def test_lookup_is_a_constant_time_dict_hit():
+    res, cache = run_delayed("greedy", 0.0, 0)
+    assert cache.metrics.lookups > 0
+    assert cache.metrics.lookup_s / cache.metrics.lookups < 50e-6
+
+
+# --------------------------------------------------------------------------- over the network
+@pytest.fixture(scope="module")
+def cloud():
+    with CloudServerThread(target(), ServerConfig(port=0)) as srv:
+        yield srv
+
+
+def _edge(cloud, port, **kw):
+    cfg = EdgeConfig(rule="coupled", temperature=0.8, seed=11, max_tokens=60, k=4, connect=ConnectConfig(port=port), **kw)
+    D = drafter()
+    return run_edge(D if cfg.mode != "cloud-only" else None, PROMPT, cfg, model_id=D.tokenizer.fingerprint)
+
+
+@pytest.mark.parametrize("profile", [WanProfile(rtt_ms=30, jitter_ms=20, seed=1), WanProfile(rtt_ms=20, jitter_ms=10, loss_pct=3, seed=2)])
+def test_full_acespec_is_lossless_over_a_jittery_lossy_link(cloud, profile):
+    with WanProxyThread("127.0.0.1", 0, "127.0.0.1", cloud.port, profile) as wan:
+        ref = _edge(cloud, wan.port, mode="cloud-only").tokens
+        full = _edge(cloud, wan.port, mode="pipelined", cache=True, branches=True, policy="controller")
+        assert full.tokens == ref
+        assert full.stats.cache["lookups"] > 0
+
+
+def test_full_acespec_is_lossless_across_forced_disconnects(cloud):
+    with WanProxyThread("127.0.0.1", 0, "127.0.0.1", cloud.port, WanProfile(rtt_ms=40, seed=3)) as wan:
+        ref = _edge(cloud, wan.port, mode="cloud-only").tokens
+        out = {}
+
+        def go():
+            out["res"] = _edge(cloud, wan.port, mode="pipelined", cache=True, branches=True, policy="controller")
+
+        t = threading.Thread(target=go)
+        t.start()
+        time.sleep(0.35)
+        wan.reset_connections()
+        time.sleep(0.35)
+        wan.reset_connections()
+        t.join(60)
+        assert not t.is_alive()
+        res = out["res"]
+        assert res.tokens == ref
+        assert res.stats.cache["reconnects"] >= 1
+
+
+# --------------------------------------------------------------------------- the demo
+TOY_DEMO = ["--draft", "toy:vocab=64,seed=1,noise=0.5,noise_seed=3", "--target", "toy:vocab=64,seed=1",
+            "--max-tokens", "24", "--temperature", "0.8", "--profile", "lan"]
+
+
+def _children_with_tag(tag: str) -> list[int]:
+    pids = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/environ", "rb") as f:
+                    if f"ACESPEC_TEST_TAG={tag}".encode() in f.read():
+                        pids.append(int(d))
+            except OSError:
+                pass
+    return pids
+
+
+def test_demo_runs_end_to_end_and_leaves_no_process_behind():
+    tag = f"demo-{os.getpid()}-{time.time_ns()}"
+    env = dict(os.environ, ACESPEC_TEST_TAG=tag)
+    p = subprocess.run([sys.executable, "-m", "acespec.cli", "demo", *TOY_DEMO], capture_output=True, text=True, env=env, timeout=180)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "AceSpec" in p.stdout and "cloud-only" in p.stdout and "tokens/s" in p.stdout
+    assert "losslessness: AceSpec text == cloud-only text" in p.stdout
+    time.sleep(0.2)
+    assert _children_with_tag(tag) == []
+
+
+def test_demo_stops_its_children_on_ctrl_c():
+    tag = f"demo-int-{os.getpid()}-{time.time_ns()}"
+    env = dict(os.environ, ACESPEC_TEST_TAG=tag)
+    args = [a if a != "24" else "4000" for a in TOY_DEMO] + ["--rtt", "200"]
+    p = subprocess.Popen([sys.executable, "-m", "acespec.cli", "demo", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and len(_children_with_tag(tag)) < 3:
+        time.sleep(0.2)
+    assert len(_children_with_tag(tag)) >= 3, "demo did not start its children"
+    time.sleep(1.0)
+    p.send_signal(signal.SIGINT)
+    assert p.wait(60) == 130
+    time.sleep(0.3)
+    assert _children_with_tag(tag) == []
