@@ -1,0 +1,602 @@
+"""The length-inflation harness: run every (rule, prompt, seed) through the single-process engine.
+
+Acceptance is not speed: a relaxed rule that accepts more draft tokens per round (`l`) can also make
+the model write more tokens (`lambda = L / L_strict`). This module produces the raw observations; the
+`report` module turns them into verdicts.
+
+**Arms.** Each entry of `--rules` is an *arm*: a rule spec (`strict`, `cactus:delta=0.35`,
+`typical:eps=0.09,delta=0.3`) optionally followed by guards, `+support` and/or `+netwin`
+(`cactus:delta=0.35+support`). `--guard support` / `--guard netwin` add that guard to every lossy rule
+in the list (lossless rules are left alone: they are the baseline). `--guard budget` is a generation
+guard and applies to every arm, strict included, so lengths stay comparable. `strict` is added if
+missing: it is the baseline that lambda is measured against.
+
+- `+support`: the support filter of `acespec.verify.guards` (reject a draft token with `p < min_p` or
+  rank > `max_rank`) wrapped around the rule, on the target side.
+- `+netwin`: the net-win guard of `acespec.control.guards`, fed after every request of the arm with
+  its output length and accepted-per-round; before every request it picks the relaxed rule or
+  `strict`. Records say which (`rule_used`). On resume its state is rebuilt by replaying the finished
+  records of the arm in job order.
+- budget forcing (`--think --guard budget`): the engine has no way to inject tokens mid-generation, so
+  the harness splits the generation: it generates up to the forcing point `ceil(fraction *
+  max_tokens)` tokens (earlier only if the marker plus one answer token would not fit after it); if the output is then still inside the `<think>` trace, it appends the end-of-
+  thinking marker (`"\\n</think>\\n\\n"`, tokenised with special tokens allowed) to the context and
+  generates again with what is left of the budget; if the trace had already closed it just continues.
+  The marker tokens count as output tokens (they are in the answer) but not as rounds. The second
+  segment reuses the target's and drafter's KV caches (the prompt is not re-evaluated) and is seeded
+  from the same run seed.
+
+**Prompting.** Chat prompts (the default pair is instruct-tuned): one user turn with the item's text.
+With `--think`, a system turn asks the model to reason inside `<think>...</think>` and then answer,
+and the assistant turn is pre-filled with `<think>\\n` so every output starts inside the trace (the
+default pair does not think natively; a model that does works the same way). HumanEval in
+`completion` mode feeds the raw stub instead.
+
+**Sampling and seeds.** Relaxed rules read `q`, so sampling is at temperature > 0 (default 0.7, no
+top-k / top-p, so the tails that relaxed rules let through are visible in the accepted-token
+statistics). Every arm uses the same run seed for a given (prompt, seed) pair: `seed_for(seed,
+prompt_id)`, so lambda compares like with like. (Two rules share the random stream only until their
+first different decision; the pairing removes prompt-to-prompt variance, not sampling variance.)
+
+**Timing.** Time to last token runs from the start of generation to the last emitted token. The
+prompt is evaluated into both models' KV caches before the clock starts, identically for every rule
+(the caches are reused between jobs, so otherwise the first rule on a prompt alone would pay for the
+prefill). Two cores are shared on the development machines: read times as ratios within one run.
+
+**Records.** `records.jsonl` gets one JSON object per finished job, appended and flushed as the job
+finishes; its key is `arm|prompt_id|seed`. A resumed run skips every key already there (a torn last
+line of an interrupted write is ignored and overwritten).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import sys
+import time
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable
+
+from acespec.eval import mathgen
+from acespec.eval.datasets import Item, load_items
+from acespec.verify import RULES, RuleSpec, RuleSpecError
+
+GUARD_NAMES = ("support", "netwin", "budget")
+ARM_GUARDS = ("support", "netwin")
+BASELINE = "strict"
+THINK_OPEN = "<think>"
+THINK_CLOSE = "</think>"
+THINK_MARKER = "\n</think>\n\n"
+THINK_SYSTEM = (
+    "You are a careful assistant. First reason step by step inside <think> and </think> tags. "
+    "After </think>, give your final answer."
+)
+
+# Settings that change what a record means: a resumed run must not mix records made under others.
+IDENTITY_FIELDS = (
+    "dataset", "draft", "target", "max_tokens", "think", "budget", "k", "temperature", "top_k", "top_p",
+    "data_seed", "min_p", "max_rank", "budget_fraction", "humaneval_mode", "netwin_min", "min_chars", "max_chars",
+)
+
+
+# ------------------------------------------------------------------------------------------ config
+
+
+@dataclass
+class EvalConfig:
+    rules: list[str] = field(default_factory=lambda: ["strict", "cactus:delta=0.35"])  # as typed (arms before --guard)
+    guards: list[str] = field(default_factory=list)  # support | netwin | budget
+    dataset: str = "math"
+    n: int = 8  # prompts
+    seeds: list[int] = field(default_factory=lambda: [0])
+    max_tokens: int = 256
+    think: bool = False
+    draft: str = ""  # model specs; "" = the registry defaults
+    target: str = ""
+    n_ctx: int = 4096
+    k: int = 4  # draft depth (fixed policy)
+    temperature: float = 0.7
+    top_k: int = 0
+    top_p: float = 1.0
+    data_seed: int = 0  # which math problems / which ShareGPT shuffle
+    min_p: float = 0.10  # support filter
+    max_rank: int = 10
+    budget_fraction: float = 0.85  # budget forcing point
+    netwin_min: int = 8  # net-win guard: observations of each arm before trusting its estimate
+    humaneval_mode: str = "chat"  # chat | completion
+    exec_timeout: float = 10.0  # HumanEval: seconds per program
+    min_chars: int = 32  # ShareGPT length filter (characters of the first user turn)
+    max_chars: int = 2000
+
+    @property
+    def budget(self) -> bool:
+        return "budget" in self.guards
+
+    def validate(self) -> None:
+        from acespec.eval.datasets import DATASETS
+
+        if self.dataset not in DATASETS:
+            raise ValueError(f"unknown dataset {self.dataset!r}; choose one of {', '.join(DATASETS)}")
+        for g in self.guards:
+            if g not in GUARD_NAMES:
+                raise ValueError(f"unknown guard {g!r}; choose from {', '.join(GUARD_NAMES)}")
+        if self.budget and not self.think:
+            raise ValueError("--guard budget forces the end of a <think> trace: it needs --think")
+        if self.n < 1 or self.max_tokens < 1 or not self.seeds:
+            raise ValueError("--n, --max-tokens and --seeds must be at least 1")
+        if not 0.0 < self.budget_fraction <= 1.0:
+            raise ValueError("--budget-fraction must be in (0, 1]")
+        if self.humaneval_mode not in ("chat", "completion"):
+            raise ValueError("--humaneval-mode must be chat or completion")
+        if self.humaneval_mode == "completion" and self.think:
+            raise ValueError("--think needs chat prompting (--humaneval-mode chat)")
+        build_arms(self.rules, self.guards)  # raises on a bad spec
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["budget"] = self.budget
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "EvalConfig":
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+
+# ------------------------------------------------------------------------------------------ arms
+
+
+@dataclass(frozen=True)
+class Arm:
+    label: str  # canonical: rule spec + "+guard" suffixes, e.g. "cactus:delta=0.35+support"
+    rule: RuleSpec
+    support: bool = False
+    netwin: bool = False
+
+    @property
+    def lossless(self) -> bool:
+        return self.rule.info.lossless and not self.support and not self.netwin
+
+
+def split_rules(text: str | Iterable[str]) -> list[str]:
+    """Split `--rules strict,cactus:delta=0.35,typical:eps=0.09,delta=0.3` into arm strings.
+
+    A comma-separated piece that has `=` but no `:` continues the previous rule's parameters; `;` and
+    whitespace always separate."""
+    parts: list[str] = []
+    items = [text] if isinstance(text, str) else list(text)
+    for chunk in items:
+        for piece in re.split(r"[;\s]+", chunk.strip()):
+            for sub in piece.split(","):
+                sub = sub.strip()
+                if not sub:
+                    continue
+                head = sub.split("+", 1)[0]
+                if parts and "=" in head and ":" not in head:
+                    parts[-1] = parts[-1] + "," + sub
+                else:
+                    parts.append(sub)
+    return parts
+
+
+def parse_arm(text: str, extra_guards: Iterable[str] = ()) -> Arm:
+    rule_text, *guards = [s.strip() for s in text.split("+")]
+    spec = RuleSpec.parse(rule_text)
+    for g in guards:
+        if g not in ARM_GUARDS:
+            raise RuleSpecError(f"unknown guard {g!r} in {text!r}; a rule takes +support and/or +netwin")
+    gs = set(guards)
+    if not spec.info.lossless:  # --guard applies to the lossy rules only
+        gs |= set(extra_guards) & set(ARM_GUARDS)
+    if "netwin" in gs and spec.name == BASELINE:
+        raise RuleSpecError("the net-win guard compares a relaxed rule with strict; strict+netwin means nothing")
+    label = str(spec) + "".join(f"+{g}" for g in ARM_GUARDS if g in gs)
+    return Arm(label, spec, "support" in gs, "netwin" in gs)
+
+
+def build_arms(rules: Iterable[str], guards: Iterable[str] = ()) -> list[Arm]:
+    arms: list[Arm] = []
+    for t in split_rules(list(rules)):
+        a = parse_arm(t, guards)
+        if a.label not in {x.label for x in arms}:
+            arms.append(a)
+    if not arms or not any(a.label == BASELINE for a in arms):
+        arms.insert(0, parse_arm(BASELINE))
+    return arms
+
+
+class SupportFilteredSpec(RuleSpec):
+    """A rule spec whose verify function runs the rule under the support filter.
+
+    The target verifier calls `verify_block(self.rule, ...)`, which looks the rule up through
+    `spec.info`; overriding `info` here puts the filter in that path without changing the engine."""
+
+    def __init__(self, base: RuleSpec, min_p: float, max_rank: int) -> None:
+        object.__setattr__(self, "name", base.name)
+        object.__setattr__(self, "params", base.params)
+        object.__setattr__(self, "_base", RuleSpec(base.name, base.params))
+        object.__setattr__(self, "_min_p", float(min_p))
+        object.__setattr__(self, "_max_rank", int(max_rank))
+
+    @property
+    def info(self):
+        from acespec.verify.guards import verify_with_support_filter
+
+        base_spec, min_p, max_rank = self._base, self._min_p, self._max_rank
+
+        def fn(draft, q, p, rng, **kw):
+            return verify_with_support_filter(base_spec, draft, q, p, rng, min_p=min_p, max_rank=max_rank, **kw)
+
+        return dataclasses.replace(RULES[self.name], fn=fn)
+
+    def __str__(self) -> str:
+        return str(self._base) + "+support"
+
+
+# ------------------------------------------------------------------------------------------ records
+
+
+def seed_for(seed: int, prompt_id: str) -> int:
+    """The run seed of (seed, prompt): the same for every arm."""
+    return (int(seed) * 1_000_003 + zlib.crc32(prompt_id.encode("utf-8"))) & 0x7FFFFFFF
+
+
+def record_key(arm: str, prompt_id: str, seed: int) -> str:
+    return f"{arm}|{prompt_id}|{int(seed)}"
+
+
+def read_records(path: str | Path) -> list[dict]:
+    """All complete records of a records.jsonl (a torn last line is skipped)."""
+    out: list[dict] = []
+    p = Path(path)
+    if not p.exists():
+        return out
+    with open(p, "rb") as f:
+        for line in f:
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(rec, dict) and "key" in rec:
+                out.append(rec)
+    return out
+
+
+class RecordWriter:
+    """Appends one JSON line per record and flushes it to disk at once."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        # cut a torn last line left by an interrupted write, so the next record starts on its own line
+        if self.path.exists():
+            data = self.path.read_bytes()
+            if data and not data.endswith(b"\n"):
+                keep = data.rfind(b"\n") + 1
+                with open(self.path, "r+b") as f:
+                    f.truncate(keep)
+        self._f = open(self.path, "a", encoding="utf-8")
+
+    def write(self, rec: dict) -> None:
+        self._f.write(json.dumps(rec, separators=(",", ":"), ensure_ascii=False) + "\n")
+        self._f.flush()
+        os.fsync(self._f.fileno())
+
+    def close(self) -> None:
+        self._f.close()
+
+
+# ------------------------------------------------------------------------------------------ one generation
+
+
+@dataclass
+class Generation:
+    tokens: list[int]
+    rounds: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    wall_s: float = 0.0  # time to last token: from the start of generation (prompt already prefilled) to the last token
+    ttft_s: float = 0.0
+    support: list[tuple[float, int]] = field(default_factory=list)  # (p, rank) of every accepted draft token
+    forced: bool = False  # budget forcing injected the end-of-thinking marker
+    marker_tokens: int = 0
+    segments: int = 1
+
+
+def prompt_ids(tokenizer, item: Item, cfg: EvalConfig) -> list[int]:
+    if item.kind == "humaneval" and cfg.humaneval_mode == "completion":
+        ids = tokenizer.encode(item.payload["problem"]["prompt"])
+    elif cfg.think:
+        msgs = [{"role": "system", "content": THINK_SYSTEM}, {"role": "user", "content": item.text}]
+        ids = list(tokenizer.chat_prompt(msgs)) + tokenizer.encode(THINK_OPEN + "\n")
+    else:
+        ids = list(tokenizer.chat_prompt([{"role": "user", "content": item.text}]))
+    if not ids:
+        raise ValueError(f"prompt of {item.id} is empty after tokenization")
+    return ids
+
+
+def prefill(model, ids: list[int]) -> None:
+    """Make the model's KV cache hold ids[:-1] (what the engine syncs to before its first pass)."""
+    n = model.sync(ids[:-1])
+    model.eval(ids[n:-1], last=0)
+
+
+def run_generation(target, draft, ids: list[int], cfg: EvalConfig, rule: RuleSpec, seed: int, *, support: bool) -> Generation:
+    """Generate one answer (two segments under budget forcing); see the module docstring."""
+    from acespec.control.guards import BudgetForcer
+    from acespec.engine import SpecConfig, generate
+
+    tok = target.tokenizer
+    # Evaluate the prompt into both KV caches before the clock starts, the same way for every rule: with
+    # caches reused across jobs, whichever rule ran first on a prompt would otherwise pay its prefill alone.
+    for m in (target, draft):
+        if m is not None:
+            prefill(m, ids)
+    t0 = time.perf_counter()
+    times: list[float] = []
+    gen = Generation([])
+    spec: RuleSpec = SupportFilteredSpec(rule, cfg.min_p, cfg.max_rank) if support else rule
+
+    def segment(context: list[int], budget: int, seg_seed: int) -> list[int]:
+        verifiers = []
+
+        def hook(v) -> None:
+            v.record_accepted = True
+            v.rule = spec
+            verifiers.append(v)
+
+        def on_tokens(_toks: list[int]) -> None:
+            times.append(time.perf_counter())
+
+        sc = SpecConfig(
+            rule=str(rule), k=cfg.k, policy="fixed", temperature=cfg.temperature, top_k=cfg.top_k,
+            top_p=cfg.top_p, seed=seg_seed, max_tokens=budget,
+        )
+        res = generate(target, context, sc, draft=draft, on_tokens=on_tokens, verifier_hook=hook)
+        gen.rounds += res.stats.rounds
+        gen.drafted += res.stats.drafted
+        gen.accepted += res.stats.accepted
+        if verifiers:
+            gen.support.extend(verifiers[0].accepted_support)
+        return list(res.tokens)
+
+    if cfg.think and cfg.budget:
+        forcer = BudgetForcer(
+            budget=cfg.max_tokens, fraction=cfg.budget_fraction, open_tag=THINK_OPEN, close_tag=THINK_CLOSE,
+            marker=THINK_MARKER, opened_in_prompt=True,
+        )
+        marker_ids = list(tok.encode(THINK_MARKER, special=True))
+        # the forcing point, moved earlier only where the whole marker and one answer token would not fit
+        cut = max(1, min(forcer.threshold, cfg.max_tokens - len(marker_ids) - 1))
+        out = segment(ids, cut, seed)
+        ended = bool(out) and out[-1] in tok.eos_ids
+        if not ended and len(out) < cfg.max_tokens:
+            # at the forcing point by construction; check() decides whether the trace is still open
+            marker = forcer.check(tok.decode(out), max(len(out), forcer.threshold))
+            ext: list[int] = []
+            if marker is not None:
+                ext = marker_ids[: cfg.max_tokens - len(out)]
+                gen.forced, gen.marker_tokens = True, len(ext)
+            out += ext
+            left = cfg.max_tokens - len(out)
+            if left > 0:
+                gen.segments = 2
+                out += segment(ids + out, left, (seed * 31 + 7) & 0x7FFFFFFF)
+    else:
+        out = segment(ids, cfg.max_tokens, seed)
+    gen.tokens = out
+    if times:
+        gen.wall_s = times[-1] - t0
+        gen.ttft_s = times[0] - t0
+    return gen
+
+
+# ------------------------------------------------------------------------------------------ scoring
+
+
+def token_index_of_byte(pieces: list[bytes], byte_end: int) -> int:
+    """How many leading tokens it takes to produce the first `byte_end` bytes of the output."""
+    total = 0
+    for i, b in enumerate(pieces):
+        total += len(b)
+        if total >= byte_end:
+            return i + 1
+    return len(pieces)
+
+
+def analyse(item: Item, gen: Generation, tokenizer, cfg: EvalConfig) -> dict:
+    """Text, accuracy and where the tokens fall (before/after the first correct answer; in/out of the trace)."""
+    toks = gen.tokens
+    pieces = [tokenizer.decode_bytes([t]) for t in toks]
+    out_bytes = b"".join(pieces)
+    text = tokenizer.decode(toks)
+    eos = bool(toks) and toks[-1] in tokenizer.eos_ids
+    rec: dict = {"text": text, "finished_eos": eos, "hit_budget": (not eos) and len(toks) >= cfg.max_tokens}
+
+    answer_text = text
+    if cfg.think:
+        close = out_bytes.find(THINK_CLOSE.encode())
+        if close >= 0:
+            think = token_index_of_byte(pieces, close + len(THINK_CLOSE))
+            rec["trace_closed"] = True
+            answer_text = text[text.find(THINK_CLOSE) + len(THINK_CLOSE):] if THINK_CLOSE in text else ""
+        else:
+            think = len(toks)
+            rec["trace_closed"] = False
+            answer_text = ""  # no answer outside an unclosed trace
+        rec["think_tokens"] = think
+        rec["answer_tokens"] = len(toks) - think
+
+    correct: bool | None = None
+    if item.kind == "math":
+        ans = int(item.payload["answer"])
+        got = mathgen.parse_answer(answer_text)
+        correct = got == ans
+        rec["answer"] = ans
+        rec["parsed_answer"] = got
+        end = mathgen.first_answer_end(out_bytes, ans)
+        if end is None:
+            rec["pre_answer_tokens"] = None
+            rec["post_answer_tokens"] = None
+        else:
+            t = token_index_of_byte(pieces, end)
+            rec["pre_answer_tokens"] = t
+            rec["post_answer_tokens"] = len(toks) - t
+    elif item.kind == "humaneval":
+        from acespec.eval import humaneval
+
+        res = humaneval.score(item.payload["problem"], answer_text, mode=cfg.humaneval_mode, timeout=cfg.exec_timeout)
+        correct = res.passed
+        rec["exec_status"] = res.status
+        if res.detail:
+            rec["exec_detail"] = res.detail
+    rec["correct"] = correct
+    if gen.forced:
+        rec["rescued"] = bool(correct) if correct is not None else bool(eos)
+    return rec
+
+
+# ------------------------------------------------------------------------------------------ the harness
+
+
+@dataclass
+class Job:
+    item: Item
+    seed: int
+    arm: Arm
+
+    @property
+    def key(self) -> str:
+        return record_key(self.arm.label, self.item.id, self.seed)
+
+
+def make_record(job: Job, gen: Generation, analysis: dict, rule_used: str, prompt_len: int, guard_choice: str | None) -> dict:
+    probs = [round(p, 5) for p, _ in gen.support]
+    ranks = [int(r) for _, r in gen.support]
+    rec = {
+        "key": job.key,
+        "arm": job.arm.label,
+        "rule_used": rule_used,
+        "prompt_id": job.item.id,
+        "dataset": job.item.kind,
+        "seed": job.seed,
+        "run_seed": seed_for(job.seed, job.item.id),
+        "prompt_tokens": prompt_len,
+        "length": len(gen.tokens),
+        "rounds": gen.rounds,
+        "drafted": gen.drafted,
+        "accepted": gen.accepted,
+        "l": gen.accepted / gen.rounds if gen.rounds else 0.0,
+        "tau": 1.0 + gen.accepted / gen.rounds if gen.rounds else 0.0,
+        "wall_s": round(gen.wall_s, 5),
+        "ttft_s": round(gen.ttft_s, 5),
+        "forced": gen.forced,
+        "marker_tokens": gen.marker_tokens,
+        "acc_p": probs,
+        "acc_rank": ranks,
+    }
+    if guard_choice is not None:
+        rec["guard_choice"] = guard_choice
+    rec.update(analysis)
+    rec["time"] = time.strftime("%Y-%m-%dT%H:%M:%S")
+    return rec
+
+
+def run_eval(
+    cfg: EvalConfig,
+    out_dir: str | Path,
+    *,
+    target=None,
+    draft=None,
+    progress: bool = True,
+    log: Callable[[str], None] | None = None,
+) -> list[dict]:
+    """Run every job not yet in `out_dir/records.jsonl`; returns the records of this job set (old + new)."""
+    from acespec.control.guards import NetWinConfig, NetWinGuard
+
+    cfg.validate()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    arms = build_arms(cfg.rules, cfg.guards)
+    items = load_items(cfg.dataset, cfg.n, data_seed=cfg.data_seed, min_chars=cfg.min_chars, max_chars=cfg.max_chars)
+    jobs = [Job(it, s, a) for it in items for s in cfg.seeds for a in arms]
+    done = {r["key"]: r for r in read_records(out / "records.jsonl")}
+    todo = [j for j in jobs if j.key not in done]
+    if log:
+        log(f"{len(jobs)} jobs ({len(arms)} rules x {len(items)} prompts x {len(cfg.seeds)} seeds), {len(jobs) - len(todo)} already done")
+
+    if todo:
+        if target is None:
+            from acespec.models import load_model
+            from acespec.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
+
+            target = load_model(cfg.target or DEFAULT_TARGET, n_ctx=cfg.n_ctx)
+            draft = load_model(cfg.draft or DEFAULT_DRAFT, n_ctx=cfg.n_ctx)
+        from acespec.models.base import check_compatible
+
+        check_compatible(draft, target)
+
+    guards = {
+        a.label: NetWinGuard(str(a.rule) + ("+support" if a.support else ""), NetWinConfig(n_min=cfg.netwin_min))
+        for a in arms if a.netwin
+    }
+    bar = None
+    if progress and todo:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(jobs), initial=len(jobs) - len(todo), file=sys.stderr, unit="run", dynamic_ncols=True)
+    writer = RecordWriter(out / "records.jsonl") if todo else None
+    results: list[dict] = []
+    prompt_cache: dict[str, list[int]] = {}
+    try:
+        for job in jobs:
+            arm = job.arm
+            guard = guards.get(arm.label)
+            if job.key in done:
+                rec = done[job.key]
+                if guard is not None:  # replay the guard's decision and observation
+                    guard.use_relaxed(job.item.kind)
+                    guard.observe(job.item.kind, rec["rule_used"], rec["length"], rec["l"])
+                results.append(rec)
+                continue
+            rule, support, choice = arm.rule, arm.support, None
+            if guard is not None:
+                if guard.use_relaxed(job.item.kind):
+                    choice = "relaxed"
+                else:
+                    choice, rule, support = "strict", RuleSpec.parse(BASELINE), False
+            rule_used = str(rule) + ("+support" if support else "")
+            ids = prompt_cache.get(job.item.id)
+            if ids is None:
+                ids = prompt_cache[job.item.id] = prompt_ids(target.tokenizer, job.item, cfg)
+            if bar is not None:
+                bar.set_postfix_str(f"{arm.label} {job.item.id} s{job.seed}", refresh=False)
+            gen = run_generation(target, draft, ids, cfg, rule, seed_for(job.seed, job.item.id), support=support)
+            analysis = analyse(job.item, gen, target.tokenizer, cfg)
+            rec = make_record(job, gen, analysis, rule_used, len(ids), choice)
+            if guard is not None:
+                guard.observe(job.item.kind, rule_used, rec["length"], rec["l"])
+            writer.write(rec)
+            done[job.key] = rec
+            results.append(rec)
+            if bar is not None:
+                bar.update(1)
+    finally:
+        if bar is not None:
+            bar.close()
+        if writer is not None:
+            writer.close()
+    return results
+
+
+__all__ = [
+    "Arm", "EvalConfig", "Generation", "Job", "RecordWriter", "SupportFilteredSpec", "build_arms", "parse_arm",
+    "read_records", "record_key", "run_eval", "run_generation", "seed_for", "split_rules",
+]
