@@ -64,6 +64,8 @@ class Session:
     connected: bool = True
     bytes_in: int = 0
     bytes_out: int = 0
+    owner: asyncio.Task | None = None  # the connection handler serving this session now
+    writer: asyncio.StreamWriter | None = None  # that connection's writer (idle expiry closes it)
 
 
 class CloudServer:
@@ -111,6 +113,13 @@ class CloudServer:
                 if now - s.last_active > limit:
                     log.info("session %d expired", sid)
                     self.sessions.pop(sid, None)
+                    if s.connected and s.writer is not None:
+                        # an expired session must not stay usable through its open connection
+                        try:
+                            s.writer.write(wire.encode(wire.Close(reason=wire.CloseReason.IDLE)))
+                        except (ConnectionError, OSError):
+                            pass
+                        s.writer.close()
 
     # -- one connection ---------------------------------------------------------------------------
     async def _on_connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -142,8 +151,9 @@ class CloudServer:
             log.exception("internal error")
             await self._refuse(writer, wire.ErrorCode.INTERNAL, f"internal error: {type(e).__name__}")
         finally:
-            if session is not None:
+            if session is not None and session.owner is task:  # not if a RESUME took the session over
                 session.connected = False
+                session.owner = session.writer = None
                 session.last_active = time.monotonic()
             writer.close()
             try:
@@ -187,6 +197,7 @@ class CloudServer:
             session = await self._resume(first)
         else:
             raise ProtocolError(wire.ErrorCode.BAD_REQUEST, f"expected HELLO or RESUME, got {type(first).__name__.upper()}")
+        session.owner, session.writer = asyncio.current_task(), writer
         writer.write(
             wire.encode(
                 wire.Welcome(session=session.sid, committed=session.verifier.committed, max_draft_tokens=self.cfg.limits.max_draft_tokens)
@@ -234,7 +245,18 @@ class CloudServer:
         if s is None:
             raise ProtocolError(wire.ErrorCode.UNKNOWN_SESSION, f"no session {r.session} (expired or never opened)")
         if s.connected:
-            raise ProtocolError(wire.ErrorCode.BAD_REQUEST, f"session {r.session} is attached to another connection")
+            # The edge reconnected before this server noticed its old connection die (a reset or a
+            # dead path while the old handler waited on the model). The edge is the one that knows:
+            # close the old connection and wait for its handler to finish, so no verify of the old
+            # connection can land after the rollback below.
+            old = s.owner
+            if old is not None and not old.done():
+                if s.writer is not None:
+                    s.writer.transport.abort()
+                await asyncio.wait({old}, timeout=30.0)
+                if not old.done():
+                    raise ProtocolError(wire.ErrorCode.BUSY, f"session {r.session} is still busy on its old connection")
+            s.connected = False
         v = s.verifier
         if not v.prompt_len <= r.committed <= v.committed:
             raise ProtocolError(
@@ -258,6 +280,8 @@ class CloudServer:
             if frames is None:
                 return
             for f in frames:
+                if s.owner is not asyncio.current_task():
+                    return  # a RESUME on a new connection took the session over
                 s.last_active = time.monotonic()
                 if isinstance(f, wire.Draft):
                     if f.session != s.sid:
@@ -311,7 +335,7 @@ class CloudServer:
         reading = asyncio.create_task(read_side())
         try:
             v = s.verifier
-            while not v.finished and not closed.is_set():
+            while not v.finished and not closed.is_set() and s.owner is asyncio.current_task():
                 if reading.done():
                     reading.result()  # re-raise a protocol error from the read side
                 start = v.committed
@@ -320,6 +344,10 @@ class CloudServer:
                 s.last_active = time.monotonic()
                 writer.write(wire.encode(wire.Tokens(start=start, tokens=v.tokens[start : verdict.committed], finished=verdict.finished)))
                 await writer.drain()
+            if s.owner is asyncio.current_task() and not closed.is_set():
+                # generation is over: keep the connection until the edge's CLOSE (which ends the
+                # session) or EOF, so a finished session does not linger and hold a slot
+                await reading
             if reading.done() and not reading.cancelled():
                 reading.result()
         finally:

@@ -94,8 +94,15 @@ def sparse_top(q: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:  # q: [V
 
 
 def dense_row(ids, probs, vocab: int) -> np.ndarray:  # -> [vocab]
-    """Inverse of `sparse_top`: a float64 row, renormalised the same way on both sides."""
+    """Inverse of `sparse_top`: a float64 row holding exactly the float32 probabilities.
+
+    A row from `sparse_top` already sums to 1 up to float32 rounding (< 1e-6), and is *not*
+    renormalised: renormalising in float64 gives values that are not float32, which the wire would
+    round again, so the cloud would rebuild a row a few ulps off the one the edge sampled from.
+    Left as is, the row survives edge -> wire (float32) -> cloud bit for bit. Rows that are further
+    from 1 are renormalised.
+    """
     row = np.zeros(vocab, dtype=np.float64)
     row[np.asarray(ids, dtype=np.int64)] = np.asarray(probs, dtype=np.float32).astype(np.float64)
     s = row.sum()
-    return row / s if s > 0 else row
+    return row / s if s > 0 and abs(s - 1.0) > 1e-6 else row

@@ -1,0 +1,26 @@
+"""`acespec bench ...`: the benchmark subcommands.
+
+Minimal hook: each benchmark module that exists and has `add_parser(bench_subparsers)` adds its own
+subcommand (today `acespec.bench.wan`: `acespec bench wan`).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+# benchmark modules that may register a subcommand, in help order
+_BENCH_MODULES = ("acespec.bench.wan", "acespec.bench.sim")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("bench", help="benchmarks (see `acespec bench -h`)")
+    bench_sub = p.add_subparsers(dest="bench", required=True)
+    for mod in _BENCH_MODULES:
+        try:
+            module = __import__(mod, fromlist=["add_parser"])
+        except ModuleNotFoundError as e:
+            if e.name != mod:
+                raise
+            continue
+        if hasattr(module, "add_parser"):
+            module.add_parser(bench_sub)

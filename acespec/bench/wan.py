@@ -1,0 +1,398 @@
+"""`acespec bench wan`: cloud-only vs sync vs pipelined speculative decoding over an emulated WAN.
+
+    acespec bench wan [--rtt 0,50,100,200] [--n-prompts 2] [--max-tokens 64] [--k 4] [--profile wan] [--json OUT]
+
+One process, one run, side by side (DESIGN.md, "Measuring": compare ratios measured together, never
+numbers from different runs):
+
+- the drafter and the target are loaded once each;
+- the cloud verifier (`CloudServerThread`) serves the target from a background thread;
+- a `WanProxyThread` sits between edge and cloud with the profile's jitter, bandwidth and loss, and
+  the RTT under test (`set_profile` between RTTs; every generation opens a fresh connection);
+- the edge runs here, in greedy mode, on HumanEval prompts wrapped in the chat template the same way
+  as the eval harness (`acespec.eval.humaneval.chat_message`).
+
+For every RTT, every prompt runs in every mode (the mode order rotates with the prompt so no mode is
+always first). Both models' KV caches are emptied before each generation, so every run pays its own
+prefill, as a new session would. One short untimed warm-up per mode comes first.
+
+Reported per RTT and mode: tokens/s (total emitted / total wall time), time to first token, the
+inter-token latency p50/p99 (`RunStats.inter_token_latency` per generation, averaged over prompts),
+target passes per token, uplink and downlink bytes per emitted token, acceptance, and the ratio of
+tokens/s to cloud-only's at the same RTT; and per mode the RTT sensitivity, tokens/s at the highest
+RTT over tokens/s at the lowest (RTT 0 when measured).
+
+Caveat printed with every result: here the drafter and the target share the same CPU cores, so edge
+and cloud compete for compute; a real edge device and a cloud GPU do not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Sequence
+
+MODES = ("cloud-only", "sync", "pipelined")
+DEFAULT_RTTS = "0,50,100,200"
+
+CAVEAT = (
+    "caveat: the drafter (edge) and the target (cloud) run on the same CPU cores of this machine, so they compete "
+    "for compute: drafting slows verification and vice versa, which a real edge device + cloud GPU would not do. "
+    "Compare modes with each other at the same RTT (ratios), not with other machines."
+)
+
+
+# ------------------------------------------------------------------------------------------ inputs
+
+
+def parse_rtts(text: str) -> list[float]:
+    """"0,50,100,200" -> [0.0, 50.0, 100.0, 200.0] (milliseconds, >= 0, no duplicates)."""
+    out: list[float] = []
+    for part in str(text).split(","):
+        part = part.strip().lower().removesuffix("ms")
+        if not part:
+            continue
+        try:
+            v = float(part)
+        except ValueError:
+            raise ValueError(f"--rtt: {part!r} is not a number of milliseconds") from None
+        if not v >= 0 or v != v or v == float("inf"):
+            raise ValueError(f"--rtt: {part!r} must be a finite number >= 0")
+        if v not in out:
+            out.append(v)
+    if not out:
+        raise ValueError("--rtt: give at least one RTT, e.g. 0,50,100")
+    return out
+
+
+def parse_modes(text: str) -> list[str]:
+    modes = [m.strip() for m in str(text).split(",") if m.strip()]
+    for m in modes:
+        if m not in MODES:
+            raise ValueError(f"--modes: unknown mode {m!r}; choose from {', '.join(MODES)}")
+    if not modes:
+        raise ValueError("--modes: give at least one mode")
+    return list(dict.fromkeys(modes))
+
+
+def humaneval_prompts(tokenizer, n: int) -> list[tuple[str, list[int]]]:
+    """The first `n` HumanEval problems as (task id, chat prompt ids), as the eval harness builds them."""
+    from acespec.eval.datasets import load_items
+
+    out = []
+    for item in load_items("humaneval", n):
+        ids = list(tokenizer.chat_prompt([{"role": "user", "content": item.text}]))
+        out.append((item.id, ids))
+    return out
+
+
+# ------------------------------------------------------------------------------------------ the run
+
+
+@dataclass
+class RunRecord:
+    rtt_ms: float
+    mode: str
+    prompt_id: str
+    prompt_tokens: int
+    emitted: int = 0
+    wall_s: float = 0.0
+    ttft_s: float = 0.0
+    itl_p50_s: float = 0.0
+    itl_p99_s: float = 0.0
+    rounds: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    dropped: int = 0
+    bytes_up: int = 0
+    bytes_down: int = 0
+    reconnects: int = 0
+    error: str = ""
+    tokens: list[int] = field(default_factory=list, repr=False)
+
+
+@dataclass
+class BenchConfig:
+    rtts: list[float]
+    modes: list[str] = field(default_factory=lambda: list(MODES))
+    profile: str | None = "wan"  # a name from acespec.net.PROFILES (jitter, bandwidth, loss), or None
+    k: int = 4
+    window: int = 2
+    max_tokens: int = 64
+    warmup_tokens: int = 4  # one untimed generation per mode first; 0 = none
+    reply_timeout_s: float = 300.0
+
+
+def run_wan_bench(draft, target, prompts: Sequence[tuple[str, list[int]]], cfg: BenchConfig, *,
+                  progress: bool = True, reset_models: bool = True) -> dict:
+    """Run every (RTT, prompt, mode) once, side by side; returns {"config", "runs", "summary", "sensitivity"}.
+
+    `draft`, `target`: loaded models sharing a tokenizer. The cloud server and the WAN emulator live for
+    the whole call. Works with toy models too (tests)."""
+    from tqdm import tqdm
+
+    from acespec.cloud.server import CloudServerThread, ServerConfig
+    from acespec.edge.client import ConnectConfig, EdgeError
+    from acespec.edge.runtime import EdgeConfig, run_edge
+    from acespec.models.base import check_compatible
+    from acespec.net import WanProxyThread, profile_from_args
+
+    check_compatible(draft, target)
+    if not prompts:
+        raise ValueError("no prompts to run")
+    model_id = draft.tokenizer.fingerprint
+    longest = max(len(ids) for _, ids in prompts)
+    server_cfg = ServerConfig(port=0, max_sessions=4, max_new_tokens=max(cfg.max_tokens, cfg.warmup_tokens, 1))
+    if longest + cfg.max_tokens > target.n_ctx:
+        raise ValueError(f"a prompt of {longest} tokens + {cfg.max_tokens} new tokens exceeds the target's "
+                         f"context of {target.n_ctx}; use a larger --n-ctx or fewer --max-tokens")
+
+    def profile_for(rtt: float):
+        return profile_from_args(cfg.profile, rtt=rtt)
+
+    def one(port: int, mode: str, ids: list[int], max_tokens: int):
+        if reset_models:  # every run pays its own prefill, as a new session would
+            _reset_cloud_model(cloud)
+            draft.reset()
+        ecfg = EdgeConfig(
+            mode=mode, rule="greedy", k=cfg.k, window=cfg.window, temperature=0.0, seed=0, max_tokens=max_tokens,
+            connect=ConnectConfig(host="127.0.0.1", port=port, reply_timeout_s=cfg.reply_timeout_s),
+        )
+        return run_edge(None if mode == "cloud-only" else draft, ids, ecfg, model_id=model_id)
+
+    records: list[RunRecord] = []
+    total = len(cfg.rtts) * len(prompts) * len(cfg.modes)
+    with CloudServerThread(target, server_cfg) as cloud, \
+            WanProxyThread("127.0.0.1", 0, "127.0.0.1", cloud.port, profile_for(cfg.rtts[0])) as wan:
+        if cfg.warmup_tokens > 0:
+            for mode in cfg.modes:
+                one(wan.port, mode, prompts[0][1], cfg.warmup_tokens)
+        with tqdm(total=total, desc="bench wan", unit="run", file=sys.stderr, disable=not progress) as bar:
+            for rtt in cfg.rtts:
+                wan.set_profile(profile_for(rtt))
+                for i, (pid, ids) in enumerate(prompts):
+                    order = list(cfg.modes[i % len(cfg.modes):]) + list(cfg.modes[: i % len(cfg.modes)])
+                    for mode in order:
+                        bar.set_postfix_str(f"rtt={rtt:g}ms {mode} {pid}")
+                        rec = RunRecord(rtt_ms=rtt, mode=mode, prompt_id=pid, prompt_tokens=len(ids))
+                        try:
+                            res = one(wan.port, mode, ids, cfg.max_tokens)
+                        except (EdgeError, OSError) as e:
+                            rec.error = f"{type(e).__name__}: {e}"
+                        else:
+                            s = res.stats
+                            p50, p99 = s.inter_token_latency()
+                            rec.emitted, rec.wall_s, rec.ttft_s = s.emitted, s.wall_s, s.ttft_s
+                            rec.itl_p50_s, rec.itl_p99_s = p50, p99
+                            rec.rounds, rec.drafted, rec.accepted, rec.dropped = s.rounds, s.drafted, s.accepted, s.dropped
+                            rec.bytes_up, rec.bytes_down = s.bytes_up, s.bytes_down
+                            rec.reconnects = int(s.cache.get("reconnects", 0))
+                            rec.tokens = list(res.tokens)
+                        records.append(rec)
+                        bar.update(1)
+    summary = summarize(records, cfg.rtts, cfg.modes)
+    # greedy is lossless: every mode should emit the same tokens for a prompt (llama.cpp's batched
+    # verify can differ from one-token steps in the last bits, so this is a sanity figure, not a test)
+    groups: dict[tuple, set] = {}
+    for r in records:
+        if not r.error:
+            groups.setdefault((r.rtt_ms, r.prompt_id), set()).add(tuple(r.tokens))
+    agree = sum(1 for v in groups.values() if len(v) == 1)
+    return {
+        "outputs_agree": f"{agree}/{len(groups)}",
+        "config": asdict(cfg),
+        "prompts": [pid for pid, _ in prompts],
+        "models": {"draft": getattr(draft, "name", "?"), "target": getattr(target, "name", "?")},
+        "caveat": CAVEAT,
+        "summary": summary["by_rtt"],
+        "sensitivity": summary["sensitivity"],
+        "runs": [asdict(r) for r in records],
+    }
+
+
+def _reset_cloud_model(cloud, timeout: float = 30.0) -> None:
+    """Empty the target's KV cache once the server is idle: after the last session has closed (so any
+    block still in flight has been handled) and under the server's model lock (so no model call runs)."""
+    import asyncio
+
+    deadline = time.monotonic() + timeout
+    while cloud.server.sessions and time.monotonic() < deadline:
+        time.sleep(0.002)
+
+    async def reset() -> None:
+        async with cloud.server._model_lock:
+            cloud.server.target.reset()
+
+    asyncio.run_coroutine_threadsafe(reset(), cloud._loop).result(timeout)
+
+
+def _mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs) if xs else 0.0
+
+
+def summarize(records: Sequence[RunRecord], rtts: Sequence[float], modes: Sequence[str]) -> dict:
+    """Aggregate the runs per (RTT, mode); ratios against cloud-only at the same RTT; RTT sensitivity."""
+    by_rtt: dict[str, dict[str, dict]] = {}
+    for rtt in rtts:
+        row: dict[str, dict] = {}
+        for mode in modes:
+            runs = [r for r in records if r.rtt_ms == rtt and r.mode == mode and not r.error]
+            emitted = sum(r.emitted for r in runs)
+            wall = sum(r.wall_s for r in runs)
+            drafted = sum(r.drafted for r in runs)
+            row[mode] = {
+                "runs": len(runs),
+                "failed": sum(1 for r in records if r.rtt_ms == rtt and r.mode == mode and r.error),
+                "emitted": emitted,
+                "wall_s": round(wall, 4),
+                "tokens_per_s": round(emitted / wall, 3) if wall > 0 else 0.0,
+                "ttft_s": round(_mean([r.ttft_s for r in runs]), 4),
+                "itl_p50_ms": round(1e3 * _mean([r.itl_p50_s for r in runs]), 2),
+                "itl_p99_ms": round(1e3 * _mean([r.itl_p99_s for r in runs]), 2),
+                "target_passes_per_token": round(sum(r.rounds for r in runs) / emitted, 4) if emitted else 0.0,
+                "bytes_up_per_token": round(sum(r.bytes_up for r in runs) / emitted, 2) if emitted else 0.0,
+                "bytes_down_per_token": round(sum(r.bytes_down for r in runs) / emitted, 2) if emitted else 0.0,
+                "acceptance_rate": round(sum(r.accepted for r in runs) / drafted, 4) if drafted else None,
+                "reconnects": sum(r.reconnects for r in runs),
+            }
+        base = row.get("cloud-only", {}).get("tokens_per_s", 0.0)
+        for mode in modes:
+            row[mode]["vs_cloud_only"] = round(row[mode]["tokens_per_s"] / base, 3) if base else None
+        by_rtt[f"{rtt:g}"] = row
+    lo, hi = f"{min(rtts):g}", f"{max(rtts):g}"
+    sensitivity = {}
+    for mode in modes:
+        a, b = by_rtt[lo][mode]["tokens_per_s"], by_rtt[hi][mode]["tokens_per_s"]
+        sensitivity[mode] = {"rtt_lo_ms": float(lo), "rtt_hi_ms": float(hi), "ratio": round(b / a, 3) if a else None}
+    return {"by_rtt": by_rtt, "sensitivity": sensitivity}
+
+
+# ------------------------------------------------------------------------------------------ report
+
+
+def format_table(result: dict) -> str:
+    cols = [
+        ("rtt_ms", 7), ("mode", 11), ("tok/s", 8), ("x cloud", 8), ("ttft_s", 7), ("itl p50 ms", 10),
+        ("itl p99 ms", 10), ("passes/tok", 10), ("up B/tok", 9), ("down B/tok", 10), ("accept", 7),
+    ]
+    lines = ["  ".join(f"{name:>{w}}" for name, w in cols)]
+    for rtt, row in result["summary"].items():
+        for mode, m in row.items():
+            vals = [
+                rtt, mode, f"{m['tokens_per_s']:.2f}",
+                "-" if m["vs_cloud_only"] is None else f"{m['vs_cloud_only']:.2f}",
+                f"{m['ttft_s']:.3f}", f"{m['itl_p50_ms']:.1f}", f"{m['itl_p99_ms']:.1f}",
+                f"{m['target_passes_per_token']:.3f}", f"{m['bytes_up_per_token']:.1f}",
+                f"{m['bytes_down_per_token']:.1f}",
+                "-" if m["acceptance_rate"] is None else f"{m['acceptance_rate']:.2f}",
+            ]
+            if m["failed"]:
+                vals[1] += "!"
+            lines.append("  ".join(f"{v:>{w}}" for v, (_, w) in zip(vals, cols)))
+    sens = result["sensitivity"]
+    if sens:
+        any_mode = next(iter(sens.values()))
+        lines.append("")
+        lines.append(f"RTT sensitivity (tok/s at {any_mode['rtt_hi_ms']:g} ms / tok/s at {any_mode['rtt_lo_ms']:g} ms):")
+        for mode, s in sens.items():
+            lines.append(f"  {mode:>11}: {'-' if s['ratio'] is None else format(s['ratio'], '.3f')}")
+    if "outputs_agree" in result:
+        lines.append(f"identical output in every mode (greedy) for {result['outputs_agree']} (RTT, prompt) pairs")
+    failed = [r for r in result["runs"] if r["error"]]
+    if failed:
+        lines.append("")
+        lines.append(f"{len(failed)} run(s) failed (marked '!'):")
+        for r in failed:
+            lines.append(f"  rtt={r['rtt_ms']:g}ms {r['mode']} {r['prompt_id']}: {r['error']}")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------ CLI
+
+
+def add_parser(bench_subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Add `wan` to the `acespec bench` subcommands."""
+    from acespec.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
+    from acespec.net import PROFILES
+
+    p = bench_subparsers.add_parser(
+        "wan", help="cloud-only vs sync vs pipelined over an emulated WAN, side by side",
+        description="Cloud-only, sync and pipelined speculative decoding (greedy) on HumanEval prompts through the "
+                    "WAN emulator, at several RTTs, in one process. " + CAVEAT,
+    )
+    p.add_argument("--rtt", default=DEFAULT_RTTS, help=f"comma-separated round-trip times in ms (default {DEFAULT_RTTS})")
+    p.add_argument("--n-prompts", type=_pos_int, default=2, help="HumanEval problems to run (default 2)")
+    p.add_argument("--max-tokens", type=_pos_int, default=64, help="tokens per generation (default 64)")
+    p.add_argument("--k", type=_pos_int, default=4, help="draft depth (default 4)")
+    p.add_argument("--window", type=_pos_int, default=2, help="pipelined: blocks in flight (default 2)")
+    p.add_argument("--profile", default="wan", choices=sorted(PROFILES) + ["none"],
+                   help="network profile for jitter, bandwidth and loss; its RTT is replaced by --rtt (default wan)")
+    p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated subset of {','.join(MODES)}")
+    p.add_argument("--draft", default=DEFAULT_DRAFT, help=f"drafter model (default {DEFAULT_DRAFT})")
+    p.add_argument("--target", default=DEFAULT_TARGET, help=f"target model (default {DEFAULT_TARGET})")
+    p.add_argument("--n-ctx", type=_pos_int, default=2048, help="context window for llama.cpp models (default 2048)")
+    p.add_argument("--warmup-tokens", type=int, default=4, help="untimed warm-up generation per mode (0 = none)")
+    p.add_argument("--json", metavar="OUT", help="also write the full result (config, per-run records, summary) here")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    p.set_defaults(func=cmd_bench_wan)
+    return p
+
+
+def _pos_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be >= 1")
+    return v
+
+
+def cmd_bench_wan(args: argparse.Namespace) -> int:
+    from acespec.models import load_model
+
+    cfg = BenchConfig(
+        rtts=parse_rtts(args.rtt), modes=parse_modes(args.modes),
+        profile=None if args.profile == "none" else args.profile, k=args.k, window=args.window,
+        max_tokens=args.max_tokens, warmup_tokens=max(0, args.warmup_tokens),
+    )
+    print(CAVEAT, file=sys.stderr)
+    t0 = time.perf_counter()
+    target = load_model(args.target, n_ctx=args.n_ctx)
+    draft = load_model(args.draft, n_ctx=args.n_ctx)
+    try:
+        prompts = humaneval_prompts(target.tokenizer, args.n_prompts)
+        result = run_wan_bench(draft, target, prompts, cfg, progress=not args.no_progress)
+    finally:
+        draft.close()
+        target.close()
+    result["elapsed_s"] = round(time.perf_counter() - t0, 2)
+    from acespec.net import profile_from_args
+
+    prof = profile_from_args(cfg.profile, rtt=0)
+    print(f"acespec bench wan: {args.draft} -> {args.target}, greedy, k={cfg.k}, window={cfg.window}, "
+          f"{len(prompts)} HumanEval prompt(s) x {cfg.max_tokens} tokens; link: {prof.describe().replace('rtt=0ms ', '')}")
+    print(format_table(result))
+    print()
+    print(CAVEAT)
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(result, f, indent=2)
+        print(f"wrote {args.json}")
+    return 1 if any(r["error"] for r in result["runs"]) else 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m acespec.bench.wan ...` (the same options as `acespec bench wan`)."""
+    ap = argparse.ArgumentParser(prog="acespec bench")
+    sub = ap.add_subparsers(dest="bench", required=True)
+    add_parser(sub)
+    args = ap.parse_args(["wan", *(sys.argv[1:] if argv is None else argv)])
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

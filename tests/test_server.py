@@ -1,0 +1,498 @@
+"""The cloud server under abuse, and its session lifecycle (idle expiry, RESUME), over real sockets.
+
+Every hostile input (random bytes, truncated frames, oversize length prefixes, wrong protocol
+versions, wrong auth, unknown sessions, a DRAFT naming another session, a model mismatch, a bad rule,
+over-limit requests, HELLO floods) must get its typed ERROR frame, then CLOSE(ERROR), then the
+connection closed, and never disturb anyone else: a well-behaved session started before the abuse
+finishes with the correct output. The abuse speaks raw sockets; the well-behaved session is the real
+edge runtime. Everything runs on 127.0.0.1 with hard time limits.
+"""
+
+from __future__ import annotations
+
+import random
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from acespec import wire
+from acespec.cloud.server import CloudServerThread, ServerConfig
+from acespec.edge.client import ConnectConfig, EdgeError
+from acespec.edge.runtime import EdgeConfig, run_edge
+from acespec.engine import SpecConfig, generate
+from acespec.models.toy import ToyModel
+from acespec.net import WanProfile, WanProxyThread
+from acespec.wire import ErrorCode
+
+HOST = "127.0.0.1"
+TOKEN = b"s3cret-token"
+V = 64
+MODEL_ID = f"toy:vocab={V}"
+PROMPT = (3, 1, 4, 1, 5, 9, 2, 6)
+P = len(PROMPT)
+SEED = 5
+TEMP = 0.8
+MAX_NEW = 100  # the server's max_new_tokens
+IO_TIMEOUT_S = 5.0
+
+
+def toy_target() -> ToyModel:
+    return ToyModel(vocab=V, seed=1)
+
+
+def toy_drafter() -> ToyModel:
+    return ToyModel(vocab=V, seed=1, noise=0.7, noise_seed=3)
+
+
+def reference(max_tokens: int) -> list[int]:
+    cfg = SpecConfig(rule="coupled", temperature=TEMP, seed=SEED, max_tokens=max_tokens, spec=False)
+    return generate(toy_target(), list(PROMPT), cfg).tokens
+
+
+def server_config(**kw) -> ServerConfig:
+    base = dict(port=0, token=TOKEN, max_sessions=32, max_new_tokens=MAX_NEW, handshake_timeout_s=1.0)
+    base.update(kw)
+    return ServerConfig(**base)
+
+
+# ------------------------------------------------------------------------------------------ raw client
+
+
+def hello(**kw) -> wire.Hello:
+    base = dict(model_id=MODEL_ID, max_tokens=20, prompt=PROMPT, auth=TOKEN, temperature=TEMP, rule="coupled",
+                seed=SEED)
+    base.update(kw)
+    return wire.Hello(**base)
+
+
+def connect(port: int) -> socket.socket:
+    s = socket.create_connection((HOST, port), timeout=IO_TIMEOUT_S)
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return s
+
+
+def recv_one(sock: socket.socket, dec: wire.FrameDecoder | None = None):
+    """The next frame (blocking, bounded by the socket timeout); None at a clean end of stream."""
+    return wire.recv_frame(sock, dec or wire.DEFAULT_LIMITS)
+
+
+def drain(sock: socket.socket) -> tuple[list, str]:
+    """Every frame until the server ends the connection, and how it ended ("eof" or "reset")."""
+    dec = wire.FrameDecoder()
+    frames: list = []
+    deadline = time.monotonic() + IO_TIMEOUT_S
+    try:
+        while True:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the server kept the connection open; got {frames}")
+            data = sock.recv(65536)
+            if not data:
+                return frames, "eof"
+            frames += dec.feed(data)
+    except (ConnectionResetError, BrokenPipeError):
+        return frames, "reset"
+    except socket.timeout:
+        raise AssertionError(f"the server neither answered nor closed within {IO_TIMEOUT_S} s; got {frames}")
+    finally:
+        sock.close()
+
+
+def assert_refused(sock: socket.socket, *codes: ErrorCode) -> wire.Error:
+    """The connection gets ERROR (one of `codes`), then CLOSE(ERROR), then is closed."""
+    frames, _ = drain(sock)
+    assert len(frames) >= 2, frames
+    err, close = frames[-2], frames[-1]
+    assert isinstance(err, wire.Error), frames
+    assert err.code in codes, f"expected {[c.name for c in codes]}, got {err.code.name}: {err.message}"
+    assert close == wire.Close(reason=wire.CloseReason.ERROR)
+    return err
+
+
+def open_session(port: int, **kw) -> tuple[socket.socket, wire.Welcome]:
+    s = connect(port)
+    wire.send_frame(s, hello(**kw))
+    w = recv_one(s)
+    assert isinstance(w, wire.Welcome), w
+    return s, w
+
+
+def step(sock: socket.socket, sid: int, seq: int, base: int, tokens=()) -> wire.Verdict:
+    wire.send_frame(sock, wire.Draft(session=sid, seq=seq, base=base, tokens=tuple(tokens)))
+    v = recv_one(sock)
+    assert isinstance(v, wire.Verdict), v
+    return v
+
+
+# ------------------------------------------------------------------------------------------ abuse cases
+# Each case: (id, function(port) -> socket with the abuse sent, accepted error codes).
+
+
+def _send(port: int, data: bytes, *, shut: bool = False) -> socket.socket:
+    s = connect(port)
+    s.sendall(data)
+    if shut:
+        s.shutdown(socket.SHUT_WR)
+    return s
+
+
+def _patched_version(frame, version: int) -> bytes:
+    data = bytearray(wire.encode(frame))
+    data[2] = version  # length prefix (1 byte here), type, then the version byte
+    return bytes(data)
+
+
+def _in_session(port: int, make_bytes) -> socket.socket:
+    """Open a session properly, then send make_bytes(welcome)."""
+    s, w = open_session(port)
+    s.sendall(make_bytes(w))
+    return s
+
+
+HELLO_BYTES = wire.encode(hello())
+BIG_LIMITS = wire.Limits(max_draft_tokens=1000)
+
+ABUSE = [
+    ("random-frame-unknown-type", lambda p: _send(p, bytes([5, 0xEE, 1, 2, 3, 4])), (ErrorCode.BAD_FRAME,)),
+    ("random-bytes-then-eof", lambda p: _send(p, random.Random(1).randbytes(40), shut=True),
+     tuple(ErrorCode)),
+    ("zero-length-frame", lambda p: _send(p, b"\x00"), (ErrorCode.BAD_FRAME,)),
+    ("truncated-hello-then-eof", lambda p: _send(p, HELLO_BYTES[:-3], shut=True), (ErrorCode.BAD_FRAME,)),
+    ("truncated-hello-then-silence", lambda p: _send(p, HELLO_BYTES[:-3]), (ErrorCode.BAD_REQUEST,)),
+    ("nothing-then-silence", lambda p: _send(p, b""), (ErrorCode.BAD_REQUEST,)),
+    ("oversize-length-prefix-4GB", lambda p: _send(p, wire.encode_uvarint(1 << 32) + b"\x01" * 64),
+     (ErrorCode.OVER_LIMIT,)),
+    ("length-prefix-one-over-the-limit",
+     lambda p: _send(p, wire.encode_uvarint(wire.DEFAULT_LIMITS.max_frame_bytes + 1) + b"\x01"),
+     (ErrorCode.OVER_LIMIT,)),
+    ("non-minimal-length-prefix", lambda p: _send(p, b"\x85\x00" + HELLO_BYTES[1:]), (ErrorCode.BAD_FRAME,)),
+    ("hello-protocol-version-2", lambda p: _send(p, _patched_version(hello(), 2)), (ErrorCode.BAD_VERSION,)),
+    ("hello-protocol-version-0", lambda p: _send(p, _patched_version(hello(), 0)), (ErrorCode.BAD_VERSION,)),
+    ("resume-protocol-version-9",
+     lambda p: _send(p, _patched_version(wire.Resume(session=1, committed=P, auth=TOKEN), 9)),
+     (ErrorCode.BAD_VERSION,)),
+    ("hello-wrong-auth", lambda p: _send(p, wire.encode(hello(auth=b"guess"))), (ErrorCode.BAD_AUTH,)),
+    ("hello-no-auth", lambda p: _send(p, wire.encode(hello(auth=b""))), (ErrorCode.BAD_AUTH,)),
+    ("resume-wrong-auth",
+     lambda p: _send(p, wire.encode(wire.Resume(session=1, committed=P, auth=b"guess"))), (ErrorCode.BAD_AUTH,)),
+    ("resume-unknown-session",
+     lambda p: _send(p, wire.encode(wire.Resume(session=987654, committed=P, auth=TOKEN))),
+     (ErrorCode.UNKNOWN_SESSION,)),
+    ("draft-naming-another-session",
+     lambda p: _in_session(p, lambda w: wire.encode(wire.Draft(session=w.session + 1000, seq=0, base=P, tokens=(1,)))),
+     (ErrorCode.UNKNOWN_SESSION,)),
+    ("hello-model-mismatch", lambda p: _send(p, wire.encode(hello(model_id="toy:vocab=65"))),
+     (ErrorCode.MODEL_MISMATCH,)),
+    ("hello-unknown-rule", lambda p: _send(p, wire.encode(hello(rule="no-such-rule"))), (ErrorCode.BAD_REQUEST,)),
+    ("hello-bad-rule-parameter", lambda p: _send(p, wire.encode(hello(rule="cactus:delta=banana"))),
+     (ErrorCode.BAD_REQUEST,)),
+    ("hello-bad-top-p", lambda p: _send(p, wire.encode(hello(top_p=0.0))), (ErrorCode.BAD_REQUEST,)),
+    ("hello-over-limit-max-tokens", lambda p: _send(p, wire.encode(hello(max_tokens=MAX_NEW + 1))),
+     (ErrorCode.OVER_LIMIT,)),
+    ("hello-prompt-outside-vocab", lambda p: _send(p, wire.encode(hello(prompt=(1, V + 5)))),
+     (ErrorCode.OVER_LIMIT,)),
+    ("hello-empty-prompt", lambda p: _send(p, wire.encode(hello(prompt=()))), (ErrorCode.BAD_REQUEST,)),
+    ("first-frame-is-a-draft",
+     lambda p: _send(p, wire.encode(wire.Draft(session=1, seq=0, base=P, tokens=(1,)))), (ErrorCode.BAD_REQUEST,)),
+    ("first-frame-is-a-ping", lambda p: _send(p, wire.encode(wire.Ping(nonce=1, sent_us=2))),
+     (ErrorCode.BAD_REQUEST,)),
+    ("draft-before-welcome",
+     lambda p: _send(p, HELLO_BYTES + wire.encode(wire.Draft(session=1, seq=0, base=P, tokens=(1,)))),
+     (ErrorCode.BAD_REQUEST,)),
+    ("strict-draft-without-q",
+     lambda p: _in_session_with(p, dict(rule="strict"),
+                                lambda w: wire.encode(wire.Draft(session=w.session, seq=0, base=P, tokens=(1, 2)))),
+     (ErrorCode.BAD_REQUEST,)),
+    ("draft-token-outside-vocab",
+     lambda p: _in_session(p, lambda w: wire.encode(wire.Draft(session=w.session, seq=0, base=P, tokens=(V,)))),
+     (ErrorCode.OVER_LIMIT,)),
+    ("draft-over-max-draft-tokens",
+     lambda p: _in_session(p, lambda w: wire.encode(
+         wire.Draft(session=w.session, seq=0, base=P, tokens=(1,) * 65), BIG_LIMITS)),
+     (ErrorCode.OVER_LIMIT,)),
+    ("garbage-mid-session", lambda p: _in_session(p, lambda w: bytes([3, 0x7F, 0, 0])), (ErrorCode.BAD_FRAME,)),
+    ("welcome-sent-to-the-server",
+     lambda p: _in_session(p, lambda w: wire.encode(wire.Welcome(session=w.session, committed=P, max_draft_tokens=4))),
+     (ErrorCode.BAD_REQUEST,)),
+]
+
+
+def _in_session_with(port: int, hello_kw: dict, make_bytes) -> socket.socket:
+    s, w = open_session(port, **hello_kw)
+    s.sendall(make_bytes(w))
+    return s
+
+
+# ------------------------------------------------------------------------------------------ fixtures
+
+
+@pytest.fixture(scope="module")
+def cloud():
+    with CloudServerThread(toy_target(), server_config()) as srv:
+        yield srv
+
+
+def check_alive(srv: CloudServerThread) -> None:
+    """A fresh, honest session still works end to end."""
+    s, w = open_session(srv.port)
+    v = step(s, w.session, 0, w.committed)
+    assert v.committed == P + 1 and not v.dropped
+    wire.send_frame(s, wire.Close())
+    s.close()
+
+
+# ------------------------------------------------------------------------------------------ abuse
+
+
+@pytest.mark.parametrize("make,codes", [pytest.param(m, c, id=i) for i, m, c in ABUSE])
+def test_each_abuse_gets_its_typed_error_and_a_close(cloud, make, codes):
+    before = sum(cloud.server.errors_sent.values())
+    err = assert_refused(make(cloud.port), *codes)
+    assert err.message  # says what was wrong
+    assert cloud.server.errors_sent.get(err.code.name, 0) >= 1
+    assert sum(cloud.server.errors_sent.values()) == before + 1
+    check_alive(cloud)
+
+
+def test_random_garbage_never_takes_the_server_down(cloud):
+    rng = random.Random(7)
+    for i in range(40):
+        data = rng.randbytes(rng.randrange(1, 300))
+        s = _send(cloud.port, data, shut=True)
+        frames, _ = drain(s)
+        # junk is never a valid HELLO or RESUME: it always ends in ERROR + CLOSE
+        assert len(frames) == 2, (i, frames)
+        assert isinstance(frames[0], wire.Error) and frames[1] == wire.Close(reason=wire.CloseReason.ERROR), (i, frames)
+    check_alive(cloud)
+
+
+def test_well_behaved_session_survives_all_the_abuse(cloud):
+    """An edge session started before the abuse, slowed by an 80 ms RTT so it spans all of it, finishes
+    with exactly the reference output while every abuse case, all at once, is refused around it."""
+    n = 60
+    with WanProxyThread(HOST, 0, HOST, cloud.port, WanProfile(rtt_ms=80, seed=1)) as proxy:
+        cfg = EdgeConfig(mode="sync", rule="coupled", k=1, temperature=TEMP, seed=SEED, max_tokens=n,
+                         connect=ConnectConfig(host=HOST, port=proxy.port, token=TOKEN, reply_timeout_s=10.0))
+        streamed: list[int] = []
+        out: dict = {}
+
+        def body():
+            try:
+                out["res"] = run_edge(toy_drafter(), list(PROMPT), cfg, model_id=MODEL_ID, on_tokens=streamed.extend)
+            except BaseException as e:  # noqa: BLE001
+                out["error"] = e
+
+        t = threading.Thread(target=body, daemon=True)
+        t.start()
+        deadline = time.monotonic() + 10
+        while not streamed and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert streamed, "the well-behaved session never started"
+        with ThreadPoolExecutor(max_workers=len(ABUSE)) as pool:
+            refusals = [pool.submit(lambda m=make, c=codes: assert_refused(m(cloud.port), *c)) for _, make, codes in ABUSE]
+            for f in refusals:
+                f.result(timeout=10)
+        during = t.is_alive()
+        t.join(30)
+        assert not t.is_alive()
+    if "error" in out:
+        raise out["error"]
+    assert during, "the session should still have been running when the last refusal came back"
+    res = out["res"]
+    assert res.tokens == reference(n)
+    assert streamed == res.tokens
+    assert res.stats.cache["reconnects"] == 0
+    check_alive(cloud)
+
+
+def test_hello_flood_gets_busy_and_the_running_session_completes():
+    n = 30
+    with CloudServerThread(toy_target(), server_config(max_sessions=4, resume_grace_s=60.0)) as srv:
+        with WanProxyThread(HOST, 0, HOST, srv.port, WanProfile(rtt_ms=40, seed=2)) as proxy:
+            cfg = EdgeConfig(mode="pipelined", rule="coupled", k=2, temperature=TEMP, seed=SEED, max_tokens=n,
+                             connect=ConnectConfig(host=HOST, port=proxy.port, token=TOKEN, reply_timeout_s=10.0))
+            out: dict = {}
+            started = threading.Event()
+            t = threading.Thread(
+                target=lambda: out.setdefault("res", run_edge(
+                    toy_drafter(), list(PROMPT), cfg, model_id=MODEL_ID, on_tokens=lambda _: started.set())),
+                daemon=True,
+            )
+            t.start()
+            assert started.wait(10)
+            held, busy = [], 0
+            for _ in range(12):  # 3 more sessions fit next to the running one; the rest are refused
+                s = connect(srv.port)
+                wire.send_frame(s, hello())
+                f = recv_one(s)
+                if isinstance(f, wire.Welcome):
+                    held.append(s)
+                else:
+                    assert isinstance(f, wire.Error) and f.code == ErrorCode.BUSY, f
+                    assert recv_one(s) == wire.Close(reason=wire.CloseReason.ERROR)
+                    assert recv_one(s) is None  # closed
+                    s.close()
+                    busy += 1
+            assert len(held) == 3 and busy == 9
+            assert srv.server.errors_sent.get("BUSY") == 9
+            t.join(30)
+            assert not t.is_alive()
+        assert out["res"].tokens == reference(n)
+        # a session that ends with CLOSE frees its slot at once
+        wire.send_frame(held[0], wire.Close())
+        assert recv_one(held[0]) is None
+        deadline = time.monotonic() + 5
+        while len(srv.server.sessions) > 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        s, _ = open_session(srv.port)
+        for h in held + [s]:
+            h.close()
+
+
+# ------------------------------------------------------------------------------------------ lifecycle
+
+
+def test_idle_sessions_expire():
+    with CloudServerThread(toy_target(), server_config(idle_timeout_s=0.4, resume_grace_s=0.8)) as srv:
+        # connected but silent: CLOSE(IDLE), the connection closed, the session gone
+        s, w = open_session(srv.port)
+        t0 = time.monotonic()
+        assert recv_one(s) == wire.Close(reason=wire.CloseReason.IDLE)
+        assert recv_one(s) is None
+        assert 0.2 <= time.monotonic() - t0 < 3.0
+        s.close()
+        assert w.session not in srv.server.sessions
+        assert_refused(_send(srv.port, wire.encode(wire.Resume(session=w.session, committed=P, auth=TOKEN))),
+                       ErrorCode.UNKNOWN_SESSION)
+
+        # disconnected without CLOSE: RESUME works within the grace period...
+        s, w = open_session(srv.port)
+        v = step(s, w.session, 0, P)
+        s.close()
+        time.sleep(0.05)
+        r, w2 = _resume(srv.port, w.session, v.committed)
+        assert w2.committed == v.committed
+        r.close()
+        # ...and not after it
+        time.sleep(2.0)
+        assert w.session not in srv.server.sessions
+        assert_refused(_send(srv.port, wire.encode(wire.Resume(session=w.session, committed=P, auth=TOKEN))),
+                       ErrorCode.UNKNOWN_SESSION)
+
+        # a session with traffic does not expire
+        s, w = open_session(srv.port)
+        for i in range(10):
+            wire.send_frame(s, wire.Ping(nonce=i, sent_us=i))
+            assert recv_one(s) == wire.Pong(nonce=i, sent_us=i)
+            time.sleep(0.1)
+        v = step(s, w.session, 0, P)
+        assert v.committed == P + 1
+        s.close()
+
+
+def _resume(port: int, sid: int, committed: int) -> tuple[socket.socket, wire.Welcome]:
+    s = connect(port)
+    wire.send_frame(s, wire.Resume(session=sid, committed=committed, auth=TOKEN))
+    w = recv_one(s)
+    assert isinstance(w, wire.Welcome), w
+    assert w.session == sid
+    return s, w
+
+
+def test_resume_after_disconnect_continues_the_same_session(cloud):
+    n = 12
+    ref = reference(n)
+    s, w = open_session(cloud.port, max_tokens=n)
+    sid = w.session
+    got: list[int] = []
+    seq = 0
+    # three plain target steps (empty drafts), then the connection dies without a CLOSE
+    for _ in range(3):
+        v = step(s, sid, seq, P + len(got))
+        got.append(v.next_token)
+        seq += 1
+    s.close()
+
+    # the edge saw all three verdicts: resume where it is
+    s, w2 = _resume(cloud.port, sid, P + 3)
+    assert w2.committed == P + 3
+    v = step(s, sid, seq, P + 3, [ref[3], ref[4]])  # drafts the right tokens: both accepted
+    assert (v.accepted, v.dropped) == (2, False)
+    got += [ref[3], ref[4], v.next_token]
+    seq += 1
+    s.close()
+
+    # the edge lost the last verdict: resume from what it saw; the cloud rolls back and, with
+    # coupled sampling, regenerates the same tokens
+    s, w3 = _resume(cloud.port, sid, P + 5)
+    assert w3.committed == P + 5
+    got = got[:5]
+    while True:
+        v = step(s, sid, seq, P + len(got))
+        seq += 1
+        got.append(v.next_token)
+        if v.finished:
+            break
+    assert got == ref
+    s.close()
+
+    # RESUME past what the cloud committed is refused; the session survives it
+    assert_refused(_send(cloud.port, wire.encode(wire.Resume(session=sid, committed=P + n + 1, auth=TOKEN))),
+                   ErrorCode.BAD_REQUEST)
+    s, w4 = _resume(cloud.port, sid, P + n)
+    assert w4.committed == P + n
+    # CLOSE ends the session for good
+    wire.send_frame(s, wire.Close())
+    assert recv_one(s) is None
+    s.close()
+    deadline = time.monotonic() + 5
+    while sid in cloud.server.sessions and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert_refused(_send(cloud.port, wire.encode(wire.Resume(session=sid, committed=P, auth=TOKEN))),
+                   ErrorCode.UNKNOWN_SESSION)
+
+
+def test_resume_takes_over_a_connection_the_server_still_thinks_alive(cloud):
+    """An edge that reconnects before the cloud noticed its old connection die (a silent path) is
+    not refused: the old connection is closed and the session continues on the new one."""
+    s_old, w = open_session(cloud.port)
+    v = step(s_old, w.session, 0, P)
+    s_new, w2 = _resume(cloud.port, w.session, v.committed)  # s_old is still open
+    assert w2.committed == v.committed
+    frames, _ = drain(s_old)  # the server dropped the old connection
+    assert not any(isinstance(f, wire.Verdict) for f in frames)
+    v2 = step(s_new, w.session, 1, v.committed)
+    assert v2.committed == v.committed + 1
+    wire.send_frame(s_new, wire.Close())
+    s_new.close()
+
+
+def test_edge_reports_refusals_as_typed_errors(cloud):
+    """The edge runtime surfaces a refusal as EdgeError with the cloud's ErrorCode."""
+    cfg = EdgeConfig(mode="sync", rule="coupled", k=2, temperature=TEMP, seed=SEED, max_tokens=5,
+                     connect=ConnectConfig(host=HOST, port=cloud.port, token=b"wrong"))
+    with pytest.raises(EdgeError) as e:
+        run_edge(toy_drafter(), list(PROMPT), cfg, model_id=MODEL_ID)
+    assert e.value.code == ErrorCode.BAD_AUTH
+    cfg.connect.token = TOKEN
+    with pytest.raises(EdgeError) as e:
+        run_edge(toy_drafter(), list(PROMPT), cfg, model_id="toy:vocab=65")
+    assert e.value.code == ErrorCode.MODEL_MISMATCH
+
+
+@pytest.mark.parametrize("mode", ["cloud-only", "sync", "pipelined"])
+def test_finished_sessions_free_their_slots(mode):
+    """A session that ran to the end and was closed by the edge no longer holds a slot: many sessions
+    one after another fit a server with room for two."""
+    with CloudServerThread(toy_target(), server_config(max_sessions=2)) as srv:
+        cfg = EdgeConfig(mode=mode, rule="coupled", k=3, temperature=TEMP, seed=SEED, max_tokens=8,
+                         connect=ConnectConfig(host=HOST, port=srv.port, token=TOKEN, reply_timeout_s=10.0))
+        for _ in range(6):
+            res = run_edge(None if mode == "cloud-only" else toy_drafter(), list(PROMPT), cfg, model_id=MODEL_ID)
+            assert res.tokens == reference(8)
+        deadline = time.monotonic() + 5
+        while srv.server.sessions and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not srv.server.sessions
