@@ -310,7 +310,10 @@ class SpecLoop:
             for key in [k for k in self._alts if k[0] == block.seq]:
                 if key != (v.seq, v.accepted, v.next_token):
                     self._alts.pop(key).doomed = True
-        if len(self.spec) < n or self.spec[:n] != self.committed:
+        # After a rejection the rest of the block is gone even when the recovered token equals the
+        # rejected draft token (a prefix match alone would keep that stale tail in `spec`, every later
+        # block would build past the committed length, and the target would drop them forever).
+        if v.accepted < drafted or len(self.spec) < n or self.spec[:n] != self.committed:
             self.spec = list(self.committed)
             branch = self._alts.pop((v.seq, v.accepted, v.next_token), None)
             for b in self.inflight:
