@@ -1,7 +1,10 @@
 """`acespec bench ...`: the benchmark subcommands.
 
-Minimal hook: each benchmark module that exists and has `add_parser(bench_subparsers)` adds its own
-subcommand (today `acespec.bench.wan`: `acespec bench wan`).
+`bench` is a subcommand group. Each benchmark lives in its own module and, if that module exists and
+has `add_parser(bench_subparsers)`, adds its own subcommand: `acespec.bench.local` (`bench local`),
+`acespec.bench.wan` (`bench wan`), `acespec.bench.acespec_bench` (`bench acespec`), `acespec.bench.sim`
+(`bench sim`). A missing module is skipped, so benchmarks can land independently; an import error
+*inside* an existing module is not swallowed.
 """
 
 from __future__ import annotations
@@ -9,7 +12,7 @@ from __future__ import annotations
 import argparse
 
 # benchmark modules that may register a subcommand, in help order
-_BENCH_MODULES = ("acespec.bench.wan", "acespec.bench.sim")
+_BENCH_MODULES = ("acespec.bench.local", "acespec.bench.wan", "acespec.bench.acespec_bench", "acespec.bench.sim")
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -68,11 +68,11 @@ def parse_rtts(text: str) -> list[float]:
     return out
 
 
-def parse_modes(text: str) -> list[str]:
+def parse_modes(text: str, known: Sequence[str] = MODES) -> list[str]:
     modes = [m.strip() for m in str(text).split(",") if m.strip()]
     for m in modes:
-        if m not in MODES:
-            raise ValueError(f"--modes: unknown mode {m!r}; choose from {', '.join(MODES)}")
+        if m not in known:
+            raise ValueError(f"--modes: unknown mode {m!r}; choose from {', '.join(known)}")
     if not modes:
         raise ValueError("--modes: give at least one mode")
     return list(dict.fromkeys(modes))
@@ -110,6 +110,8 @@ class RunRecord:
     bytes_up: int = 0
     bytes_down: int = 0
     reconnects: int = 0
+    k_chosen: list[int] = field(default_factory=list, repr=False)
+    cache: dict = field(default_factory=dict)
     error: str = ""
     tokens: list[int] = field(default_factory=list, repr=False)
 
@@ -124,6 +126,7 @@ class BenchConfig:
     max_tokens: int = 64
     warmup_tokens: int = 4  # one untimed generation per mode first; 0 = none
     reply_timeout_s: float = 300.0
+    variants: dict = field(default_factory=dict)  # name -> EdgeConfig overrides; a mode name needs none
 
 
 def run_wan_bench(draft, target, prompts: Sequence[tuple[str, list[int]]], cfg: BenchConfig, *,
@@ -153,15 +156,17 @@ def run_wan_bench(draft, target, prompts: Sequence[tuple[str, list[int]]], cfg: 
     def profile_for(rtt: float):
         return profile_from_args(cfg.profile, rtt=rtt)
 
-    def one(port: int, mode: str, ids: list[int], max_tokens: int):
+    def one(port: int, name: str, ids: list[int], max_tokens: int):
         if reset_models:  # every run pays its own prefill, as a new session would
             _reset_cloud_model(cloud)
             draft.reset()
+        opts = {"mode": name, "k": cfg.k, "window": cfg.window}
+        opts.update(cfg.variants.get(name, {}))
         ecfg = EdgeConfig(
-            mode=mode, rule="greedy", k=cfg.k, window=cfg.window, temperature=0.0, seed=0, max_tokens=max_tokens,
-            connect=ConnectConfig(host="127.0.0.1", port=port, reply_timeout_s=cfg.reply_timeout_s),
+            rule="greedy", temperature=0.0, seed=0, max_tokens=max_tokens,
+            connect=ConnectConfig(host="127.0.0.1", port=port, reply_timeout_s=cfg.reply_timeout_s), **opts,
         )
-        return run_edge(None if mode == "cloud-only" else draft, ids, ecfg, model_id=model_id)
+        return run_edge(None if ecfg.mode == "cloud-only" else draft, ids, ecfg, model_id=model_id)
 
     records: list[RunRecord] = []
     total = len(cfg.rtts) * len(prompts) * len(cfg.modes)
@@ -191,6 +196,8 @@ def run_wan_bench(draft, target, prompts: Sequence[tuple[str, list[int]]], cfg: 
                             rec.bytes_up, rec.bytes_down = s.bytes_up, s.bytes_down
                             rec.reconnects = int(s.cache.get("reconnects", 0))
                             rec.tokens = list(res.tokens)
+                            rec.k_chosen = list(s.k_chosen)
+                            rec.cache = {k: v for k, v in s.cache.items() if k != "reconnects"}
                         records.append(rec)
                         bar.update(1)
     summary = summarize(records, cfg.rtts, cfg.modes)
@@ -257,7 +264,22 @@ def summarize(records: Sequence[RunRecord], rtts: Sequence[float], modes: Sequen
                 "bytes_down_per_token": round(sum(r.bytes_down for r in runs) / emitted, 2) if emitted else 0.0,
                 "acceptance_rate": round(sum(r.accepted for r in runs) / drafted, 4) if drafted else None,
                 "reconnects": sum(r.reconnects for r in runs),
+                "mean_k": round(_mean([k for r in runs for k in r.k_chosen]), 3) if any(r.k_chosen for r in runs) else None,
             }
+            caches = [r.cache for r in runs if r.cache.get("lookups")]
+            if caches:
+                lr = sum(c.get("lookups_rejected", 0) for c in caches)
+                hr = sum(round(c.get("hit_rate_rejected", 0) * c.get("lookups_rejected", 0)) for c in caches)
+                row[mode]["cache"] = {
+                    "lookups": sum(c["lookups"] for c in caches),
+                    "hit_rate": round(sum(c["hits"] for c in caches) / sum(c["lookups"] for c in caches), 4),
+                    "hit_rate_rejected": round(hr / lr, 4) if lr else None,
+                    "lookup_us_mean": round(_mean([c["lookup_us_mean"] for c in caches]), 2),
+                    "peak_bytes": max(c["peak_bytes"] for c in caches),
+                    "time_saved_s": round(sum(c["time_saved_s"] for c in caches), 3),
+                    "branches_sent": sum(c.get("branches_sent", 0) for c in caches),
+                    "branch_hits": sum(c.get("branch_hits", 0) for c in caches),
+                }
         base = row.get("cloud-only", {}).get("tokens_per_s", 0.0)
         for mode in modes:
             row[mode]["vs_cloud_only"] = round(row[mode]["tokens_per_s"] / base, 3) if base else None
@@ -293,7 +315,7 @@ def format_table(result: dict) -> str:
                 vals[1] += "!"
             lines.append("  ".join(f"{v:>{w}}" for v, (_, w) in zip(vals, cols)))
     sens = result["sensitivity"]
-    if sens:
+    if sens and len(result["summary"]) > 1:
         any_mode = next(iter(sens.values()))
         lines.append("")
         lines.append(f"RTT sensitivity (tok/s at {any_mode['rtt_hi_ms']:g} ms / tok/s at {any_mode['rtt_lo_ms']:g} ms):")

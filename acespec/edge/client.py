@@ -96,7 +96,16 @@ class _Link:
         except queue.Empty:
             return None
 
-    def close(self) -> None:
+    def close(self, linger_s: float = 0.0) -> None:
+        """Close; with `linger_s` > 0, half-close first and keep reading until the peer closes (or the
+        time is up), so frames still in flight (a late verdict) do not meet a closed socket, whose
+        reset would tear the path down and could discard our own CLOSE on its way to the cloud."""
+        if linger_s > 0 and self.alive:
+            try:
+                self.sock.shutdown(socket.SHUT_WR)
+                self._reader.join(linger_s)
+            except OSError:
+                pass
         self.alive = False
         try:
             self.sock.shutdown(socket.SHUT_RDWR)
@@ -177,10 +186,12 @@ class CloudSession:
     def total_bytes(self) -> tuple[int, int]:
         return self.bytes_up + self.link.bytes_up, self.bytes_down + self.link.bytes_down
 
-    def close(self) -> None:
+    def close(self, linger_s: float = 2.0) -> None:
         if self.link.alive:
             self.link.send(wire.Close(reason=wire.CloseReason.NORMAL))
-        self._retire()
+        self.bytes_up += self.link.bytes_up
+        self.link.close(linger_s)
+        self.bytes_down += self.link.bytes_down
 
 
 def sparse_rows(q: np.ndarray) -> tuple[tuple[tuple[int, float], ...], ...]:  # q: [n, V]

@@ -1,0 +1,157 @@
+"""`acespec bench acespec`: the `bench wan` table extended with AceSpec's mechanisms, one at a time.
+
+    acespec bench acespec [--rtt 0,50,100,200] [--n-prompts 2] [--max-tokens 64] [--json OUT]
+
+Variants, side by side in one run on the default pair (greedy, HumanEval prompts, the same harness
+as `bench wan`, so every number compares with its neighbours):
+
+    cloud-only            the cloud streams tokens (the baseline a user would pick instead)
+    sync                  stop-and-wait speculative decoding, K = 4
+    pipelined             + pipelining (window 2)
+    +cache                + the probabilistic state cache
+    +branches             + pre-drafted outcomes sent as branch blocks
+    acespec               + the adaptive depth controller (the full system)
+
+`--policies` adds, at the highest RTT, the full system with fixed K = 2, 4, 8 and the +2/-1 schedule
+in place of the controller, so the controller's contribution is visible too. The bars of the
+issue are checked at the end against the measured figures, and printed as met / not met.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from acespec.bench.wan import CAVEAT, BenchConfig, format_table, humaneval_prompts, parse_modes, parse_rtts, run_wan_bench
+
+VARIANTS: dict[str, dict] = {
+    "cloud-only": {"mode": "cloud-only"},
+    "sync": {"mode": "sync"},
+    "pipelined": {"mode": "pipelined"},
+    "+cache": {"mode": "pipelined", "cache": True},
+    "+branches": {"mode": "pipelined", "cache": True, "branches": True},
+    "acespec": {"mode": "pipelined", "cache": True, "branches": True, "policy": "controller"},
+}
+POLICY_VARIANTS: dict[str, dict] = {
+    "acespec:k=2": {"mode": "pipelined", "cache": True, "branches": True, "policy": "fixed", "k": 2},
+    "acespec:k=4": {"mode": "pipelined", "cache": True, "branches": True, "policy": "fixed", "k": 4},
+    "acespec:k=8": {"mode": "pipelined", "cache": True, "branches": True, "policy": "fixed", "k": 8},
+    "acespec:+2/-1": {"mode": "pipelined", "cache": True, "branches": True, "policy": "adaptive"},
+}
+
+
+def check_bars(result: dict, budget_bytes: int) -> list[tuple[str, str, bool | None]]:
+    """The issue's bars, measured: (bar, measured figure, met?)."""
+    out: list[tuple[str, str, bool | None]] = []
+    by = result["summary"]
+    rtts = sorted(by, key=float)
+    hi, lo = rtts[-1], rtts[0]
+    a_hi = by[hi].get("acespec", {}).get("tokens_per_s")
+    s_hi = by[hi].get("sync", {}).get("tokens_per_s")
+    if a_hi and s_hi:
+        out.append((f"AceSpec tokens/s >= 1.5x sync at RTT {hi} ms", f"{a_hi / s_hi:.2f}x", a_hi / s_hi >= 1.5))
+    a_lo = by[lo].get("acespec", {}).get("tokens_per_s")
+    if a_hi and a_lo and float(lo) == 0:
+        out.append((f"AceSpec tokens/s at {hi} ms >= 0.7x at 0 ms", f"{a_hi / a_lo:.2f}x", a_hi / a_lo >= 0.7))
+    caches = [m["cache"] for row in by.values() for name, m in row.items() if name == "acespec" and "cache" in m]
+    if caches:
+        lr = [c["hit_rate_rejected"] for c in caches if c["hit_rate_rejected"] is not None]
+        if lr:
+            rate = sum(lr) / len(lr)
+            out.append(("cache hit rate on rejected blocks >= 50%", f"{rate:.0%}", rate >= 0.5))
+        us = max(c["lookup_us_mean"] for c in caches)
+        out.append(("cache lookup < 50 us", f"{us:.1f} us", us < 50))
+        peak = max(c["peak_bytes"] for c in caches)
+        out.append((f"cache memory never above the budget ({budget_bytes >> 20} MB)", f"peak {peak / 1e6:.2f} MB", peak <= budget_bytes))
+    passes = [m["target_passes_per_token"] for row in by.values() for name, m in row.items() if name == "acespec"]
+    if passes:
+        worst = max(passes)
+        out.append(("target passes per token <= 0.25 (greedy)", f"{worst:.3f}", worst <= 0.25))
+    return out
+
+
+def add_parser(bench_subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    from acespec.bench.wan import _pos_int
+    from acespec.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
+    from acespec.net import PROFILES
+
+    p = bench_subparsers.add_parser("acespec", help="bench wan + AceSpec's mechanisms one at a time, and the bars")
+    p.add_argument("--rtt", default="0,50,100,200", help="comma-separated round-trip times in ms")
+    p.add_argument("--n-prompts", type=_pos_int, default=2)
+    p.add_argument("--max-tokens", type=_pos_int, default=64)
+    p.add_argument("--k", type=_pos_int, default=4, help="draft depth of the fixed-K variants and the controller's start")
+    p.add_argument("--window", type=_pos_int, default=2)
+    p.add_argument("--profile", default="wan", choices=sorted(PROFILES) + ["none"])
+    p.add_argument("--variants", default=",".join(VARIANTS), help=f"subset of {','.join(VARIANTS)}")
+    p.add_argument("--policies", action="store_true", help="also compare fixed K 2/4/8 and +2/-1 at the highest RTT")
+    p.add_argument("--draft", default=DEFAULT_DRAFT)
+    p.add_argument("--target", default=DEFAULT_TARGET)
+    p.add_argument("--n-ctx", type=_pos_int, default=2048)
+    p.add_argument("--warmup-tokens", type=int, default=4)
+    p.add_argument("--json", metavar="OUT")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=cmd_bench_acespec)
+    return p
+
+
+def cmd_bench_acespec(args: argparse.Namespace) -> int:
+    from acespec.draft.cache import CacheConfig
+    from acespec.models import load_model
+
+    names = parse_modes(args.variants, known=list(VARIANTS))
+    rtts = parse_rtts(args.rtt)
+    profile = None if args.profile == "none" else args.profile
+    print(CAVEAT, file=sys.stderr)
+    t0 = time.perf_counter()
+    target = load_model(args.target, n_ctx=args.n_ctx)
+    draft = load_model(args.draft, n_ctx=args.n_ctx, **({} if args.draft.startswith("toy") else {"n_slots": 16}))
+    try:
+        prompts = humaneval_prompts(target.tokenizer, args.n_prompts)
+        cfg = BenchConfig(rtts=rtts, modes=names, profile=profile, k=args.k, window=args.window,
+                          max_tokens=args.max_tokens, warmup_tokens=max(0, args.warmup_tokens), variants=VARIANTS)
+        result = run_wan_bench(draft, target, prompts, cfg, progress=not args.no_progress)
+        if args.policies:
+            pcfg = BenchConfig(rtts=[max(rtts)], modes=["sync", "acespec", *POLICY_VARIANTS], profile=profile, k=args.k,
+                               window=args.window, max_tokens=args.max_tokens, warmup_tokens=0,
+                               variants={**VARIANTS, **POLICY_VARIANTS})
+            result["policies"] = run_wan_bench(draft, target, prompts, pcfg, progress=not args.no_progress)
+    finally:
+        draft.close()
+        target.close()
+    result["elapsed_s"] = round(time.perf_counter() - t0, 2)
+    print(f"acespec bench acespec: {args.draft} -> {args.target}, greedy, {len(prompts)} HumanEval prompt(s) x "
+          f"{args.max_tokens} tokens, profile {args.profile} with RTT {args.rtt} ms")
+    print(format_table(result))
+    print_cache_table(result)
+    if "policies" in result:
+        print("\ndepth policies at the highest RTT (full system otherwise):")
+        print(format_table(result["policies"]))
+        print_cache_table(result["policies"])
+    bars = check_bars(result, CacheConfig().budget_bytes)
+    result["bars"] = [{"bar": b, "measured": m, "met": ok} for b, m, ok in bars]
+    print("\nbars:")
+    for b, m, ok in bars:
+        print(f"  [{'met' if ok else 'NOT met'}] {b}: {m}")
+    print()
+    print(CAVEAT)
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(result, f, indent=2)
+        print(f"wrote {args.json}")
+    return 1 if any(r["error"] for r in result["runs"]) else 0
+
+
+def print_cache_table(result: dict) -> None:
+    rows = [(rtt, name, m) for rtt, row in result["summary"].items() for name, m in row.items() if "cache" in m or m.get("mean_k")]
+    if not rows:
+        return
+    print(f"\n{'rtt_ms':>7}  {'variant':>14}  {'mean K':>7}  {'hit rate':>8}  {'hit|rej':>8}  {'lookup us':>9}  "
+          f"{'peak MB':>8}  {'saved s':>8}  {'branches':>8}  {'br. hits':>8}")
+    for rtt, name, m in rows:
+        c = m.get("cache", {})
+        print(f"{rtt:>7}  {name:>14}  {m.get('mean_k') or 0:>7.2f}  {c.get('hit_rate', 0):>8.2f}  "
+              f"{(c.get('hit_rate_rejected') or 0):>8.2f}  {c.get('lookup_us_mean', 0):>9.1f}  "
+              f"{c.get('peak_bytes', 0) / 1e6:>8.3f}  {c.get('time_saved_s', 0):>8.2f}  {c.get('branches_sent', 0):>8}  "
+              f"{c.get('branch_hits', 0):>8}")
