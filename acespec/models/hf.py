@@ -67,6 +67,11 @@ class HFModel(Model):
         self.n_ctx = int(getattr(model.config, "max_position_embeddings", 4096))
         self.tokenizer = HFTokenizer(tokenizer) if tokenizer is not None else _IdTokenizer(self.vocab_size)
         self._cache = transformers.DynamicCache()
+        # transformers 5.x renamed the KV cache argument and output `past_key_values` -> `cache` (the old
+        # name warns, and goes away in 5.40); use whichever this model's forward takes
+        import inspect
+
+        self._cache_kw = "cache" if "cache" in inspect.signature(self._model.forward).parameters else "past_key_values"
 
     @classmethod
     def load(cls, path_or_id: str | Path, *, device: str | None = None, dtype: str = "auto") -> "HFModel":
@@ -83,8 +88,9 @@ class HFModel(Model):
         torch = self._torch
         ids = torch.tensor([new], dtype=torch.long, device=self._device)
         with torch.no_grad():
-            out = self._model(input_ids=ids, past_key_values=self._cache, use_cache=True)
-        self._cache = out.past_key_values
+            out = self._model(input_ids=ids, use_cache=True, **{self._cache_kw: self._cache})
+        cache = getattr(out, "cache", None)
+        self._cache = cache if cache is not None else out.past_key_values
         return out.logits[0, len(new) - want :].float().cpu().numpy()
 
     def _rollback(self, n: int) -> None:
@@ -93,7 +99,11 @@ class HFModel(Model):
 
             self._cache = transformers.DynamicCache()
         else:
-            self._cache.crop(n)
+            # a negative argument removes that many tokens: transformers 4.x and 5.x agree on that form
+            # (5.x rejects the positive "absolute length" form that 4.x also accepted)
+            remove = self._cache.get_seq_length() - n
+            if remove > 0:
+                self._cache.crop(-remove)
 
 
 class _IdTokenizer(Tokenizer):
