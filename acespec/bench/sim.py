@@ -77,6 +77,8 @@ def add_parser(bench_subparsers: argparse._SubParsersAction) -> argparse.Argumen
     act = p.add_mutually_exclusive_group()
     act.add_argument("--record", action="store_true", help="record traces from HumanEval prompts with the real models")
     act.add_argument("--validate", action="store_true", help="simulate cpu-here next to live figures (--live)")
+    act.add_argument("--remeasure", action="store_true",
+                     help="measure this machine's timings again into the trace file (--traces), keeping its acceptance")
     p.add_argument("--traces", help=f"trace file to replay (default: the newest {DEFAULT_DIR}/*.json)")
     p.add_argument("--profile", default="edge-npu+h200",
                    help=f"device profile(s), comma-separated, or 'all': {', '.join(profiles)} (default edge-npu+h200)")
@@ -164,6 +166,8 @@ def cmd_bench_sim(args: argparse.Namespace) -> int:
         return _record(args)
     if args.validate:
         return _validate(args)
+    if args.remeasure:
+        return _remeasure(args)
     return _simulate(args)
 
 
@@ -193,6 +197,33 @@ def _record(args) -> int:
     ts.save(out)
     print(f"wrote {out} ({len(ts.prompts)} prompts, {sum(p.n for p in ts.prompts)} tokens, "
           f"engine agreement {ts.meta['engine_agreement']}, {ts.meta['elapsed_s']} s)")
+    return 0
+
+
+def _remeasure(args) -> int:
+    from acespec.models import load_model
+    from acespec.sim.trace import measure_timings, system_load
+
+    path, ts = _load(args)
+    if not ts.prompts:
+        raise ValueError(f"{path} holds no prompts")
+    first = ts.prompts[0]
+    target = load_model(args.target, n_ctx=args.n_ctx)
+    draft = load_model(args.draft, n_ctx=args.n_ctx)
+    try:
+        load0 = system_load()
+        t0 = time.perf_counter()
+        tim = measure_timings(target, draft, list(first.prompt_tokens) + list(first.tokens))
+        tim["measure_s"] = round(time.perf_counter() - t0, 2)
+    finally:
+        draft.close()
+        target.close()
+    tim["load_avg_before"], tim["load_avg_after"] = load0, system_load()
+    ts.timings = tim
+    ts.save(path)
+    print(f"updated timings in {path}: draft {1e3 * tim['draft_s_per_token']:.1f} ms/token, verify K=0..8 "
+          + ", ".join(f"{1e3 * v:.0f}" for v in tim["verify_s"]) + f" ms, contention draft x{tim.get('contention_draft', 1):.2f} "
+          f"verify x{tim.get('contention_verify', 1):.2f}; load average {tim['load_avg_before']} -> {tim['load_avg_after']}")
     return 0
 
 

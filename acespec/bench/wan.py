@@ -270,8 +270,11 @@ def summarize(records: Sequence[RunRecord], rtts: Sequence[float], modes: Sequen
             if caches:
                 lr = sum(c.get("lookups_rejected", 0) for c in caches)
                 hr = sum(round(c.get("hit_rate_rejected", 0) * c.get("lookups_rejected", 0)) for c in caches)
+                cr = sum(round(c.get("coverage_rejected", 0) * c.get("lookups_rejected", 0)) for c in caches)
                 row[mode]["cache"] = {
                     "lookups": sum(c["lookups"] for c in caches),
+                    "lookups_rejected": lr,
+                    "coverage_rejected": round(cr / lr, 4) if lr else None,
                     "hit_rate": round(sum(c["hits"] for c in caches) / sum(c["lookups"] for c in caches), 4),
                     "hit_rate_rejected": round(hr / lr, 4) if lr else None,
                     "lookup_us_mean": round(_mean([c["lookup_us_mean"] for c in caches]), 2),

@@ -67,6 +67,8 @@ class CacheMetrics:
     hits: int = 0
     lookups_rejected: int = 0  # lookups after a block with a rejected draft token
     hits_rejected: int = 0  # ... that hit
+    covered: int = 0  # lookups whose outcome had been planned (drafted in time or not): prediction quality
+    covered_rejected: int = 0
     hits_reject: int = 0  # hits on a rejection outcome
     hits_bonus: int = 0  # hits on a full-accept outcome with another bonus token
     entries_drafted: int = 0
@@ -84,6 +86,8 @@ class CacheMetrics:
             "hit_rate": round(self.hits / self.lookups, 4) if self.lookups else 0.0,
             "lookups_rejected": self.lookups_rejected,
             "hit_rate_rejected": round(self.hits_rejected / self.lookups_rejected, 4) if self.lookups_rejected else 0.0,
+            "coverage": round(self.covered / self.lookups, 4) if self.lookups else 0.0,
+            "coverage_rejected": round(self.covered_rejected / self.lookups_rejected, 4) if self.lookups_rejected else 0.0,
             "hits_reject": self.hits_reject,
             "hits_bonus": self.hits_bonus,
             "entries_drafted": self.entries_drafted,
@@ -104,6 +108,7 @@ class StateCache:
         self.entries: OrderedDict[tuple[int, int, int], Entry] = OrderedDict()
         self.metrics = CacheMetrics()
         self.plan: list[tuple[float, tuple[int, int, int], list[int], int, str]] = []  # pending outcomes
+        self.planned: set[tuple[int, int, int]] = set()  # every outcome planned for blocks in flight
         kv = int(getattr(self.model, "kv_bytes_per_token", 0))
         self.kv_bytes_per_token = kv
 
@@ -140,6 +145,7 @@ class StateCache:
                 reach *= a
         outcomes.sort(key=lambda o: -o[0])
         self.plan = outcomes[: self.cfg.max_entries_per_block]
+        self.planned.update(o[1] for o in self.plan)
 
     def _alternatives(self, q: np.ndarray, exclude: int | None, seed: int | None, pos: int):
         if seed is not None:
@@ -240,6 +246,7 @@ class StateCache:
         for key in [k for k in self.entries if k[0] <= seq]:
             self._drop(self.entries.pop(key))
         self.plan = [o for o in self.plan if o[1][0] > seq]
+        self.planned = {k for k in self.planned if k[0] > seq}
 
     # -- lookup -----------------------------------------------------------------------------------
     def lookup(self, seq: int, accepted: int, next_token: int, *, rejected: bool = False) -> Entry | None:
@@ -249,6 +256,9 @@ class StateCache:
         self.metrics.lookup_s += time.perf_counter() - t0
         self.metrics.lookups += 1
         self.metrics.lookups_rejected += rejected
+        if (seq, accepted, next_token) in self.planned:
+            self.metrics.covered += 1
+            self.metrics.covered_rejected += rejected
         if e is None:
             return None
         self.metrics.hits_rejected += rejected
@@ -269,3 +279,4 @@ class StateCache:
             self._drop(e)
         self.entries.clear()
         self.plan = []
+        self.planned = set()

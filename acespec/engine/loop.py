@@ -134,7 +134,8 @@ class SpecLoop:
         self._ready = None  # a cache hit: the next block, already drafted
         self._planned: set[int] = set()
         self._extra: dict[int, tuple[int, np.ndarray]] = {}
-        self._alts: dict[tuple[int, int, int], Block] = {}  # branches in flight, by the outcome they continue  # sync + cache: (bonus guess, its q row) per block
+        self._alts: dict[tuple[int, int, int], Block] = {}
+        self._main_drafted = 0  # tokens drafted on the critical path  # branches in flight, by the outcome they continue  # sync + cache: (bonus guess, its q row) per block
 
     # -- the loop -----------------------------------------------------------------------------
     def run(self) -> LoopResult:
@@ -226,6 +227,7 @@ class SpecLoop:
                 self.spec, k + overlap + extra, min_conf=self.cfg.min_conf, min_tokens=overlap + 1, keep_q=keep_q
             )
             self.stats.draft_s += d.seconds
+            self._main_drafted += len(d.tokens)
             block_tokens, q = d.tokens, d.q
             if extra and len(block_tokens) == k + overlap + extra:
                 self._extra[self.seq] = (block_tokens[-1], None if q is None else q[-1])
@@ -286,11 +288,13 @@ class SpecLoop:
         self.stats.observe_block(drafted, v.accepted)
         self.stats.verify_s += v.verify_us / 1e6
         obs = {"verify_s": v.verify_us / 1e6}
-        if self.drafter is not None and self.drafter.tokens_drafted:
-            obs["draft_s_per_token"] = self.stats.draft_s / self.drafter.tokens_drafted
+        if self._main_drafted:  # blocks drafted on the critical path only, not cache pre-drafts
+            obs["draft_s_per_token"] = self.stats.draft_s / self._main_drafted
         rtt = getattr(self.transport, "rtt_samples", None)
         if rtt:
-            obs["rtt_s"] = rtt[-1]
+            # a verdict's delay minus verify time also holds queueing behind earlier blocks at the
+            # target; the minimum of recent samples is the path's round trip
+            obs["rtt_s"] = min(rtt[-8:])
         self.policy.update(drafted, v.accepted, **obs)
         if getattr(self.policy, "min_conf", None) is not None:
             self.cfg.min_conf = float(self.policy.min_conf)
