@@ -48,40 +48,7 @@ from .frames import (
 )
 from .stream import read_frame, recv_frame, send_frame, write_frame
 
-__all__ = [
-    "PROTOCOL_VERSION",
-    "MAX_ERROR_MESSAGE_BYTES",
-    "ErrorCode",
-    "WireError",
-    "FrameType",
-    "Mode",
-    "CloseReason",
-    "DraftFlag",
-    "VerdictFlag",
-    "TokensFlag",
-    "Limits",
-    "DEFAULT_LIMITS",
-    "SparseRow",
-    "Hello",
-    "Welcome",
-    "Draft",
-    "Verdict",
-    "Resume",
-    "Ping",
-    "Pong",
-    "Error",
-    "Close",
-    "Tokens",
-    "Frame",
-    "encode",
-    "decode",
-    "FrameDecoder",
-    "encode_uvarint",
-    "decode_uvarint",
-    "zigzag_encode",
-    "zigzag_decode",
-    "read_frame",
-    "write_frame",
-    "recv_frame",
-    "send_frame",
-]
+from . import frames as _frames
+
+# everything frames.py exports, plus the error types and the stream helpers
+__all__ = ["ErrorCode", "WireError", *_frames.__all__, "read_frame", "write_frame", "recv_frame", "send_frame"]
