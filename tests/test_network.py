@@ -23,7 +23,6 @@ Every run has a hard time limit (`bounded`), so a protocol bug fails a test inst
 from __future__ import annotations
 
 import functools
-import math
 import threading
 import time
 import types
@@ -391,6 +390,7 @@ def test_strict_network_path_equals_local_path(cloud, q_topn):
     assert 0 < net.stats.accepted < net.stats.drafted  # both accepts and rejections happened
 
 
+@pytest.fixture(scope="module")
 def tiny_cloud():
     with CloudServerThread(ToyModel(vocab=8, seed=5, scale=1.0), ServerConfig(port=0, max_sessions=4)) as srv:
         yield srv
