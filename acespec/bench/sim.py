@@ -88,8 +88,9 @@ def add_parser(bench_subparsers: argparse._SubParsersAction) -> argparse.Argumen
                         f"+ideal, +adaptive, +ctrl (default {','.join(MODES_DEFAULT)})")
     p.add_argument("--k", type=_pos_int, default=4, help="draft depth (start depth for adaptive policies; default 4)")
     p.add_argument("--window", type=_pos_int, default=2, help="pipelined: blocks in flight (default 2)")
-    p.add_argument("--net", default="none", help="network profile for jitter/bandwidth/loss, RTT replaced by --rtt: "
-                   "none (ideal link), lan, wan, transcontinental, lte (default none)")
+    p.add_argument("--net", default="wan", help="network profile for jitter/bandwidth/loss, RTT replaced by --rtt: "
+                   "none (ideal link), lan, wan, transcontinental, lte (default wan: jitter 20 ms, up 5, down 20 Mbit/s, "
+                   "as `bench wan`)")
     p.add_argument("--jitter-ms", type=_nonneg, help="override the round-trip jitter (ms)")
     p.add_argument("--up", help="override the uplink rate, e.g. 5mbit (0 = unlimited)")
     p.add_argument("--down", help="override the downlink rate, e.g. 20mbit (0 = unlimited)")
@@ -274,8 +275,8 @@ def _validate(args) -> int:
     k = int(live_cfg.get("k", args.k))
     window = int(live_cfg.get("window", args.window))
     net = _net(args)
-    if live_cfg.get("profile") and args.net == "none":
-        net = profile_from_args(live_cfg["profile"], rtt=0)
+    if "profile" in live_cfg:  # replay the network the live run used
+        net = profile_from_args(live_cfg["profile"], rtt=0, seed=args.seed)  # None = the ideal link
     result = run_grid(ts.prompts, [dev], rtts, modes, k=k, window=window, net=net, handshake=not args.no_handshake)
     print(f"acespec bench sim --validate: {path}; {dev.describe()}")
     print(f"network {net.describe()}; K = {k}, window = {window}")

@@ -1,0 +1,164 @@
+"""Device profiles for the trace-driven simulator: how fast the edge drafts and the cloud verifies.
+
+A profile is a set of timings; the network is a separate `acespec.net.profile.WanProfile` (RTT, jitter,
+up/down rate, loss), so any device profile can be replayed under any network.
+
+Built-in profiles (the numbers are assumptions, each with its rationale next to it):
+
+- `edge-npu+h200`: a phone-class NPU runs the 0.5B drafter; an H200-class GPU serves the 1.5B target.
+- `edge-cpu+gpu`: a laptop CPU runs the drafter (llama.cpp); a commodity inference GPU (L4 / A10 class)
+  serves the target.
+- `cpu-here`: this development machine, with the timings measured when the trace was recorded
+  (`DeviceProfile.from_timings`). Drafter and target share the same 2 cores, so `shared_cpu` is on:
+  while both compute at once, each runs slower by its measured contention factor (processor sharing;
+  see `acespec.sim.model`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+__all__ = ["DeviceProfile", "DEVICE_PROFILES", "device_profile"]
+
+
+@dataclass(frozen=True)
+class DeviceProfile:
+    name: str
+    draft_s_per_token: float  # edge: one drafter decode step (one token), seconds
+    draft_prefill_s_per_token: float  # edge: drafter prompt processing, seconds per prompt token
+    verify_c0_s: float  # cloud: a verify pass with no draft tokens (= one plain decode step), seconds
+    verify_c1_s: float  # cloud: extra verify time per draft token in the pass, seconds
+    target_prefill_s_per_token: float  # cloud: target prompt processing (first pass only), seconds per token
+    verify_table_s: tuple[float, ...] = ()  # measured t_v(K) for K = 0, 1, ...; overrides c0 + c1 K where given
+    cloud_overhead_s: float = 0.0  # cloud: per-pass work besides the model (framing, scheduling), seconds
+    edge_overhead_s: float = 0.0005  # edge: per-verdict bookkeeping (decode, apply, controller), seconds
+    shared_cpu: bool = False  # drafter and target compete for the same cores (processor sharing)
+    contention_draft: float = 1.0  # shared_cpu: drafter slowdown while the target computes at the same time
+    contention_verify: float = 1.0  # shared_cpu: target slowdown while the drafter computes at the same time
+    notes: tuple[str, ...] = field(default=(), compare=False)  # assumptions, one line each
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, float) and not (v >= 0.0):
+                raise ValueError(f"DeviceProfile.{f.name} must be >= 0, got {v}")
+        if self.contention_draft < 1.0 or self.contention_verify < 1.0:
+            raise ValueError("contention factors must be >= 1 (1 = no slowdown)")
+
+    def verify_s(self, k: int) -> float:
+        """t_v(K): one cloud pass verifying K draft tokens (K = 0: a plain decode step)."""
+        t = self.verify_table_s
+        if k < len(t):
+            base = t[k]
+        elif len(t) >= 2:  # extend the measured table linearly with its last slope
+            base = t[-1] + (k - len(t) + 1) * max(0.0, t[-1] - t[-2])
+        elif t:
+            base = t[0] + k * self.verify_c1_s
+        else:
+            base = self.verify_c0_s + self.verify_c1_s * k
+        return base + self.cloud_overhead_s
+
+    @property
+    def cloud_step_s(self) -> float:
+        """Cloud-only decoding: one target step per token."""
+        return self.verify_s(0)
+
+    def replace(self, **kw) -> "DeviceProfile":
+        return dataclasses.replace(self, **kw)
+
+    def describe(self) -> str:
+        tv = ", ".join(f"{1e3 * self.verify_s(k):.1f}" for k in (0, 1, 4, 8))
+        s = (f"{self.name}: draft {1e3 * self.draft_s_per_token:.1f} ms/token (prefill {1e3 * self.draft_prefill_s_per_token:.2f} ms/token), "
+             f"verify t_v(0,1,4,8) = {tv} ms, target prefill {1e3 * self.target_prefill_s_per_token:.3f} ms/token")
+        if self.shared_cpu:
+            s += f", shared CPU (contention draft x{self.contention_draft:.2f}, verify x{self.contention_verify:.2f})"
+        return s
+
+    @classmethod
+    def from_timings(cls, timings: dict, name: str = "cpu-here") -> "DeviceProfile":
+        """The `cpu-here` profile from the timings a trace file recorded on this machine."""
+        if not timings:
+            raise ValueError("the trace file has no measured timings; record it with `acespec bench sim --record`")
+        # t_v(K) cannot fall as K grows: smooth the noisy measured table with isotonic regression
+        table = tuple(_isotonic([float(x) for x in timings["verify_s"]]))
+        return cls(
+            name=name,
+            draft_s_per_token=float(timings["draft_s_per_token"]),
+            draft_prefill_s_per_token=float(timings.get("draft_prefill_s_per_token", 0.0)),
+            verify_c0_s=table[0],
+            verify_c1_s=max(0.0, (table[-1] - table[0]) / max(1, len(table) - 1)),
+            target_prefill_s_per_token=float(timings.get("target_prefill_s_per_token", 0.0)),
+            verify_table_s=table,
+            cloud_overhead_s=float(timings.get("cloud_overhead_s", 0.0005)),  # asyncio + framing in the server
+            edge_overhead_s=float(timings.get("edge_overhead_s", 0.0005)),
+            shared_cpu=True,
+            contention_draft=max(1.0, float(timings.get("contention_draft", 2.0))),
+            contention_verify=max(1.0, float(timings.get("contention_verify", 2.0))),
+            notes=(
+                "measured on this machine when the trace was recorded (TargetVerifier.verify and ChainDrafter.draft code paths)",
+                "drafter and target share the cores: processor sharing with the measured slowdown factors",
+            ),
+        )
+
+
+def _isotonic(y: list[float]) -> list[float]:
+    """Least-squares non-decreasing fit (pool adjacent violators)."""
+    blocks: list[list[float]] = []  # [mean, weight]
+    for v in y:
+        blocks.append([v, 1.0])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            (m2, w2), (m1, w1) = blocks.pop(), blocks.pop()
+            blocks.append([(m1 * w1 + m2 * w2) / (w1 + w2), w1 + w2])
+    out: list[float] = []
+    for m, w in blocks:
+        out.extend([m] * int(w))
+    return out
+
+
+DEVICE_PROFILES: dict[str, DeviceProfile] = {
+    "edge-npu+h200": DeviceProfile(
+        name="edge-npu+h200",
+        draft_s_per_token=0.012,  # 0.5B Q4 drafter on a phone NPU: ~80 tok/s decode incl. the app's sampling loop
+        draft_prefill_s_per_token=0.001,  # NPUs are built for batched matmuls: ~1000 tok/s prompt processing for 0.5B
+        verify_c0_s=0.018,  # 1.5B target step on an H200-class GPU at batch 1 through a serving stack (launch/latency bound)
+        verify_c1_s=0.0004,  # each extra token in the pass is nearly free: the step is memory-bound, weights are read once
+        target_prefill_s_per_token=0.00005,  # prompt prefill of a 1.5B model on an H200: ~20k tok/s
+        cloud_overhead_s=0.0,  # already inside the 18 ms step
+        edge_overhead_s=0.0005,  # verdict decode + loop bookkeeping on a phone CPU
+        notes=(
+            "drafter 12 ms/token: 0.5B Q4 on a phone NPU (~80 tok/s decode incl. sampling)",
+            "drafter prefill 1 ms/token: NPU prompt processing is batched matmul, ~1000 tok/s for 0.5B",
+            "t_v(K) = 18 ms + 0.4 ms*K: batch-1 decode of 1.5B on an H200 is latency/memory bound; extra tokens ride along",
+            "cloud-only step = t_v(0) = 18 ms",
+            "target prefill 0.05 ms/token: compute-bound prefill of 1.5B on an H200",
+        ),
+    ),
+    "edge-cpu+gpu": DeviceProfile(
+        name="edge-cpu+gpu",
+        draft_s_per_token=0.035,  # 0.5B Q4_K_M with llama.cpp on a 4-8 core laptop CPU: ~30 tok/s
+        draft_prefill_s_per_token=0.005,  # llama.cpp CPU prompt processing for 0.5B: ~200 tok/s
+        verify_c0_s=0.020,  # 1.5B target step on an L4/A10-class GPU at batch 1 through a serving stack
+        verify_c1_s=0.001,  # less compute headroom than an H200: ~1 ms per extra verified token
+        target_prefill_s_per_token=0.0002,  # ~5k tok/s prefill for 1.5B on an L4-class GPU
+        cloud_overhead_s=0.0,
+        edge_overhead_s=0.0005,
+        notes=(
+            "drafter 35 ms/token: 0.5B Q4_K_M, llama.cpp, laptop CPU (~30 tok/s)",
+            "drafter prefill 5 ms/token: llama.cpp CPU prompt processing (~200 tok/s)",
+            "t_v(K) = 20 ms + 1 ms*K: 1.5B at batch 1 on an L4/A10-class GPU",
+            "target prefill 0.2 ms/token (~5k tok/s)",
+        ),
+    ),
+}
+
+
+def device_profile(name: str, timings: dict | None = None) -> DeviceProfile:
+    """A built-in profile by name; `cpu-here` needs the timings recorded in a trace file."""
+    if name == "cpu-here":
+        return DeviceProfile.from_timings(timings or {})
+    try:
+        return DEVICE_PROFILES[name]
+    except KeyError:
+        known = ", ".join(["cpu-here", *DEVICE_PROFILES])
+        raise ValueError(f"unknown device profile {name!r}; choose one of {known}") from None

@@ -1,0 +1,191 @@
+"""Running the simulator over traces x device profiles x RTTs x modes, the summary table, and validation.
+
+Aggregation over the prompts of a trace set (like `acespec bench wan`): tokens/s = total tokens / total
+wall time; TTFT = mean; target passes per token and bytes per token = totals / total tokens. Per row, the
+ratio of tokens/s to sync and to cloud-only at the same profile and RTT; per (profile, mode), the RTT
+sensitivity = tokens/s at the highest RTT / tokens/s at the lowest (RTT 0 when simulated).
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+from acespec.net.profile import WanProfile
+from acespec.sim.model import FrameSizer, SimResult, parse_mode, simulate
+from acespec.sim.profiles import DeviceProfile
+from acespec.sim.trace import PromptTrace
+
+__all__ = ["aggregate", "run_grid", "format_table", "format_assumptions", "parse_live", "validation_rows", "format_validation"]
+
+
+def aggregate(results: Sequence[SimResult]) -> dict:
+    n = sum(r.n for r in results)
+    wall = sum(r.wall_s for r in results)
+    after = sum(r.wall_s - r.ttft_s for r in results)
+    rounds = sum(r.passes for r in results)
+    drafted = sum(r.rounds_drafted for r in results)
+    lookups = sum(r.lookups for r in results)
+    return {
+        "tokens": n,
+        "wall_s": round(wall, 4),
+        "tok_s": round(n / wall, 3) if wall > 0 else 0.0,
+        "tok_s_after_ttft": round(sum(max(r.n - 1, 0) for r in results) / after, 3) if after > 0 else 0.0,
+        "ttft_s": round(sum(r.ttft_s for r in results) / len(results), 4) if results else 0.0,
+        "passes_per_token": round(rounds / n, 4) if n else 0.0,
+        "up_bytes_per_token": round(sum(r.bytes_up for r in results) / n, 2) if n else 0.0,
+        "down_bytes_per_token": round(sum(r.bytes_down for r in results) / n, 2) if n else 0.0,
+        "acceptance_rate": round(sum(r.rounds_accepted for r in results) / drafted, 4) if drafted else None,
+        "mean_k": round(sum(r.mean_k * r.blocks_sent for r in results) / max(1, sum(r.blocks_sent for r in results)), 2),
+        "dropped_per_token": round(sum(r.dropped for r in results) / n, 4) if n else 0.0,
+        "cache_hit_rate": round(sum(r.hits for r in results) / lookups, 4) if lookups else None,
+        "cache_partial_hit_rate": round(sum(r.partial_hits for r in results) / lookups, 4) if lookups else None,
+        "branches_per_token": round(sum(r.branches_sent for r in results) / n, 4) if n else 0.0,
+        "stale_ready": sum(r.stale_ready for r in results),
+    }
+
+
+def run_grid(traces: Sequence[PromptTrace], devices: Sequence[DeviceProfile], rtts: Sequence[float],
+             modes: Sequence[str], *, k: int = 4, window: int = 2, net: WanProfile | None = None,
+             handshake: bool = True) -> dict:
+    """Every (device, RTT, mode) over every trace. Returns {"rows": [...], "sensitivity": {...}}."""
+    if not traces:
+        raise ValueError("no traces to replay")
+    net = net or WanProfile()
+    sizer = FrameSizer()
+    rows = []
+    for dev in devices:
+        for rtt in rtts:
+            n = WanProfile(rtt_ms=float(rtt), jitter_ms=net.jitter_ms, up_bps=net.up_bps, down_bps=net.down_bps,
+                           loss_pct=net.loss_pct, seed=net.seed)
+            by_mode = {}
+            for mode in modes:
+                cfg = parse_mode(mode, k=k, window=window, handshake=handshake)
+                res = [simulate(t, dev, n, cfg, sizer) for t in traces]
+                row = {"profile": dev.name, "rtt_ms": float(rtt), "mode": mode, **aggregate(res)}
+                by_mode[mode] = row
+                rows.append(row)
+            for row in by_mode.values():
+                for ref in ("sync", "cloud-only"):
+                    base = by_mode.get(ref, {}).get("tok_s")
+                    row[f"x_{ref.replace('-', '_')}"] = round(row["tok_s"] / base, 3) if base else None
+    sens = {}
+    for dev in devices:
+        lo, hi = min(rtts), max(rtts)
+        for mode in modes:
+            a = next(r["tok_s"] for r in rows if r["profile"] == dev.name and r["rtt_ms"] == lo and r["mode"] == mode)
+            b = next(r["tok_s"] for r in rows if r["profile"] == dev.name and r["rtt_ms"] == hi and r["mode"] == mode)
+            sens.setdefault(dev.name, {})[mode] = {"rtt_lo_ms": lo, "rtt_hi_ms": hi, "ratio": round(b / a, 3) if a else None}
+    return {"rows": rows, "sensitivity": sens}
+
+
+def _f(v, fmt: str) -> str:
+    return "-" if v is None else format(v, fmt)
+
+
+def format_table(result: dict) -> str:
+    cols = [("profile", 14), ("rtt", 5), ("mode", 30), ("tok/s", 7), ("x sync", 6), ("x cloud", 7), ("ttft s", 6),
+            ("pass/tok", 8), ("up B/tok", 8), ("dn B/tok", 8), ("accept", 6), ("K", 4), ("hit", 5)]
+    head = " ".join(f"{c:>{w}}" if i > 2 else f"{c:<{w}}" for i, (c, w) in enumerate(cols))
+    lines = [head, "-" * len(head)]
+    prev = None
+    for r in result["rows"]:
+        key = (r["profile"], r["rtt_ms"])
+        if prev is not None and key != prev:
+            lines.append("")
+        prev = key
+        vals = [r["profile"], f"{r['rtt_ms']:g}", r["mode"], _f(r["tok_s"], ".1f"), _f(r.get("x_sync"), ".2f"),
+                _f(r.get("x_cloud_only"), ".2f"), _f(r["ttft_s"], ".3f"), _f(r["passes_per_token"], ".3f"),
+                _f(r["up_bytes_per_token"], ".1f"), _f(r["down_bytes_per_token"], ".1f"), _f(r["acceptance_rate"], ".2f"),
+                _f(r["mean_k"], ".1f"), _f(r["cache_hit_rate"], ".2f")]
+        lines.append(" ".join(f"{v:>{w}}" if i > 2 else f"{v:<{w}}" for i, (v, (_, w)) in enumerate(zip(vals, cols))))
+    for prof, modes in result["sensitivity"].items():
+        any_m = next(iter(modes.values()))
+        lines.append("")
+        lines.append(f"RTT sensitivity, {prof} (tok/s at {any_m['rtt_hi_ms']:g} ms / at {any_m['rtt_lo_ms']:g} ms): "
+                     + ", ".join(f"{m} {_f(v['ratio'], '.2f')}" for m, v in modes.items()))
+    return "\n".join(lines)
+
+
+def format_assumptions(devices: Iterable[DeviceProfile], net: WanProfile, k: int, window: int) -> str:
+    out = []
+    for d in devices:
+        out.append(d.describe())
+        out.extend(f"  - {n}" for n in d.notes)
+    out.append(f"network: jitter {net.jitter_ms:g} ms, up {net.up_bps / 1e6:g} Mbit/s, down {net.down_bps / 1e6:g} Mbit/s "
+               f"(0 = unlimited), loss {net.loss_pct:g}%; K = {k}, window = {window}")
+    return "\n".join(out)
+
+
+# ------------------------------------------------------------------------------------------ validation
+_TOK_KEYS = ("tokens_per_s", "tok_s", "tokens_per_sec")
+# `acespec bench acespec` variant names -> simulator modes (same K and window as the live run unless named)
+LIVE_ALIASES = {
+    "+cache": "pipelined+cache",
+    "+branches": "pipelined+branches",
+    "acespec": "pipelined+branches+ctrl",
+    "acespec:k=2": "pipelined+branches:k=2",
+    "acespec:k=4": "pipelined+branches:k=4",
+    "acespec:k=8": "pipelined+branches:k=8",
+    "acespec:+2/-1": "pipelined+branches+adaptive",
+}
+
+
+def parse_live(doc) -> tuple[list[dict], dict]:
+    """Live figures from `acespec bench wan --json` / `acespec bench acespec --json` (its variant names are
+    mapped to simulator modes, LIVE_ALIASES), or a list of {mode, rtt_ms, tokens_per_s, ...} rows.
+
+    Returns (rows, config) with rows {mode, rtt_ms, tok_s, ttft_s, passes_per_token, up/down bytes per token}."""
+    rows: list[dict] = []
+    config = doc.get("config", {}) if isinstance(doc, dict) else {}
+    if isinstance(doc, dict) and isinstance(doc.get("summary"), dict):
+        for rtt, modes in doc["summary"].items():
+            for mode, m in modes.items():
+                rows.append(_live_row(mode, float(rtt), m))
+    else:
+        items = doc if isinstance(doc, list) else (doc.get("rows") or doc.get("results") or doc.get("runs") or [])
+        for m in items:
+            st = m.get("stats", {}) if isinstance(m.get("stats"), dict) else {}
+            rows.append(_live_row(m.get("mode", "?"), float(m.get("rtt_ms", m.get("rtt", 0.0))), {**st, **m}))
+    if not rows:
+        raise ValueError("no live figures found: expected `acespec bench wan --json` output or a list of rows")
+    return rows, config
+
+
+def _live_row(mode: str, rtt: float, m: dict) -> dict:
+    tok = next((m[k] for k in _TOK_KEYS if k in m), None)
+    if tok is None and m.get("wall_s"):
+        tok = m.get("emitted", 0) / m["wall_s"]
+    return {
+        "mode": LIVE_ALIASES.get(mode, mode), "live_name": mode, "rtt_ms": rtt, "tok_s": tok, "ttft_s": m.get("ttft_s"),
+        "passes_per_token": m.get("target_passes_per_token", m.get("passes_per_token")),
+        "up_bytes_per_token": m.get("bytes_up_per_token"), "down_bytes_per_token": m.get("bytes_down_per_token"),
+    }
+
+
+def validation_rows(sim_rows: Sequence[dict], live_rows: Sequence[dict]) -> list[dict]:
+    """Sim vs live per (mode, RTT): both figures and sim / live."""
+    out = []
+    live = {(r["mode"], r["rtt_ms"]): r for r in live_rows}
+    for s in sim_rows:
+        l = live.get((s["mode"], s["rtt_ms"]), {})
+        row = {"mode": s["mode"], "live_name": l.get("live_name", s["mode"]), "rtt_ms": s["rtt_ms"]}
+        for key in ("tok_s", "ttft_s", "passes_per_token", "up_bytes_per_token"):
+            a, b = s.get(key), l.get(key)
+            row[f"sim_{key}"], row[f"live_{key}"] = a, b
+            row[f"ratio_{key}"] = round(a / b, 3) if (a is not None and b) else None
+        out.append(row)
+    return out
+
+
+def format_validation(rows: Sequence[dict]) -> str:
+    head = (f"{'mode (live name)':<34} {'rtt':>5} {'sim tok/s':>9} {'live tok/s':>10} {'sim/live':>8} {'sim ttft':>8} {'live ttft':>9} "
+            f"{'sim/live':>8} {'sim pass/tok':>12} {'live pass/tok':>13} {'up B/tok sim/live':>17}")
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        name = r["mode"] if r.get("live_name", r["mode"]) == r["mode"] else f"{r['mode']} ({r['live_name']})"
+        lines.append(
+            f"{name:<34} {r['rtt_ms']:>5g} {_f(r['sim_tok_s'], '.2f'):>9} {_f(r['live_tok_s'], '.2f'):>10} "
+            f"{_f(r['ratio_tok_s'], '.2f'):>8} {_f(r['sim_ttft_s'], '.3f'):>8} {_f(r['live_ttft_s'], '.3f'):>9} "
+            f"{_f(r['ratio_ttft_s'], '.2f'):>8} {_f(r['sim_passes_per_token'], '.3f'):>12} {_f(r['live_passes_per_token'], '.3f'):>13} "
+            f"{_f(r['ratio_up_bytes_per_token'], '.2f'):>17}")
+    return "\n".join(lines)
