@@ -69,10 +69,10 @@ def run_delayed(rule: str, temp: float, seed: int, *, mode="pipelined", cache_cf
     rs, sp = RuleSpec.parse(rule), SamplingParams(temp)
     v = TargetVerifier(T, PROMPT, sampling=sp, rule=rs, seed=seed, max_tokens=max_tokens)
     dr = ChainDrafter(D, sampling=sp, rule=rs, seed=seed)
-    cache = StateCache(dr, cache_cfg or CacheConfig()) if cache_cfg is not False else None
+    cache = StateCache(dr, cache_cfg or CacheConfig(), coupled=rule == "coupled") if cache_cfg is not False else None
     loop = SpecLoop(
         DelayedTransport(v), PROMPT, drafter=dr, policy=FixedDepth(4), config=LoopConfig(mode=mode, branches=branches),
-        cache=cache, coupled_seed=seed if rule == "coupled" else None,
+        cache=cache,
     )
     return loop.run(), cache
 
@@ -139,13 +139,13 @@ def test_a_hit_continues_from_exactly_the_state_a_fresh_draft_would_produce(rule
     D = drafter()
     dr = ChainDrafter(D, sampling=sp, rule=rs, seed=4)
     committed = PROMPT + [7, 9]
-    block = dr.draft(committed, 4, keep_q=True)
-    cache = StateCache(dr, CacheConfig(max_entries_per_block=6))
-    cache.plan_block(0, committed, block.tokens, block.q, [0.6] * 4, bonus_guess=None, coupled_seed=4 if rule == "coupled" else None)
+    cache = StateCache(dr, CacheConfig(max_entries_per_block=6), coupled=rule == "coupled")
+    block = dr.draft(committed, 4, keep_top=cache.cfg.alternatives + 1)
+    cache.plan_block(0, committed, block.tokens, block.top, [0.6] * 4, bonus_guess=None)
     planned = list(cache.plan)
     assert planned, "the cache planned no outcome"
     while cache.has_work:
-        cache.predraft_one()
+        cache.predraft_step()
     _, key, ctx, _, _ = planned[0]
     hit = cache.lookup(*key)
     assert hit is not None

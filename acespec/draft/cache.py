@@ -32,7 +32,6 @@ from typing import Sequence
 import numpy as np
 
 from acespec.draft.chain import ChainDrafter, DraftBlock
-from acespec.verify import gumbel_noise
 
 ENTRY_OVERHEAD = 256  # bytes of bookkeeping per entry (key, lists, object headers), counted in the budget
 
@@ -59,6 +58,7 @@ class Entry:
     kind: str  # "reject" or "bonus"
     base: int = 0  # committed length before the block's draft tokens
     lead: list[int] = field(default_factory=list)  # the outcome's tokens after `base`: x[:n] + [t]
+    top: list = field(default_factory=list)  # the drafter's candidates at each of `tokens`' positions
 
 
 @dataclass
@@ -101,16 +101,18 @@ class CacheMetrics:
 
 
 class StateCache:
-    def __init__(self, drafter: ChainDrafter, config: CacheConfig | None = None) -> None:
+    def __init__(self, drafter: ChainDrafter, config: CacheConfig | None = None, *, coupled: bool = False) -> None:
         self.drafter = drafter
         self.model = drafter.model
         self.cfg = config or CacheConfig()
+        self.coupled = coupled  # rankings come from the shared Gumbel noise: weight them geometrically
         self.entries: OrderedDict[tuple[int, int, int], Entry] = OrderedDict()
         self.metrics = CacheMetrics()
         self.plan: list[tuple[float, tuple[int, int, int], list[int], int, str]] = []  # pending outcomes
         self.planned: set[tuple[int, int, int]] = set()  # every outcome planned for blocks in flight
-        kv = int(getattr(self.model, "kv_bytes_per_token", 0))
-        self.kv_bytes_per_token = kv
+        self._top_prob = 0.0  # the most probable outcome of the block being planned
+        self._cur: dict | None = None  # the entry being drafted, one token per step
+        self.kv_bytes_per_token = int(getattr(self.model, "kv_bytes_per_token", 0))
 
     # -- planning ---------------------------------------------------------------------------------
     def plan_block(
@@ -118,25 +120,24 @@ class StateCache:
         seq: int,
         committed: Sequence[int],
         draft: Sequence[int],  # int[k] the block's draft tokens (after any overlap)
-        q_rows: np.ndarray | None,  # [k+1, V]: q at each draft position, plus the bonus position if known
-        accept: Sequence[float],  # estimated acceptance per block position
+        top: Sequence[tuple[np.ndarray, np.ndarray]],  # per position 0..k(+1): the drafter's best candidates
+        accept: Sequence[float],  # estimated conditional acceptance per block position
         *,
         bonus_guess: int | None,  # the drafter's own bonus guess already in flight (pipelined), else None
-        coupled_seed: int | None,  # coupled mode: rank alternatives by the shared Gumbel noise
     ) -> None:
         """Queue the likely outcomes of block `seq`, most probable first."""
-        if q_rows is None or self.model.n_slots < 2:
+        if not top or self.model.n_slots < 2:
             return
         C = len(committed)
         k = len(draft)
         outcomes: list[tuple[float, tuple[int, int, int], list[int], int, str]] = []
         reach = 1.0
-        for i in range(min(k + 1, len(q_rows))):
+        for i in range(min(k + 1, len(top))):
             a = accept[i] if i < len(accept) else (accept[-1] if accept else 0.5)
             a = float(min(max(a, 0.02), 0.98))
             exclude = draft[i] if i < k else bonus_guess
             p_here = reach * ((1.0 - a) if i < k else 1.0)
-            for t, w in self._alternatives(q_rows[i], exclude, coupled_seed, C + i):
+            for t, w in self._alternatives(top[i], exclude):
                 prob = p_here * w
                 if prob >= self.cfg.min_prob:
                     ctx = list(committed) + list(draft[:i]) + [t]
@@ -146,65 +147,88 @@ class StateCache:
         outcomes.sort(key=lambda o: -o[0])
         self.plan = outcomes[: self.cfg.max_entries_per_block]
         self.planned.update(o[1] for o in self.plan)
+        self._top_prob = self.plan[0][0] if self.plan else 0.0
 
-    def _alternatives(self, q: np.ndarray, exclude: int | None, seed: int | None, pos: int):
-        if seed is not None:
-            with np.errstate(divide="ignore"):
-                score = np.log(q) + gumbel_noise(seed, pos, len(q))
-        else:
-            score = q
-        m = self.cfg.alternatives + 1
-        idx = np.argpartition(-score, m)[:m] if len(score) > m else np.arange(len(score))
-        idx = idx[np.argsort(-score[idx])]
-        alts = [int(t) for t in idx if int(t) != exclude and q[t] > 0][: self.cfg.alternatives]
-        if not alts:
+    def _alternatives(self, cand: tuple[np.ndarray, np.ndarray], exclude: int | None) -> list[tuple[int, float]]:
+        ids, probs = cand
+        keep = [(int(t), float(p)) for t, p in zip(ids, probs) if int(t) != exclude][: self.cfg.alternatives]
+        if not keep:
             return []
-        if seed is not None:
-            # the first alternative under the perturbed scores is the likely one; share mass geometrically
-            ws = np.array([0.6 ** r for r in range(len(alts))])
-        else:
-            rest = 1.0 - (q[exclude] if exclude is not None else 0.0)
-            ws = np.array([q[t] for t in alts]) / max(rest, 1e-9)
-        return list(zip(alts, ws.tolist()))
+        if self.coupled:
+            # the first alternative under the perturbed ranking is the likely one; share mass geometrically
+            return [(t, 0.6**r) for r, (t, _) in enumerate(keep)]
+        excluded = next((float(p) for t, p in zip(ids, probs) if int(t) == exclude), 0.0)
+        rest = max(1.0 - excluded, 1e-9)
+        return [(t, p / rest) for t, p in keep]
 
     @property
     def has_work(self) -> bool:
-        return bool(self.plan)
+        return bool(self.plan) or self._cur is not None
 
-    def predraft_one(self) -> Entry | None:
-        """Draft the most probable pending outcome into a forked drafter sequence; returns the entry."""
-        if not self.plan:
+    def predraft_step(self) -> Entry | None:
+        """Advance pre-drafting by one drafter token, so a verdict never waits for a whole entry;
+        returns the entry when it is complete."""
+        if self._cur is None and not self._start_next():
             return None
-        prob, key, ctx, fork_at, kind = self.plan.pop(0)
-        if key in self.entries:
-            return None
-        slot = self._free_slot()
-        if slot is None:
-            self.plan.clear()
-            return None
+        cur = self._cur
+        assert cur is not None
         t0 = time.perf_counter()
         main = self.model.slot
-        n_common = min(fork_at, len(self.model.tokens))
-        while n_common > 0 and self.model.tokens[:n_common] != ctx[:n_common]:
-            n_common -= 1  # fork only what really matches (the main sequence may have moved on)
-        self.model.fork(slot, n_common)
-        self.model.activate(slot)
+        self.model.activate(cur["slot"])
         try:
-            top = self.plan[0][0] if self.plan else prob
-            depth = self.cfg.depth if prob >= 0.5 * max(top, prob) else self.cfg.shallow_depth
-            d: DraftBlock = self.drafter.draft(ctx, depth)
+            d: DraftBlock = self.drafter.draft(
+                cur["ctx"] + cur["tokens"], 1, keep_q=self.drafter.rule.info.needs_q, keep_top=self.cfg.alternatives + 1
+            )
         finally:
             self.model.activate(main)
-        dt = time.perf_counter() - t0
-        own_tokens = len(ctx) - n_common + len(d.tokens)
-        nbytes = ENTRY_OVERHEAD + own_tokens * self.kv_bytes_per_token + 8 * len(d.tokens)
+        cur["tokens"] += d.tokens
+        cur["top"] += d.top
         if d.q is not None:
-            nbytes += int(np.count_nonzero(d.q)) * 12  # stored sparse: id + prob
-        base = fork_at - key[1]
-        e = Entry(key, d.tokens, d.q, slot, prob, nbytes, dt, kind, base=base, lead=list(ctx[base:]))
+            cur["q"].append(d.q[0])
+        cur["seconds"] += time.perf_counter() - t0
+        self.metrics.predraft_s += time.perf_counter() - t0
+        if len(cur["tokens"]) >= cur["depth"]:
+            return self.finish_partial()
+        return None
+
+    def _start_next(self) -> bool:
+        while self.plan:
+            prob, key, ctx, fork_at, kind = self.plan.pop(0)
+            if key in self.entries:
+                continue
+            slot = self._free_slot()
+            if slot is None:
+                self.plan.clear()
+                return False
+            n_common = min(fork_at, len(self.model.tokens))
+            while n_common > 0 and self.model.tokens[:n_common] != ctx[:n_common]:
+                n_common -= 1  # fork only what really matches (the main sequence may have moved on)
+            self.model.fork(slot, n_common)
+            # the most probable outcomes get the full depth, the rest a shallow start
+            depth = self.cfg.depth if prob >= 0.5 * self._top_prob else self.cfg.shallow_depth
+            self._cur = dict(prob=prob, key=key, ctx=ctx, base=fork_at - key[1], kind=kind, slot=slot, n_common=n_common,
+                             depth=max(1, depth), tokens=[], top=[], q=[], seconds=0.0)
+            return True
+        return False
+
+    def finish_partial(self) -> Entry | None:
+        """Store the entry being drafted, however far it got (a verdict is here: partial work still counts)."""
+        cur, self._cur = self._cur, None
+        if cur is None:
+            return None
+        if not cur["tokens"]:
+            self.model.free(cur["slot"])
+            return None
+        ctx, tokens = cur["ctx"], cur["tokens"]
+        q = np.stack(cur["q"]) if cur["q"] else None
+        own_tokens = len(ctx) - cur["n_common"] + len(tokens)
+        nbytes = ENTRY_OVERHEAD + own_tokens * self.kv_bytes_per_token + 8 * len(tokens) + 12 * sum(len(t[0]) for t in cur["top"])
+        if q is not None:
+            nbytes += int(np.count_nonzero(q)) * 12  # stored sparse: id + prob
+        e = Entry(cur["key"], tokens, q, cur["slot"], cur["prob"], nbytes, cur["seconds"], cur["kind"],
+                  base=cur["base"], lead=list(ctx[cur["base"]:]), top=cur["top"])
         self._insert(e)
         self.metrics.entries_drafted += 1
-        self.metrics.predraft_s += dt
         return e if e.key in self.entries else None
 
     # -- storage ----------------------------------------------------------------------------------
@@ -212,7 +236,7 @@ class StateCache:
         return {e.slot for e in self.entries.values()}
 
     def _free_slot(self) -> int | None:
-        used = self._used_slots() | {self.model.slot}
+        used = self._used_slots() | {self.model.slot} | ({self._cur["slot"]} if self._cur else set())
         for s in range(self.model.n_slots):
             if s not in used:
                 return s
@@ -243,6 +267,9 @@ class StateCache:
 
     def discard_block(self, seq: int) -> None:
         """A verdict for block `seq` arrived: its other outcomes can no longer happen."""
+        if self._cur is not None and self._cur["key"][0] <= seq:
+            self.model.free(self._cur["slot"])
+            self._cur = None
         for key in [k for k in self.entries if k[0] <= seq]:
             self._drop(self.entries.pop(key))
         self.plan = [o for o in self.plan if o[1][0] > seq]
@@ -275,6 +302,9 @@ class StateCache:
         return e
 
     def clear(self) -> None:
+        if self._cur is not None:
+            self.model.free(self._cur["slot"])
+            self._cur = None
         for e in list(self.entries.values()):
             self._drop(e)
         self.entries.clear()

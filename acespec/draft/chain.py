@@ -14,7 +14,7 @@ from typing import Sequence
 import numpy as np
 
 from acespec.models.base import Model
-from acespec.verify import RuleSpec, SamplingParams, coupled_sample, probs_from_logits, sample, softmax
+from acespec.verify import RuleSpec, SamplingParams, coupled_sample, gumbel_noise, probs_from_logits, sample, softmax
 from acespec.verify.sampling import dense_row, sparse_top
 
 
@@ -24,7 +24,7 @@ class DraftBlock:
     q: np.ndarray | None  # [len(tokens), V] drafter distributions, when asked for
     conf: list[float] = field(default_factory=list)  # q(x) of each drafted token
     seconds: float = 0.0  # wall time spent drafting
-    last_logits: np.ndarray | None = None  # [V] logits after the last drafted token, when evaluated
+    top: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)  # per position: (ids, q(ids)), best first
 
 
 class TokenPicker:
@@ -35,6 +35,20 @@ class TokenPicker:
         self.sampling = sampling
         self.seed = int(seed)
         self.rng = np.random.default_rng([int(seed) & 0xFFFFFFFF, 0xD4AF7])
+
+    def ranking(self, q: np.ndarray, pos: int, m: int) -> tuple[np.ndarray, np.ndarray]:  # q: [V]
+        """The m tokens the target is most likely to emit here, best first, with their q. In coupled
+        mode the target emits argmax(log p + g) with the shared noise g, so log q + g ranks them."""
+        if self.mode == "coupled":
+            with np.errstate(divide="ignore"):
+                score = np.log(q) + gumbel_noise(self.seed, pos, len(q))
+        else:
+            score = q
+        m = min(m, len(q))
+        ids = np.argpartition(-score, m - 1)[:m] if m < len(q) else np.arange(len(q))
+        ids = ids[np.argsort(-score[ids], kind="stable")]
+        ids = ids[q[ids] > 0]
+        return ids, q[ids]
 
     def pick(self, q: np.ndarray, pos: int) -> int:  # q: [V]
         if self.mode == "greedy":
@@ -62,16 +76,20 @@ class ChainDrafter:
         n: int,
         *,
         keep_q: bool | None = None,
+        keep_top: int = 0,
         min_conf: float = 0.0,
         min_tokens: int = 1,
     ) -> DraftBlock:
         """Draft up to `n` tokens after `context`; stop early once a token's q(x) < min_conf
-        (after `min_tokens`), since a low-confidence token is likely rejected and everything after it wasted."""
+        (after `min_tokens`), since a low-confidence token is likely rejected and everything after it
+        wasted. `keep_top` > 0 also records the drafter's best `keep_top` candidates at each position
+        (what the state cache plans outcomes from)."""
         t0 = time.perf_counter()
         keep_q = self.rule.info.needs_q if keep_q is None else keep_q
         tokens: list[int] = []
         rows: list[np.ndarray] = []
         conf: list[float] = []
+        top: list[tuple[np.ndarray, np.ndarray]] = []
         if n <= 0:
             return DraftBlock([], None, [], 0.0)
         m = self.model.sync(context[:-1])
@@ -82,16 +100,18 @@ class ChainDrafter:
             if self.q_topn:
                 q = dense_row(*sparse_top(q, self.q_topn), len(q))
             x = self.picker.pick(q, pos)
+            # greedy sampling makes q one-hot; confidence and alternatives come from the soft distribution
+            soft = softmax(logits) if self.sampling.greedy else q
             tokens.append(x)
-            conf.append(float(q[x]))
+            conf.append(float(soft[x]))
             if keep_q:
-                # greedy sampling makes q one-hot; keep the drafter's soft ranking instead, which is
-                # what the state cache needs to guess alternatives (and verifies identically at T=0)
-                rows.append(softmax(logits) if self.sampling.greedy else q)
+                rows.append(q)
+            if keep_top:
+                top.append(self.picker.ranking(soft, pos, keep_top))
             pos += 1
-            if len(tokens) >= n or (len(tokens) >= min_tokens and q[x] < min_conf):
+            if len(tokens) >= n or (len(tokens) >= min_tokens and soft[x] < min_conf):
                 break
             logits = self.model.eval([x])[0]
         self.tokens_drafted += len(tokens)
         qarr = np.stack(rows) if keep_q else None
-        return DraftBlock(tokens, qarr, conf, time.perf_counter() - t0)
+        return DraftBlock(tokens, qarr, conf, time.perf_counter() - t0, top=top)

@@ -81,13 +81,15 @@ def run_edge(
         if cfg.cache:
             if drafter_model.n_slots < 2:
                 raise EdgeError("the state cache needs a drafter loaded with n_slots > 1")
-            cache = StateCache(drafter, CacheConfig(budget_bytes=int(cfg.cache_budget_mb * (1 << 20))))
+            cache = StateCache(
+                drafter, CacheConfig(budget_bytes=int(cfg.cache_budget_mb * (1 << 20))), coupled=rule.name == "coupled"
+            )
         loop = SpecLoop(
             transport, prompt, drafter=drafter, policy=policy or make_policy(cfg.policy, cfg.k, pipelined=cfg.mode == "pipelined"),
             config=LoopConfig(
                 mode=cfg.mode, window=cfg.window, max_tokens=cfg.max_tokens, min_conf=cfg.min_conf, branches=cfg.branches
             ),
-            on_tokens=on_tokens, cache=cache, coupled_seed=cfg.seed if rule.name == "coupled" else None,
+            on_tokens=on_tokens, cache=cache,
         )
         loop._t0 = t0
         res = loop.run()

@@ -40,6 +40,7 @@ class Block:
     overlap: int = 0  # how many leading tokens are assumptions about the previous block
     doomed: bool = False  # a verdict already showed the assumptions it builds on were wrong
     alt_key: tuple[int, int, int] | None = None  # a branch: the outcome (seq, accepted, next) it continues
+    top: list = field(default_factory=list)  # the drafter's candidates per token (for the state cache)
 
 
 @dataclass
@@ -113,7 +114,6 @@ class SpecLoop:
         on_tokens: Callable[[list[int]], None] | None = None,
         eos_ids: frozenset[int] = frozenset(),
         cache=None,  # a draft.cache.StateCache: pre-draft likely outcomes while waiting for verdicts
-        coupled_seed: int | None = None,  # coupled mode: lets the cache rank outcomes by the shared noise
     ) -> None:
         self.transport = transport
         self.prompt = [int(t) for t in prompt]
@@ -130,7 +130,6 @@ class SpecLoop:
         self.finished = False
         self.reconnects = 0
         self.cache = cache
-        self.coupled_seed = coupled_seed
         self._ready = None  # a cache hit: the next block, already drafted
         self._planned: set[int] = set()
         self._extra: dict[int, tuple[int, np.ndarray]] = {}
@@ -149,10 +148,11 @@ class SpecLoop:
                 blocking = sum(1 for b in self.inflight if not b.doomed and b.alt_key is None) >= window
                 self._plan_cache()
                 if blocking and self.cache is not None and self.cache.has_work:
-                    # the edge would idle here: pre-draft likely outcomes, checking for the verdict in between
+                    # the edge would idle here: pre-draft likely outcomes one drafter token at a time,
+                    # checking for the verdict in between
                     v = self.transport.recv(0.0)
                     if v is None:
-                        entry = self.cache.predraft_one()
+                        entry = self.cache.predraft_step()
                         if entry is not None and self.cfg.branches:
                             self._send_branch(entry)
                         continue
@@ -166,6 +166,8 @@ class SpecLoop:
                 if isinstance(v, Disconnected):
                     self._resync()
                     break
+                if self.cache is not None:
+                    self.cache.finish_partial()  # a partial pre-draft can still be the hit
                 self._apply(v)
                 if self.finished:
                     break
@@ -195,7 +197,9 @@ class SpecLoop:
         target checks, so it is verified only if that outcome really happened, and dropped otherwise."""
         if e.q is not None and self.transport_needs_q:
             return  # rules that need q would need rows for the lead tokens too; keep branches to q-free rules
-        block = Block(self.seq, e.base, list(e.lead) + list(e.tokens), None, len(e.lead), alt_key=e.key)
+        block = Block(
+            self.seq, e.base, list(e.lead) + list(e.tokens), None, len(e.lead), alt_key=e.key, top=[None] * len(e.lead) + list(e.top)
+        )
         self.seq += 1
         self.inflight.append(block)
         self._alts[e.key] = block
@@ -215,26 +219,29 @@ class SpecLoop:
         base = live[-1].base + len(live[-1].tokens) if live else len(self.spec)
         block_tokens: list[int] = []
         q = None
-        if self._ready is not None and not live:
-            block_tokens, q = list(self._ready.tokens), self._ready.q
-            self._ready = None
+        top: list = []
+        ready, self._ready = self._ready, None
+        if ready is not None and (live or self.committed[ready.base :] != ready.lead):
+            ready = None  # it continued an outcome the committed prefix has since moved past
+        if ready is not None:
+            block_tokens, q, top = list(ready.tokens), ready.q, list(ready.top)
         elif k + overlap > 0 and self.drafter is not None:
             # sync mode with a cache: draft one token more than we send; it is the likely bonus,
             # and its q row lets the cache plan the full-accept outcomes
             extra = 1 if (self.cache is not None and self.cfg.mode == "sync") else 0
-            keep_q = True if self.cache is not None else None
+            keep_top = self.cache.cfg.alternatives + 1 if self.cache is not None else 0
             d = self.drafter.draft(
-                self.spec, k + overlap + extra, min_conf=self.cfg.min_conf, min_tokens=overlap + 1, keep_q=keep_q
+                self.spec, k + overlap + extra, min_conf=self.cfg.min_conf, min_tokens=overlap + 1, keep_top=keep_top
             )
             self.stats.draft_s += d.seconds
             self._main_drafted += len(d.tokens)
-            block_tokens, q = d.tokens, d.q
+            block_tokens, q, top = d.tokens, d.q, d.top
             if extra and len(block_tokens) == k + overlap + extra:
-                self._extra[self.seq] = (block_tokens[-1], None if q is None else q[-1])
-                block_tokens = block_tokens[:-1]
+                self._extra[self.seq] = (block_tokens[-1], top[-1] if top else None)
+                block_tokens, top = block_tokens[:-1], top[:-1]
                 q = None if q is None else q[:-1]
         self.stats.k_chosen.append(len(block_tokens) - overlap)
-        block = Block(self.seq, base, block_tokens, q, overlap)
+        block = Block(self.seq, base, block_tokens, q, overlap, top=top)
         self.seq += 1
         self.spec.extend(block_tokens)
         self.inflight.append(block)
@@ -245,26 +252,24 @@ class SpecLoop:
         if self.cache is None or self.cache.has_work:
             return
         live = [b for b in self.inflight if not b.doomed and b.alt_key is None]
-        if not live or live[0].seq in self._planned or live[0].q is None:
+        if not live or live[0].seq in self._planned or not live[0].top:
             return
         b = live[0]
         self._planned.add(b.seq)
-        rows = b.q[b.overlap :]
+        rows = list(b.top[b.overlap :])
         draft = b.tokens[b.overlap :]
         bonus_guess = None
-        if len(live) > 1 and live[1].overlap and live[1].q is not None:
+        if len(live) > 1 and live[1].overlap and live[1].top:
             bonus_guess = live[1].tokens[0]  # already in flight: not worth a cache entry
-            rows = np.concatenate([rows, live[1].q[:1]])
+            rows.append(live[1].top[0])
         elif b.seq in self._extra and self._extra[b.seq][1] is not None:
-            rows = np.concatenate([rows, self._extra[b.seq][1][None, :]])
+            rows.append(self._extra[b.seq][1])
         # conditional acceptance per position: P(accept i | accepted 0..i-1)
         pa, pd = self.stats.pos_accepted, self.stats.pos_drafted
         accept = [(pa[i] + 1) / ((pa[i - 1] if i else pd[0]) + 2) for i in range(len(pa))] or [0.7]
         self.cache.cfg.depth = max(1, self.policy.next_k())
         committed_then = self.spec[: b.base + b.overlap] if b.base + b.overlap <= len(self.spec) else self.committed
-        self.cache.plan_block(
-            b.seq, committed_then, draft, rows, accept, bonus_guess=bonus_guess, coupled_seed=self.coupled_seed
-        )
+        self.cache.plan_block(b.seq, committed_then, draft, rows, accept, bonus_guess=bonus_guess)
 
     def _apply(self, v: Verdict) -> None:
         block = self.inflight.popleft()
@@ -277,6 +282,14 @@ class SpecLoop:
             self.stats.dropped += 1
             if v.finished:
                 self.finished = True
+            if not block.doomed and block.alt_key is None:
+                # a block we still counted on was dropped: whatever it assumed did not happen, so
+                # nothing built on it can be verified either; start again from the committed prefix
+                self.spec = list(self.committed)
+                for b in self.inflight:
+                    b.doomed = True
+            if self.cache is not None:
+                self.cache.discard_block(v.seq)
             return
         o = len(self.committed) - block.base
         new = block.tokens[o:]
@@ -323,7 +336,9 @@ class SpecLoop:
             for b in self.inflight:
                 if b is not branch:
                     b.doomed = True
-            if self.cache is not None and not v.finished:
+            # cache keys count accepted tokens from the block's own overlap; a doomed block that the
+            # target verified from elsewhere (o != overlap) has no valid key
+            if self.cache is not None and not v.finished and o == block.overlap and not block.doomed:
                 hit = self.cache.lookup(v.seq, v.accepted, v.next_token, rejected=v.accepted < drafted)
                 if branch is not None and hit is not None:
                     # the target will verify that branch next: speculate on past it at once
