@@ -152,7 +152,7 @@ def _run(args: argparse.Namespace, children: ChildProcesses) -> int:
         connect = ConnectConfig(port=wan_port, token=token)
         common = dict(rule=args.rule, temperature=args.temperature, seed=args.seed, max_tokens=args.max_tokens, connect=connect)
         runs = [
-            ("AceSpec", EdgeConfig(mode="pipelined", k=args.k, policy="controller", cache=True, **common), True),
+            ("AceSpec", EdgeConfig(mode="pipelined", k=args.k, policy="controller", cache=True, branches=True, auto_window=True, **common), True),
         ]
         if not args.quick:
             runs += [
@@ -163,7 +163,7 @@ def _run(args: argparse.Namespace, children: ChildProcesses) -> int:
         for name, cfg, show in runs:
             stream = TextStream(tok)
             if show:
-                print(f"\n[demo] {name} ({cfg.mode}, state cache, adaptive depth) over the emulated link:\n", file=sys.stderr, flush=True)
+                print(f"\n[demo] {name} (pipelined, state cache, branches, adaptive depth and window) over the emulated link:\n", file=sys.stderr, flush=True)
             else:
                 print(f"\n[demo] running {name} for comparison ...", file=sys.stderr, flush=True)
 

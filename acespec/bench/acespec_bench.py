@@ -10,7 +10,7 @@ as `bench wan`, so every number compares with its neighbours):
     pipelined             + pipelining (window 2)
     +cache                + the probabilistic state cache
     +branches             + pre-drafted outcomes sent as branch blocks
-    acespec               + the adaptive depth controller (the full system)
+    acespec               + the adaptive depth controller and a window sized to the round trip (the full system)
 
 `--policies` adds, at the highest RTT, the full system with fixed K = 2, 4, 8 and the +2/-1 schedule
 in place of the controller, so the controller's contribution is visible too. The bars of the
@@ -32,13 +32,13 @@ VARIANTS: dict[str, dict] = {
     "pipelined": {"mode": "pipelined"},
     "+cache": {"mode": "pipelined", "cache": True},
     "+branches": {"mode": "pipelined", "cache": True, "branches": True},
-    "acespec": {"mode": "pipelined", "cache": True, "branches": True, "policy": "controller"},
+    "acespec": {"mode": "pipelined", "cache": True, "branches": True, "policy": "controller", "auto_window": True},
 }
 POLICY_VARIANTS: dict[str, dict] = {
-    "acespec:k=2": {"mode": "pipelined", "cache": True, "branches": True, "policy": "fixed", "k": 2},
-    "acespec:k=4": {"mode": "pipelined", "cache": True, "branches": True, "policy": "fixed", "k": 4},
-    "acespec:k=8": {"mode": "pipelined", "cache": True, "branches": True, "policy": "fixed", "k": 8},
-    "acespec:+2/-1": {"mode": "pipelined", "cache": True, "branches": True, "policy": "adaptive"},
+    "acespec:k=2": {"mode": "pipelined", "cache": True, "branches": True, "policy": "fixed", "k": 2, "auto_window": True},
+    "acespec:k=4": {"mode": "pipelined", "cache": True, "branches": True, "policy": "fixed", "k": 4, "auto_window": True},
+    "acespec:k=8": {"mode": "pipelined", "cache": True, "branches": True, "policy": "fixed", "k": 8, "auto_window": True},
+    "acespec:+2/-1": {"mode": "pipelined", "cache": True, "branches": True, "policy": "adaptive", "auto_window": True},
 }
 
 

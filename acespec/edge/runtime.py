@@ -33,7 +33,8 @@ class EdgeConfig:
     rule: str = "greedy"  # verification rule spec
     k: int = 4  # draft depth (starting depth for adaptive policies)
     policy: str = "fixed"  # fixed | adaptive | controller
-    window: int = 2  # pipelined: blocks in flight
+    window: int = 2  # pipelined: blocks in flight (the least, with auto_window)
+    auto_window: bool = False  # pipelined: grow the window to cover the measured round trip
     temperature: float = 0.0  # 0 = greedy sampling
     top_k: int = 0  # 0 = off
     top_p: float = 1.0  # 1.0 = off
@@ -87,7 +88,8 @@ def run_edge(
         loop = SpecLoop(
             transport, prompt, drafter=drafter, policy=policy or make_policy(cfg.policy, cfg.k, pipelined=cfg.mode == "pipelined"),
             config=LoopConfig(
-                mode=cfg.mode, window=cfg.window, max_tokens=cfg.max_tokens, min_conf=cfg.min_conf, branches=cfg.branches
+                mode=cfg.mode, window=cfg.window, max_tokens=cfg.max_tokens, min_conf=cfg.min_conf,
+                branches=cfg.branches, auto_window=cfg.auto_window,
             ),
             on_tokens=on_tokens, cache=cache,
         )

@@ -83,7 +83,9 @@ class LocalTransport(Transport):
 @dataclass
 class LoopConfig:
     mode: str = "sync"  # "sync" (stop-and-wait) or "pipelined"
-    window: int = 2  # pipelined: most blocks in flight
+    window: int = 2  # pipelined: most blocks in flight (the least, with auto_window)
+    auto_window: bool = False  # pipelined: grow the window to cover the round trip (see _window)
+    max_window: int = 8  # auto_window's ceiling
     min_conf: float = 0.0  # stop a block early when q(x) drops below this
     max_tokens: int = 128  # generation budget (the target enforces it too)
     branches: bool = False  # send pre-drafted outcomes as branch blocks, so the target can continue past a rejection
@@ -140,8 +142,8 @@ class SpecLoop:
     def run(self) -> LoopResult:
         t_start = time.perf_counter()
         self._t0 = t_start
-        window = 1 if self.cfg.mode == "sync" else self.cfg.window
         while not self.finished:
+            window = self._window()
             # take every verdict that is already here; block only when the window is full
             while self.inflight:
                 # doomed blocks and branches do not hold the window: the target drops or skips them itself
@@ -179,6 +181,21 @@ class SpecLoop:
             self.stats.cache.update(self.cache.metrics.as_dict())
             self.cache.clear()
         return LoopResult(self.committed[len(self.prompt) :], self.stats, self.finished)
+
+    def _window(self) -> int:
+        """Blocks to keep in flight. With auto_window, enough to keep drafting busy for one round trip:
+        while a block travels and is verified (rtt + verify time), the edge drafts the next ones, so
+        the pipeline needs ceil((rtt + t_verify) / t_draft_block) + 1 blocks before the first verdict
+        is back. Deeper windows only pay when guesses hold, which high acceptance makes likely."""
+        if self.cfg.mode == "sync":
+            return 1
+        w = self.cfg.window
+        rtt = getattr(self.transport, "rtt_samples", None)
+        if self.cfg.auto_window and rtt and self.stats.k_chosen and self.stats.draft_s > 0 and self.stats.rounds:
+            t_block = self.stats.draft_s / max(1, len(self.stats.k_chosen))
+            t_cycle = min(rtt[-8:]) + self.stats.verify_s / self.stats.rounds
+            w = max(w, min(self.cfg.max_window, int(np.ceil(t_cycle / max(t_block, 1e-4))) + 1))
+        return w
 
     def _resync(self) -> None:
         """After a dropped link: every block in flight is void; continue from what both sides agree on."""
