@@ -11,6 +11,9 @@ import json
 import sys
 from typing import Sequence
 
+from acespec.argtypes import nonneg_float as _nonneg_float
+from acespec.argtypes import nonneg_int as _positive_int
+from acespec.argtypes import unit_float as _unit_float
 from acespec.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
 
 EXIT_USAGE = 2
@@ -21,36 +24,6 @@ class CliError(Exception):
 
 
 # ------------------------------------------------------------------------------------------ helpers
-def _positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be >= 0")
-    return v
-
-
-def _unit_float(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not 0.0 < v <= 1.0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be in (0, 1]")
-    return v
-
-
-def _nonneg_float(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not v >= 0.0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be >= 0")
-    return v
-
-
 def add_sampling_args(p: argparse.ArgumentParser, *, rule_default: str = "greedy") -> None:
     p.add_argument("--rule", default=rule_default, help="verification rule, e.g. greedy, strict, coupled, cactus:delta=0.35")
     p.add_argument("--temperature", type=_nonneg_float, default=0.0, help="0 = greedy sampling (default)")
@@ -105,7 +78,7 @@ def cmd_models(args: argparse.Namespace) -> int:
 # ------------------------------------------------------------------------------------------ generate
 def cmd_generate(args: argparse.Namespace) -> int:
     from acespec.engine import SpecConfig, generate
-    from acespec.models import TextStream, load_model
+    from acespec.models import load_model
 
     cfg = SpecConfig(
         rule=args.rule, k=args.k, policy=args.policy, temperature=args.temperature, top_k=args.top_k,
@@ -116,27 +89,39 @@ def cmd_generate(args: argparse.Namespace) -> int:
     target = load_model(args.target, n_ctx=args.n_ctx)
     draft = None if args.no_spec else load_model(args.draft, n_ctx=args.n_ctx)
     ids = prompt_tokens(target.tokenizer, args.prompt, args.chat)
-    stream = TextStream(target.tokenizer)
-    pieces: list[str] = []
+    out = TextOutput(target.tokenizer, to_stdout=not args.json)
+    res = generate(target, ids, cfg, draft=draft, on_tokens=out.push)
+    summary = res.stats.summary()
+    summary.update(mode="autoregressive" if args.no_spec else "speculative", rule=str(cfg.rule_spec), k=args.k, policy=args.policy)
+    out.finish(res.tokens, summary, as_json=args.json)
+    return 0
 
-    def on_tokens(toks: list[int]) -> None:
-        text = stream.push(toks)
-        pieces.append(text)
-        if not args.json:
+
+class TextOutput:
+    """Streams generated text to stdout as tokens commit, then prints the statistics (or one JSON object)."""
+
+    def __init__(self, tokenizer, *, to_stdout: bool) -> None:
+        from acespec.models import TextStream
+
+        self.stream = TextStream(tokenizer)
+        self.pieces: list[str] = []
+        self.to_stdout = to_stdout
+
+    def push(self, toks: list[int]) -> None:
+        text = self.stream.push(toks)
+        self.pieces.append(text)
+        if self.to_stdout:
             sys.stdout.write(text)
             sys.stdout.flush()
 
-    res = generate(target, ids, cfg, draft=draft, on_tokens=on_tokens)
-    tail = stream.flush()
-    pieces.append(tail)
-    summary = res.stats.summary()
-    summary.update(mode="autoregressive" if args.no_spec else "speculative", rule=str(cfg.rule_spec), k=args.k, policy=args.policy)
-    if args.json:
-        print(json.dumps({"text": "".join(pieces), "tokens": res.tokens, "stats": summary}))
-    else:
-        sys.stdout.write(tail + "\n")
-        print_stats(summary, sys.stderr)
-    return 0
+    def finish(self, tokens: list[int], summary: dict, *, as_json: bool) -> None:
+        tail = self.stream.flush()
+        self.pieces.append(tail)
+        if as_json:
+            print(json.dumps({"text": "".join(self.pieces), "tokens": tokens, "stats": summary}))
+        else:
+            sys.stdout.write(tail + "\n")
+            print_stats(summary, sys.stderr)
 
 
 def print_stats(s: dict, out) -> None:

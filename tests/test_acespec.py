@@ -14,7 +14,6 @@ import threading
 import time
 from collections import deque
 
-import numpy as np
 import pytest
 
 from acespec.cloud.server import CloudServerThread, ServerConfig

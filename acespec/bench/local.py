@@ -37,6 +37,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Sequence
 
+from acespec.argtypes import pos_int as _pos_int
+
 NOTE = (
     "note: on a 2-core CPU, verifying k tokens with the target costs about k single steps (compute-bound), "
     "so no wall-clock speed-up is expected here; tokens/s ratios below 1 are physics, not a bug. What this "
@@ -226,16 +228,6 @@ def format_table(result: dict) -> str:
 
 
 # ------------------------------------------------------------------------------------------ CLI
-def _pos_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be >= 1")
-    return v
-
-
 def add_parser(bench_subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add `local` to the `acespec bench` subcommands."""
     from acespec.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
@@ -294,14 +286,3 @@ def cmd_bench_local(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m acespec.bench.local ...` (the same options as `acespec bench local`)."""
-    ap = argparse.ArgumentParser(prog="acespec bench")
-    sub = ap.add_subparsers(dest="bench", required=True)
-    add_parser(sub)
-    args = ap.parse_args(["local", *(sys.argv[1:] if argv is None else argv)])
-    return int(args.func(args) or 0)
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

@@ -18,47 +18,12 @@ import sys
 import time
 from pathlib import Path
 
+from acespec.argtypes import nonneg_float as _nonneg
+from acespec.argtypes import parse_rtts
+from acespec.argtypes import pos_int as _pos_int
+
 DEFAULT_DIR = Path("runs/traces")
 DEFAULT_RTTS = "0,50,100,200"
-
-
-def _pos_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be >= 1")
-    return v
-
-
-def _nonneg(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not v >= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be >= 0")
-    return v
-
-
-def parse_rtts(text: str) -> list[float]:
-    out: list[float] = []
-    for part in str(text).split(","):
-        part = part.strip().lower().removesuffix("ms")
-        if not part:
-            continue
-        try:
-            v = float(part)
-        except ValueError:
-            raise ValueError(f"--rtt: {part!r} is not a number of milliseconds") from None
-        if not (v >= 0 and v != float("inf")):
-            raise ValueError(f"--rtt: {part!r} must be a finite number >= 0")
-        if v not in out:
-            out.append(v)
-    if not out:
-        raise ValueError("--rtt: give at least one RTT, e.g. 0,50,100")
-    return out
 
 
 def add_parser(bench_subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -296,14 +261,3 @@ def _validate(args) -> int:
     return 0
 
 
-def main(argv=None) -> int:
-    """`python -m acespec.bench.sim ...` (the same options as `acespec bench sim`)."""
-    ap = argparse.ArgumentParser(prog="acespec bench")
-    sub = ap.add_subparsers(dest="bench", required=True)
-    add_parser(sub)
-    args = ap.parse_args(["sim", *(sys.argv[1:] if argv is None else argv)])
-    return int(args.func(args) or 0)
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

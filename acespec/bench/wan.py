@@ -35,6 +35,9 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Sequence
 
+from acespec.argtypes import parse_rtts
+from acespec.argtypes import pos_int as _pos_int
+
 MODES = ("cloud-only", "sync", "pipelined")
 DEFAULT_RTTS = "0,50,100,200"
 
@@ -46,26 +49,6 @@ CAVEAT = (
 
 
 # ------------------------------------------------------------------------------------------ inputs
-
-
-def parse_rtts(text: str) -> list[float]:
-    """"0,50,100,200" -> [0.0, 50.0, 100.0, 200.0] (milliseconds, >= 0, no duplicates)."""
-    out: list[float] = []
-    for part in str(text).split(","):
-        part = part.strip().lower().removesuffix("ms")
-        if not part:
-            continue
-        try:
-            v = float(part)
-        except ValueError:
-            raise ValueError(f"--rtt: {part!r} is not a number of milliseconds") from None
-        if not v >= 0 or v != v or v == float("inf"):
-            raise ValueError(f"--rtt: {part!r} must be a finite number >= 0")
-        if v not in out:
-            out.append(v)
-    if not out:
-        raise ValueError("--rtt: give at least one RTT, e.g. 0,50,100")
-    return out
 
 
 def parse_modes(text: str, known: Sequence[str] = MODES) -> list[str]:
@@ -366,16 +349,6 @@ def add_parser(bench_subparsers: argparse._SubParsersAction) -> argparse.Argumen
     return p
 
 
-def _pos_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be >= 1")
-    return v
-
-
 def cmd_bench_wan(args: argparse.Namespace) -> int:
     from acespec.models import load_model
 
@@ -409,15 +382,3 @@ def cmd_bench_wan(args: argparse.Namespace) -> int:
         print(f"wrote {args.json}")
     return 1 if any(r["error"] for r in result["runs"]) else 0
 
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m acespec.bench.wan ...` (the same options as `acespec bench wan`)."""
-    ap = argparse.ArgumentParser(prog="acespec bench")
-    sub = ap.add_subparsers(dest="bench", required=True)
-    add_parser(sub)
-    args = ap.parse_args(["wan", *(sys.argv[1:] if argv is None else argv)])
-    return int(args.func(args) or 0)
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

@@ -6,8 +6,6 @@
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 
 
 def parse_hostport(text: str) -> tuple[str, int]:
@@ -44,11 +42,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_edge(args: argparse.Namespace) -> int:
-    from acespec.cli import print_stats, prompt_tokens
+    from acespec.cli import TextOutput, prompt_tokens
     from acespec.cloud.cli import read_token
     from acespec.edge.client import ConnectConfig
     from acespec.edge.runtime import EdgeConfig, run_edge
-    from acespec.models import TextStream, load_model
+    from acespec.models import load_model
     from acespec.verify import RuleSpec
 
     host, port = parse_hostport(args.cloud)
@@ -63,23 +61,9 @@ def cmd_edge(args: argparse.Namespace) -> int:
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed, max_tokens=args.max_tokens,
         connect=ConnectConfig(host=host, port=port, token=token),
     )
-    stream = TextStream(drafter.tokenizer)
-    pieces: list[str] = []
-
-    def on_tokens(toks: list[int]) -> None:
-        text = stream.push(toks)
-        pieces.append(text)
-        if not args.json:
-            sys.stdout.write(text)
-            sys.stdout.flush()
-
-    res = run_edge(drafter if args.mode != "cloud-only" else None, ids, cfg, model_id=drafter.tokenizer.fingerprint, on_tokens=on_tokens)
-    pieces.append(stream.flush())
+    out = TextOutput(drafter.tokenizer, to_stdout=not args.json)
+    res = run_edge(drafter if args.mode != "cloud-only" else None, ids, cfg, model_id=drafter.tokenizer.fingerprint, on_tokens=out.push)
     s = res.stats.summary()
     s.update(mode=args.mode, rule=args.rule)
-    if args.json:
-        print(json.dumps({"text": "".join(pieces), "tokens": res.tokens, "stats": s}))
-    else:
-        sys.stdout.write(pieces[-1] + "\n")
-        print_stats(s, sys.stderr)
+    out.finish(res.tokens, s, as_json=args.json)
     return 0

@@ -20,7 +20,7 @@ same shape (`draft[:accepted] + [next_token]`) so both sides apply it the same w
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np

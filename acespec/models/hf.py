@@ -16,15 +16,12 @@ from acespec.models.base import Model, ModelError, Tokenizer
 
 def _require_hf():
     try:
-        import torch  # noqa: F401
-        import transformers  # noqa: F401
+        import torch
+        import transformers
     except ImportError as e:  # pragma: no cover - depends on the environment
         raise ModelError(
             "the Hugging Face backend needs torch and transformers: pip install 'acespec[hf]'"
         ) from e
-    import torch
-    import transformers
-
     return torch, transformers
 
 
