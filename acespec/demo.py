@@ -159,6 +159,10 @@ def _run(args: argparse.Namespace, children: ChildProcesses) -> int:
                 ("sync", EdgeConfig(mode="sync", k=args.k, **common), False),
                 ("cloud-only", EdgeConfig(mode="cloud-only", **common), False),
             ]
+        # one short untimed run first: llama.cpp's first evaluation of a model is slow (weights are
+        # repacked, threads spun up), and that cold start belongs to no mode
+        print("[demo] warming up both models ...", file=sys.stderr, flush=True)
+        run_edge(drafter, prompt, EdgeConfig(mode="sync", k=args.k, **{**common, "max_tokens": 4}), model_id=tok.fingerprint)
         results = {}
         for name, cfg, show in runs:
             stream = TextStream(tok)
