@@ -22,7 +22,11 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then exit 0; fi
 
 echo "setup: installing the ${profile} environment into .venv (llama-cpp-python compiles once, ~8 min on 2 cores)" >&2
 # this machine's pip config lists local index folders that may not exist; pip warns once per package
-quiet() { "$@" 2>&1 | grep -v "^WARNING: Location 'file://" >&2; return "${PIPESTATUS[0]}"; }
+quiet() {
+  local rc=0
+  "$@" > >(grep -v "^WARNING: Location 'file://" >&2 || true) 2>&1 || rc=$?
+  return "$rc"
+}
 quiet .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade "pip==25.3"
 quiet .venv/bin/python -m pip install -q --disable-pip-version-check -r "$req"
 quiet .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
