@@ -20,10 +20,10 @@ issue are checked at the end against the measured figures, and printed as met / 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 
+from acespec.bench import write_result
 from acespec.bench.wan import CAVEAT, BenchConfig, format_table, humaneval_prompts, parse_modes, parse_rtts, run_wan_bench
 
 VARIANTS: dict[str, dict] = {
@@ -139,10 +139,7 @@ def cmd_bench_acespec(args: argparse.Namespace) -> int:
         print(f"  [{'met' if ok else 'NOT met'}] {b}: {m}")
     print()
     print(CAVEAT)
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(result, f, indent=2)
-        print(f"wrote {args.json}")
+    write_result(args.json, result)
     return 1 if any(r["error"] for r in result["runs"]) else 0
 
 

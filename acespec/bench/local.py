@@ -31,12 +31,12 @@ cloud target is target passes per token (the cloud-cost figure).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Sequence
 
+from acespec.bench import write_result
 from acespec.argtypes import pos_int as _pos_int
 
 NOTE = (
@@ -279,10 +279,7 @@ def cmd_bench_local(args: argparse.Namespace) -> int:
     print(format_table(result))
     print()
     print(NOTE)
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(result, f, indent=2)
-        print(f"wrote {args.json}")
+    write_result(args.json, result)
     return 0
 
 

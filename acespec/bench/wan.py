@@ -29,12 +29,12 @@ and cloud compete for compute; a real edge device and a cloud GPU do not.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Sequence
 
+from acespec.bench import write_result
 from acespec.argtypes import parse_rtts
 from acespec.argtypes import pos_int as _pos_int
 
@@ -376,9 +376,6 @@ def cmd_bench_wan(args: argparse.Namespace) -> int:
     print(format_table(result))
     print()
     print(CAVEAT)
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(result, f, indent=2)
-        print(f"wrote {args.json}")
+    write_result(args.json, result)
     return 1 if any(r["error"] for r in result["runs"]) else 0
 

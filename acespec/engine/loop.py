@@ -114,7 +114,6 @@ class SpecLoop:
         policy: DepthPolicy | None = None,
         config: LoopConfig | None = None,
         on_tokens: Callable[[list[int]], None] | None = None,
-        eos_ids: frozenset[int] = frozenset(),
         cache=None,  # a draft.cache.StateCache: pre-draft likely outcomes while waiting for verdicts
     ) -> None:
         self.transport = transport
@@ -123,20 +122,18 @@ class SpecLoop:
         self.policy = policy or FixedDepth(0 if drafter is None else 4)
         self.cfg = config or LoopConfig()
         self.on_tokens = on_tokens
-        self.eos_ids = eos_ids
         self.committed: list[int] = list(self.prompt)
         self.spec: list[int] = list(self.prompt)  # committed + tokens assumed by blocks in flight
         self.inflight: deque[Block] = deque()
         self.seq = 0
         self.stats = RunStats()
         self.finished = False
-        self.reconnects = 0
         self.cache = cache
         self._ready = None  # a cache hit: the next block, already drafted
-        self._planned: set[int] = set()
-        self._extra: dict[int, tuple[int, np.ndarray]] = {}
-        self._alts: dict[tuple[int, int, int], Block] = {}
-        self._main_drafted = 0  # tokens drafted on the critical path  # branches in flight, by the outcome they continue  # sync + cache: (bonus guess, its q row) per block
+        self._planned: set[int] = set()  # blocks whose outcomes the cache has planned
+        self._extra: dict[int, tuple] = {}  # sync + cache: (bonus guess, its candidates) per block
+        self._alts: dict[tuple[int, int, int], Block] = {}  # branches in flight, by the outcome they continue
+        self._main_drafted = 0  # tokens drafted on the critical path (not cache pre-drafts)
 
     # -- the loop -----------------------------------------------------------------------------
     def run(self) -> LoopResult:
@@ -190,12 +187,18 @@ class SpecLoop:
         if self.cfg.mode == "sync":
             return 1
         w = self.cfg.window
-        rtt = getattr(self.transport, "rtt_samples", None)
-        if self.cfg.auto_window and rtt and self.stats.k_chosen and self.stats.draft_s > 0 and self.stats.rounds:
+        rtt = self._rtt()
+        if self.cfg.auto_window and rtt is not None and self.stats.k_chosen and self.stats.draft_s > 0 and self.stats.rounds:
             t_block = self.stats.draft_s / max(1, len(self.stats.k_chosen))
-            t_cycle = min(rtt[-8:]) + self.stats.verify_s / self.stats.rounds
+            t_cycle = rtt + self.stats.verify_s / self.stats.rounds
             w = max(w, min(self.cfg.max_window, int(np.ceil(t_cycle / max(t_block, 1e-4))) + 1))
         return w
+
+    def _rtt(self) -> float | None:
+        """The path's round trip: a verdict's delay minus verify time also holds queueing behind
+        earlier blocks at the target, so take the minimum of recent samples."""
+        samples = getattr(self.transport, "rtt_samples", None)
+        return min(samples[-8:]) if samples else None
 
     def _resync(self) -> None:
         """After a dropped link: every block in flight is void; continue from what both sides agree on."""
@@ -204,7 +207,6 @@ class SpecLoop:
             raise RuntimeError(f"the target resumed at {agreed}, the edge holds {len(self.committed)} committed tokens")
         self.inflight.clear()
         self.spec = list(self.committed)
-        self.reconnects += 1
         self._ready = None
         if self.cache is not None:
             self.cache.clear()
@@ -212,7 +214,7 @@ class SpecLoop:
     def _send_branch(self, e) -> None:
         """A pre-drafted outcome as its own block: `lead` (the outcome's tokens) is the overlap the
         target checks, so it is verified only if that outcome really happened, and dropped otherwise."""
-        if e.q is not None and self.transport_needs_q:
+        if self.transport_needs_q:
             return  # rules that need q would need rows for the lead tokens too; keep branches to q-free rules
         block = Block(
             self.seq, e.base, list(e.lead) + list(e.tokens), None, len(e.lead), alt_key=e.key, top=[None] * len(e.lead) + list(e.top)
@@ -320,11 +322,9 @@ class SpecLoop:
         obs = {"verify_s": v.verify_us / 1e6}
         if self._main_drafted:  # blocks drafted on the critical path only, not cache pre-drafts
             obs["draft_s_per_token"] = self.stats.draft_s / self._main_drafted
-        rtt = getattr(self.transport, "rtt_samples", None)
-        if rtt:
-            # a verdict's delay minus verify time also holds queueing behind earlier blocks at the
-            # target; the minimum of recent samples is the path's round trip
-            obs["rtt_s"] = min(rtt[-8:])
+        rtt = self._rtt()
+        if rtt is not None:
+            obs["rtt_s"] = rtt
         self.policy.update(drafted, v.accepted, **obs)
         if getattr(self.policy, "min_conf", None) is not None:
             self.cfg.min_conf = float(self.policy.min_conf)
