@@ -99,6 +99,67 @@ def test_real_model_errors(real_pair):
     assert target.n_past == 0
 
 
+# ----------------------------------------------------------------------------------- forks, batched
+@pytest.mark.real
+def test_real_eval_many_advances_forked_sequences_in_one_pass():
+    """The state cache pre-drafts several outcomes in one llama.cpp batch: each sequence must get the
+    logits it would get alone, and the sequence the forks came from must be left untouched."""
+    from acespec.models.registry import DEFAULT_DRAFT, installed_path
+    from acespec.models.llama import LlamaCppModel
+
+    path = installed_path(DEFAULT_DRAFT)
+    if path is None:
+        pytest.skip(f"real model {DEFAULT_DRAFT!r} is not installed")
+    m = LlamaCppModel(path, n_ctx=512, n_slots=4)
+    try:
+        tok = m.tokenizer
+        prompt = tok.encode("# Python\nimport math\n\ndef area(r):\n")
+        m.eval(prompt)
+        leads = [tok.encode("    return"), tok.encode("    #"), tok.encode("    r2 =")]
+        before = m.eval(leads[0], last=1)  # how the main sequence continues before any fork exists
+        m.rollback(len(prompt))
+        for s in (1, 2, 3):
+            m.fork(s, len(prompt))
+        passes = m.passes
+        rows = m.eval_many([(s, lead) for s, lead in zip((1, 2, 3), leads)])
+        assert m.passes == passes + 1  # one batched pass for all three
+        assert m.tokens == prompt  # the main sequence did not move
+        for s, lead, row in zip((1, 2, 3), leads, rows):
+            assert m._slots[s] == prompt + lead
+            m.activate(s)
+            m.rollback(len(prompt))
+            alone = m.eval(lead, last=1)  # the same sequence, evaluated by itself
+            m.activate(0)
+            assert np.abs(softmax(row[None]) - softmax(alone)).max() < PROB_TOL
+            _argmax_agrees(alone, row[None])
+        # and the main sequence still continues exactly as it did before the batched pass
+        assert np.array_equal(before, m.eval(leads[0], last=1))
+        with pytest.raises(ModelError):
+            m.eval_many([(1, [5]), (1, [6])])  # one slot twice
+        with pytest.raises(ModelError):
+            m.eval_many([(3, [])])
+        m.free(3)
+        with pytest.raises(ModelError):
+            m.eval_many([(3, [5])])  # freed
+    finally:
+        m.close()
+
+
+def test_toy_eval_many_equals_one_sequence_at_a_time():
+    a, b = ToyModel(vocab=32, seed=3), ToyModel(vocab=32, seed=3)
+    for m in (a, b):
+        m.eval([1, 2, 3])
+        m.fork(1, 3)
+        m.fork(2, 2)
+    rows = a.eval_many([(1, [4, 5]), (2, [6])])
+    b.activate(1)
+    r1 = b.eval([4, 5], last=1)[-1]
+    b.activate(2)
+    r2 = b.eval([6], last=1)[-1]
+    assert np.array_equal(rows[0], r1) and np.array_equal(rows[1], r2)
+    assert a._slots[1] == [1, 2, 3, 4, 5] and a._slots[2] == [1, 2, 6] and a.tokens == [1, 2, 3]
+
+
 # ----------------------------------------------------------------------------------- real: vocabulary
 @pytest.mark.real
 def test_real_vocab_compatibility(real_pair):

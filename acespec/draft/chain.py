@@ -96,22 +96,51 @@ class ChainDrafter:
         logits = self.model.eval(list(context[m:]), last=1)[-1]
         pos = len(context)
         while True:
-            q = probs_from_logits(logits, self.sampling)
-            if self.q_topn:
-                q = dense_row(*sparse_top(q, self.q_topn), len(q))
-            x = self.picker.pick(q, pos)
-            # greedy sampling makes q one-hot; confidence and alternatives come from the soft distribution
-            soft = softmax(logits) if self.sampling.greedy else q
+            x, c, q, cand = self._choose(logits, pos, keep_top)
             tokens.append(x)
-            conf.append(float(soft[x]))
+            conf.append(c)
             if keep_q:
                 rows.append(q)
             if keep_top:
-                top.append(self.picker.ranking(soft, pos, keep_top))
+                top.append(cand)
             pos += 1
-            if len(tokens) >= n or (len(tokens) >= min_tokens and soft[x] < min_conf):
+            if len(tokens) >= n or (len(tokens) >= min_tokens and c < min_conf):
                 break
             logits = self.model.eval([x])[0]
         self.tokens_drafted += len(tokens)
         qarr = np.stack(rows) if keep_q else None
         return DraftBlock(tokens, qarr, conf, time.perf_counter() - t0, top=top)
+
+    def step_many(
+        self, items: Sequence[tuple[int, Sequence[int]]], *, keep_top: int = 0
+    ) -> list[tuple[int, float, np.ndarray, tuple[np.ndarray, np.ndarray] | None]]:
+        """Draft one token after each of several contexts, each in its own drafter sequence, in one
+        batched pass: `items` is (slot, context) per sequence. Returns (token, q(token), q row,
+        candidates) per item, chosen exactly as `draft` would choose them."""
+        model = self.model
+        main = model.slot
+        work = []
+        try:
+            for slot, ctx in items:
+                model.activate(slot)
+                m = model.sync(ctx[:-1])
+                work.append((slot, list(ctx[m:])))
+        finally:
+            model.activate(main)
+        out = []
+        for (slot, ctx), logits in zip(items, model.eval_many(work)):
+            x, c, q, cand = self._choose(logits, len(ctx), keep_top)
+            out.append((x, c, q, cand))
+        self.tokens_drafted += len(out)
+        return out
+
+    def _choose(self, logits: np.ndarray, pos: int, keep_top: int):  # logits: [V]
+        """The token at position `pos`, its confidence, the q row it came from, and the best candidates."""
+        q = probs_from_logits(logits, self.sampling)
+        if self.q_topn:
+            q = dense_row(*sparse_top(q, self.q_topn), len(q))
+        x = self.picker.pick(q, pos)
+        # greedy sampling makes q one-hot; confidence and alternatives come from the soft distribution
+        soft = softmax(logits) if self.sampling.greedy else q
+        cand = self.picker.ranking(soft, pos, keep_top) if keep_top else None
+        return x, float(soft[x]), q, cand

@@ -97,6 +97,45 @@ class Model(ABC):
         self.tokens.extend(new)
         return logits
 
+    def eval_many(self, items: Sequence[tuple[int, Sequence[int]]]) -> list[np.ndarray]:
+        """Append tokens to several sequences at once: `items` is (slot, new tokens) per sequence, each
+        slot at most once; returns the last logits row [V] of each. Runtimes that can put every
+        sequence in one batch (llama.cpp) read the weights once for all of them, which is what makes
+        pre-drafting several outcomes together cheaper than one after another."""
+        work: list[tuple[int, list[int]]] = []
+        for slot, new in items:
+            new = [int(t) for t in new]
+            if slot not in self._slots:
+                raise ModelError(f"{self.name}: slot {slot} holds no sequence")
+            if not new:
+                raise ModelError(f"{self.name}: eval_many needs at least one new token per sequence")
+            if len(self._slots[slot]) + len(new) > self.n_ctx:
+                raise ContextOverflowError(
+                    f"{self.name}: {len(self._slots[slot])} + {len(new)} tokens exceed the context window of {self.n_ctx}"
+                )
+            bad = [t for t in new if not 0 <= t < self.vocab_size]
+            if bad:
+                raise ModelError(f"{self.name}: token id {bad[0]} outside the vocabulary [0, {self.vocab_size})")
+            work.append((int(slot), new))
+        if len({s for s, _ in work}) != len(work):
+            raise ModelError(f"{self.name}: eval_many got the same slot twice")
+        rows = self._eval_many(work)
+        for slot, new in work:
+            self._slots[slot].extend(new)
+        return rows
+
+    def _eval_many(self, items: list[tuple[int, list[int]]]) -> list[np.ndarray]:
+        """One sequence after another; runtimes with a multi-sequence batch override this."""
+        main = self.slot
+        rows = []
+        try:
+            for slot, new in items:
+                self.activate(slot)
+                rows.append(self._eval(new, 1)[-1])
+        finally:
+            self.activate(main)
+        return rows
+
     def rollback(self, n: int) -> None:
         """Keep the first n tokens of the KV cache."""
         if not 0 <= n <= len(self.tokens):

@@ -151,6 +151,33 @@ class LlamaCppModel(Model):
             done += n
         return out
 
+    def _eval_many(self, items: list[tuple[int, list[int]]]) -> list[np.ndarray]:
+        total = sum(len(new) for _, new in items)
+        if len(items) < 2 or total > self.n_batch:
+            return super()._eval_many(items)
+        V = self.vocab_size
+        b = self._batch.batch
+        b.n_tokens = total
+        i = 0
+        for slot, new in items:
+            n_past = len(self._slots[slot])
+            self._ctx.kv_cache_seq_rm(slot, n_past, -1)
+            for j, tok in enumerate(new):
+                b.token[i] = tok
+                b.pos[i] = n_past + j
+                b.seq_id[i][0] = slot
+                b.n_seq_id[i] = 1
+                b.logits[i] = j == len(new) - 1
+                i += 1
+        rc = self._lc.llama_decode(self._ctx.ctx, b)
+        if rc != 0:
+            for slot, _ in items:
+                self._ctx.kv_cache_seq_rm(slot, len(self._slots[slot]), -1)
+            raise ModelError(f"{self.name}: llama_decode failed with code {rc}")
+        self.passes += 1
+        out = np.ctypeslib.as_array(self._ctx.get_logits(), shape=(len(items) * V,)).reshape(len(items), V)
+        return list(out.copy())
+
     def _rollback(self, n: int) -> None:
         self._ctx.kv_cache_seq_rm(self.slot, n, -1)
 
