@@ -157,6 +157,34 @@ def test_a_hit_continues_from_exactly_the_state_a_fresh_draft_would_produce(rule
     assert nxt.tokens == ChainDrafter(drafter(), sampling=sp, rule=rs, seed=4).draft(ctx + hit.tokens, 3).tokens
 
 
+def test_predrafting_is_breadth_first_and_respects_the_time_until_the_verdict():
+    """The most probable outcomes are started together and drafted deepest; a step that would overrun
+    the verdict's expected arrival is not started (it would delay the edge's answer)."""
+    D = drafter()
+    dr = ChainDrafter(D, sampling=SamplingParams(0.0), rule=RuleSpec.parse("greedy"))
+    committed = PROMPT + [7, 9]
+    cache = StateCache(dr, CacheConfig(max_entries_per_block=6, batch=3, depth=3, shallow_depth=1))
+    block = dr.draft(committed, 4, keep_top=cache.cfg.alternatives + 1)
+    cache.plan_block(0, committed, block.tokens, block.top, [0.5] * 4, bonus_guess=None)
+    order = [o[1] for o in cache.plan]
+    probs = [o[0] for o in cache.plan]
+    assert probs == sorted(probs, reverse=True)
+    done = cache.predraft_step()  # the first step starts the three most probable, one token each
+    assert {a["key"] for a in cache._active} | {e.key for e in done} == set(order[:3])
+    assert all(len(a["tokens"]) == 1 for a in cache._active) and all(len(e.tokens) == 1 for e in done)
+    # a budget below the measured cost of one step: nothing runs
+    steps = cache.metrics.steps
+    cache.predraft_step(budget_s=cache.step_estimate(1) / 10)
+    assert cache.metrics.steps == steps
+    while cache.has_work:
+        cache.predraft_step()
+    depth = {k: len(cache.entries[k].tokens) for k in order if k in cache.entries}
+    assert depth[order[0]] == 3
+    # deeper never goes to a less probable outcome than a shallower one
+    ranked = [depth[k] for k in order if k in depth]
+    assert ranked == sorted(ranked, reverse=True)
+
+
 def test_lookup_is_a_constant_time_dict_hit():
     res, cache = run_delayed("greedy", 0.0, 0)
     assert cache.metrics.lookups > 0

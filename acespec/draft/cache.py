@@ -43,7 +43,8 @@ class CacheConfig:
     max_entries_per_block: int = 8  # most outcomes pre-drafted for one block in flight
     min_prob: float = 0.01  # skip outcomes less likely than this
     depth: int = 4  # tokens drafted per entry (the most probable outcomes)
-    shallow_depth: int = 2  # tokens drafted for the less probable ones
+    shallow_depth: int = 1  # tokens drafted for the less probable ones (a first token already puts their state in place)
+    batch: int = 4  # outcomes pre-drafted side by side in one batched pass (breadth first; a pass delays a verdict's answer)
 
 
 @dataclass
@@ -78,6 +79,7 @@ class CacheMetrics:
     time_saved_s: float = 0.0  # drafting time the hits took off the critical path
     lookup_s: float = 0.0  # total time spent in lookups
     predraft_s: float = 0.0  # time spent pre-drafting (off the critical path)
+    steps: int = 0  # batched pre-drafting passes
 
     def as_dict(self) -> dict:
         return {
@@ -97,6 +99,7 @@ class CacheMetrics:
             "time_saved_s": round(self.time_saved_s, 4),
             "lookup_us_mean": round(1e6 * self.lookup_s / self.lookups, 2) if self.lookups else 0.0,
             "predraft_s": round(self.predraft_s, 4),
+            "predraft_steps": self.steps,
         }
 
 
@@ -111,7 +114,8 @@ class StateCache:
         self.plan: list[tuple[float, tuple[int, int, int], list[int], int, str]] = []  # pending outcomes
         self.planned: set[tuple[int, int, int]] = set()  # every outcome planned for blocks in flight
         self._top_prob = 0.0  # the most probable outcome of the block being planned
-        self._cur: dict | None = None  # the entry being drafted, one token per step
+        self._active: list[dict] = []  # the entries being drafted, a token each per step, most probable first
+        self._step_s: dict[int, float] = {}  # measured seconds of a batched step, by outcomes in the batch
         self.kv_bytes_per_token = int(getattr(self.model, "kv_bytes_per_token", 0))
 
     # -- planning ---------------------------------------------------------------------------------
@@ -163,33 +167,52 @@ class StateCache:
 
     @property
     def has_work(self) -> bool:
-        return bool(self.plan) or self._cur is not None
+        return bool(self.plan) or bool(self._active)
 
-    def predraft_step(self) -> Entry | None:
-        """Advance pre-drafting by one drafter token, so a verdict never waits for a whole entry;
-        returns the entry when it is complete."""
-        if self._cur is None and not self._start_next():
-            return None
-        cur = self._cur
-        assert cur is not None
+    def step_estimate(self, n: int) -> float:
+        """Expected seconds of one batched step over n outcomes, from the steps measured so far (0 before
+        any: learn first). A batch costs less than its size in single steps, so scaling a smaller
+        measured batch up linearly over-estimates, which errs on the side of answering verdicts on time."""
+        if not self._step_s:
+            return 0.0
+        k = min(self._step_s, key=lambda m: (abs(m - n), -m))
+        return self._step_s[k] * max(1.0, n / k)
+
+    def predraft_step(self, budget_s: float | None = None) -> list[Entry]:
+        """Advance pre-drafting by one drafter token for each of up to `batch` outcomes (the most probable
+        first), in one batched pass, so a verdict never waits for more than one step. With `budget_s`
+        (the time until the verdict is expected), advance only as many outcomes as fit in it; none
+        if not even one does. Returns the entries that completed."""
+        while len(self._active) < max(1, self.cfg.batch) and self._start_next():
+            pass
+        n = len(self._active)
+        if budget_s is not None:
+            while n > 0 and self.step_estimate(n) > budget_s:
+                n -= 1
+        if n == 0:
+            return []
+        group = self._active[:n]
         t0 = time.perf_counter()
-        main = self.model.slot
-        self.model.activate(cur["slot"])
-        try:
-            d: DraftBlock = self.drafter.draft(
-                cur["ctx"] + cur["tokens"], 1, keep_q=self.drafter.rule.info.needs_q, keep_top=self.cfg.alternatives + 1
-            )
-        finally:
-            self.model.activate(main)
-        cur["tokens"] += d.tokens
-        cur["top"] += d.top
-        if d.q is not None:
-            cur["q"].append(d.q[0])
-        cur["seconds"] += time.perf_counter() - t0
-        self.metrics.predraft_s += time.perf_counter() - t0
-        if len(cur["tokens"]) >= cur["depth"]:
-            return self.finish_partial()
-        return None
+        keep_q = self.drafter.rule.info.needs_q
+        steps = self.drafter.step_many([(a["slot"], a["ctx"] + a["tokens"]) for a in group],
+                                       keep_top=self.cfg.alternatives + 1)
+        dt = time.perf_counter() - t0
+        self._step_s[n] = dt if n not in self._step_s else 0.7 * self._step_s[n] + 0.3 * dt
+        self.metrics.predraft_s += dt
+        self.metrics.steps += 1
+        done: list[Entry] = []
+        for a, (x, _conf, q, cand) in zip(group, steps):
+            a["tokens"].append(x)
+            a["top"].append(cand)
+            if keep_q:
+                a["q"].append(q)
+            a["seconds"] += dt / len(steps)  # what drafting this entry alone would have cost, roughly
+            if len(a["tokens"]) >= a["depth"]:
+                self._active.remove(a)
+                e = self._store(a)
+                if e is not None:
+                    done.append(e)
+        return done
 
     def _start_next(self) -> bool:
         while self.plan:
@@ -206,27 +229,28 @@ class StateCache:
             self.model.fork(slot, n_common)
             # the most probable outcomes get the full depth, the rest a shallow start
             depth = self.cfg.depth if prob >= 0.5 * self._top_prob else self.cfg.shallow_depth
-            self._cur = dict(prob=prob, key=key, ctx=ctx, base=fork_at - key[1], kind=kind, slot=slot, n_common=n_common,
-                             depth=max(1, depth), tokens=[], top=[], q=[], seconds=0.0)
+            self._active.append(dict(prob=prob, key=key, ctx=ctx, base=fork_at - key[1], kind=kind, slot=slot,
+                                     n_common=n_common, depth=max(1, depth), tokens=[], top=[], q=[], seconds=0.0))
             return True
         return False
 
-    def finish_partial(self) -> Entry | None:
-        """Store the entry being drafted, however far it got (a verdict is here: partial work still counts)."""
-        cur, self._cur = self._cur, None
-        if cur is None:
+    def finish_partial(self) -> list[Entry]:
+        """Store the entries being drafted, however far they got (a verdict is here: partial work still counts)."""
+        active, self._active = self._active, []
+        return [e for e in (self._store(a) for a in active) if e is not None]
+
+    def _store(self, a: dict) -> Entry | None:
+        if not a["tokens"]:
+            self.model.free(a["slot"])
             return None
-        if not cur["tokens"]:
-            self.model.free(cur["slot"])
-            return None
-        ctx, tokens = cur["ctx"], cur["tokens"]
-        q = np.stack(cur["q"]) if cur["q"] else None
-        own_tokens = len(ctx) - cur["n_common"] + len(tokens)
-        nbytes = ENTRY_OVERHEAD + own_tokens * self.kv_bytes_per_token + 8 * len(tokens) + 12 * sum(len(t[0]) for t in cur["top"])
+        ctx, tokens = a["ctx"], a["tokens"]
+        q = np.stack(a["q"]) if a["q"] else None
+        own_tokens = len(ctx) - a["n_common"] + len(tokens)
+        nbytes = ENTRY_OVERHEAD + own_tokens * self.kv_bytes_per_token + 8 * len(tokens) + 12 * sum(len(t[0]) for t in a["top"])
         if q is not None:
             nbytes += int(np.count_nonzero(q)) * 12  # stored sparse: id + prob
-        e = Entry(cur["key"], tokens, q, cur["slot"], cur["prob"], nbytes, cur["seconds"], cur["kind"],
-                  base=cur["base"], lead=list(ctx[cur["base"]:]), top=cur["top"])
+        e = Entry(a["key"], tokens, q, a["slot"], a["prob"], nbytes, a["seconds"], a["kind"],
+                  base=a["base"], lead=list(ctx[a["base"]:]), top=a["top"])
         self._insert(e)
         self.metrics.entries_drafted += 1
         return e if e.key in self.entries else None
@@ -236,7 +260,7 @@ class StateCache:
         return {e.slot for e in self.entries.values()}
 
     def _free_slot(self) -> int | None:
-        used = self._used_slots() | {self.model.slot} | ({self._cur["slot"]} if self._cur else set())
+        used = self._used_slots() | {self.model.slot} | {a["slot"] for a in self._active}
         for s in range(self.model.n_slots):
             if s not in used:
                 return s
@@ -267,9 +291,9 @@ class StateCache:
 
     def discard_block(self, seq: int) -> None:
         """A verdict for block `seq` arrived: its other outcomes can no longer happen."""
-        if self._cur is not None and self._cur["key"][0] <= seq:
-            self.model.free(self._cur["slot"])
-            self._cur = None
+        for a in [a for a in self._active if a["key"][0] <= seq]:
+            self._active.remove(a)
+            self.model.free(a["slot"])
         for key in [k for k in self.entries if k[0] <= seq]:
             self._drop(self.entries.pop(key))
         self.plan = [o for o in self.plan if o[1][0] > seq]
@@ -302,9 +326,9 @@ class StateCache:
         return e
 
     def clear(self) -> None:
-        if self._cur is not None:
-            self.model.free(self._cur["slot"])
-            self._cur = None
+        for a in self._active:
+            self.model.free(a["slot"])
+        self._active = []
         for e in list(self.entries.values()):
             self._drop(e)
         self.entries.clear()

@@ -41,6 +41,7 @@ class Block:
     doomed: bool = False  # a verdict already showed the assumptions it builds on were wrong
     alt_key: tuple[int, int, int] | None = None  # a branch: the outcome (seq, accepted, next) it continues
     top: list = field(default_factory=list)  # the drafter's candidates per token (for the state cache)
+    sent_at: float = 0.0  # perf_counter() when it was sent
 
 
 @dataclass
@@ -146,16 +147,21 @@ class SpecLoop:
                 # doomed blocks and branches do not hold the window: the target drops or skips them itself
                 blocking = sum(1 for b in self.inflight if not b.doomed and b.alt_key is None) >= window
                 self._plan_cache()
+                v = None
                 if blocking and self.cache is not None and self.cache.has_work:
-                    # the edge would idle here: pre-draft likely outcomes one drafter token at a time,
-                    # checking for the verdict in between
+                    # the edge would idle here: pre-draft likely outcomes a batched drafter step at a
+                    # time, checking for the verdict in between, and only as much as fits before the
+                    # verdict is due (a step that overruns it delays the edge's answer)
                     v = self.transport.recv(0.0)
                     if v is None:
-                        entry = self.cache.predraft_step()
-                        if entry is not None and self.cfg.branches:
-                            self._send_branch(entry)
-                        continue
-                else:
+                        budget = self._until_verdict()
+                        steps = self.cache.metrics.steps
+                        for entry in self.cache.predraft_step(budget):
+                            if self.cfg.branches:
+                                self._send_branch(entry)
+                        if self.cache.metrics.steps > steps:
+                            continue
+                if v is None:
                     t_wait = time.perf_counter()
                     v = self.transport.recv(None if blocking else 0.0)
                     if blocking:
@@ -194,6 +200,16 @@ class SpecLoop:
             w = max(w, min(self.cfg.max_window, int(np.ceil(t_cycle / max(t_block, 1e-4))) + 1))
         return w
 
+    def _until_verdict(self) -> float | None:
+        """Seconds until the oldest live block's verdict is expected (sent + round trip + verify time),
+        from the fastest recent round trip, so the estimate errs early; None before there is one."""
+        rtt = self._rtt()
+        live = [b for b in self.inflight if not b.doomed and b.alt_key is None]
+        if rtt is None or not live or not self.stats.rounds:
+            return None
+        verify = self.stats.verify_s / self.stats.rounds
+        return live[0].sent_at + rtt + verify - time.perf_counter()
+
     def _rtt(self) -> float | None:
         """The path's round trip: a verdict's delay minus verify time also holds queueing behind
         earlier blocks at the target, so take the minimum of recent samples."""
@@ -222,6 +238,7 @@ class SpecLoop:
         self.seq += 1
         self.inflight.append(block)
         self._alts[e.key] = block
+        block.sent_at = time.perf_counter()
         self.transport.send(block)
         self.stats.cache["branches_sent"] = self.stats.cache.get("branches_sent", 0) + 1
 
@@ -244,6 +261,15 @@ class SpecLoop:
             ready = None  # it continued an outcome the committed prefix has since moved past
         if ready is not None:
             block_tokens, q, top = list(ready.tokens), ready.q, list(ready.top)
+            if len(block_tokens) < k and self.drafter is not None:
+                # a partial pre-draft: its drafter state is in place, so finish the block from there
+                d = self.drafter.draft(self.spec + block_tokens, k - len(block_tokens), min_conf=self.cfg.min_conf,
+                                       keep_top=self.cache.cfg.alternatives + 1)
+                self.stats.draft_s += d.seconds
+                self._main_drafted += len(d.tokens)
+                block_tokens += d.tokens
+                top += d.top
+                q = None if q is None or d.q is None else np.concatenate([q, d.q])
         elif k + overlap > 0 and self.drafter is not None:
             # sync mode with a cache: draft one token more than we send; it is the likely bonus,
             # and its q row lets the cache plan the full-accept outcomes
@@ -264,6 +290,7 @@ class SpecLoop:
         self.seq += 1
         self.spec.extend(block_tokens)
         self.inflight.append(block)
+        block.sent_at = time.perf_counter()
         self.transport.send(block)
 
     def _plan_cache(self) -> None:
