@@ -503,8 +503,27 @@ def test_bench_wan_runs_side_by_side_with_toy_models():
         assert row["cloud-only"]["target_passes_per_token"] == 1.0
         for m in row.values():
             assert m["emitted"] == 24 and m["tokens_per_s"] > 0 and m["runs"] == 2
+            assert m["decode_tokens_per_s"] > 0  # the rate after the first token, prefill excluded
         assert row["sync"]["target_passes_per_token"] < 1.0
     assert set(res["sensitivity"]) == {"cloud-only", "sync", "pipelined"}
     table = format_table(res)
-    assert "RTT sensitivity" in table and "pipelined" in table
+    assert "RTT sensitivity" in table and "pipelined" in table and "dec tok/s" in table
+
+
+def test_bench_cores_split_gives_each_side_its_own_cores():
+    import os
+
+    from acespec.bench.wan import caveat, load_pair, split_threads
+
+    assert split_threads("shared") == (None, None)
+    n = os.cpu_count() or 1
+    if n >= 2:
+        assert split_threads("split") == (1, n - 1)
+        assert "cores split" in caveat("split") and "1 llama.cpp thread" in caveat("split")
+    else:
+        with pytest.raises(ValueError, match="at least 2"):
+            split_threads("split")
+    # toy models take no thread options; the pair still loads
+    d, t = load_pair("toy:vocab=32,seed=1,noise=0.3", "toy:vocab=32,seed=1", n_ctx=256, cores="shared", draft_slots=8)
+    assert d.vocab_size == t.vocab_size == 32
 

@@ -24,7 +24,8 @@ import sys
 import time
 
 from acespec.bench import write_result
-from acespec.bench.wan import CAVEAT, BenchConfig, format_table, humaneval_prompts, parse_modes, parse_rtts, run_wan_bench
+from acespec.bench.wan import (BenchConfig, add_cores_arg, caveat, format_table, humaneval_prompts, load_pair, parse_modes,
+                               parse_rtts, run_wan_bench)
 
 VARIANTS: dict[str, dict] = {
     "cloud-only": {"mode": "cloud-only"},
@@ -51,7 +52,11 @@ def check_bars(result: dict, budget_bytes: int) -> list[tuple[str, str, bool | N
     a_hi = by[hi].get("acespec", {}).get("tokens_per_s")
     s_hi = by[hi].get("sync", {}).get("tokens_per_s")
     if a_hi and s_hi:
-        out.append((f"AceSpec tokens/s >= 1.5x sync at RTT {hi} ms", f"{a_hi / s_hi:.2f}x", a_hi / s_hi >= 1.5))
+        # end to end (the bar as written); the decode rate, after the first token, is shown beside it
+        # because the prompt's prefill is the same cloud work in every mode and dilutes every ratio
+        ad, sd = by[hi]["acespec"].get("decode_tokens_per_s"), by[hi]["sync"].get("decode_tokens_per_s")
+        dec = f" (decode rate after the first token: {ad / sd:.2f}x)" if ad and sd else ""
+        out.append((f"AceSpec tokens/s >= 1.5x sync at RTT {hi} ms", f"{a_hi / s_hi:.2f}x{dec}", a_hi / s_hi >= 1.5))
     a_lo = by[lo].get("acespec", {}).get("tokens_per_s")
     if a_hi and a_lo and float(lo) == 0:
         out.append((f"AceSpec tokens/s at {hi} ms >= 0.7x at 0 ms", f"{a_hi / a_lo:.2f}x", a_hi / a_lo >= 0.7))
@@ -92,6 +97,7 @@ def add_parser(bench_subparsers: argparse._SubParsersAction) -> argparse.Argumen
     p.add_argument("--draft", default=DEFAULT_DRAFT)
     p.add_argument("--target", default=DEFAULT_TARGET)
     p.add_argument("--n-ctx", type=_pos_int, default=2048)
+    add_cores_arg(p)
     p.add_argument("--warmup-tokens", type=int, default=4)
     p.add_argument("--json", metavar="OUT")
     p.add_argument("--no-progress", action="store_true")
@@ -101,15 +107,13 @@ def add_parser(bench_subparsers: argparse._SubParsersAction) -> argparse.Argumen
 
 def cmd_bench_acespec(args: argparse.Namespace) -> int:
     from acespec.draft.cache import CacheConfig
-    from acespec.models import load_model
 
     names = parse_modes(args.variants, known=list(VARIANTS))
     rtts = parse_rtts(args.rtt)
     profile = None if args.profile == "none" else args.profile
-    print(CAVEAT, file=sys.stderr)
+    print(caveat(args.cores), file=sys.stderr)
     t0 = time.perf_counter()
-    target = load_model(args.target, n_ctx=args.n_ctx)
-    draft = load_model(args.draft, n_ctx=args.n_ctx, **({} if args.draft.startswith("toy") else {"n_slots": 16}))
+    draft, target = load_pair(args.draft, args.target, n_ctx=args.n_ctx, cores=args.cores, draft_slots=16)
     try:
         prompts = humaneval_prompts(target.tokenizer, args.n_prompts)
         cfg = BenchConfig(rtts=rtts, modes=names, profile=profile, k=args.k, window=args.window,
@@ -124,8 +128,9 @@ def cmd_bench_acespec(args: argparse.Namespace) -> int:
         draft.close()
         target.close()
     result["elapsed_s"] = round(time.perf_counter() - t0, 2)
+    result["cores"], result["caveat"] = args.cores, caveat(args.cores)
     print(f"acespec bench acespec: {args.draft} -> {args.target}, greedy, {len(prompts)} HumanEval prompt(s) x "
-          f"{args.max_tokens} tokens, profile {args.profile} with RTT {args.rtt} ms")
+          f"{args.max_tokens} tokens, profile {args.profile} with RTT {args.rtt} ms, cores {args.cores}")
     print(format_table(result))
     print_cache_table(result)
     if "policies" in result:
@@ -138,7 +143,7 @@ def cmd_bench_acespec(args: argparse.Namespace) -> int:
     for b, m, ok in bars:
         print(f"  [{'met' if ok else 'NOT met'}] {b}: {m}")
     print()
-    print(CAVEAT)
+    print(caveat(args.cores))
     write_result(args.json, result)
     return 1 if any(r["error"] for r in result["runs"]) else 0
 

@@ -29,6 +29,7 @@ and cloud compete for compute; a real edge device and a cloud GPU do not.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -46,6 +47,51 @@ CAVEAT = (
     "for compute: drafting slows verification and vice versa, which a real edge device + cloud GPU would not do. "
     "Compare modes with each other at the same RTT (ratios), not with other machines."
 )
+SPLIT_CAVEAT = (
+    "caveat: cores split: the drafter (edge) runs on {edge} llama.cpp thread(s) and the target (cloud) on {cloud}, "
+    "like two devices: neither slows the other down, and neither can borrow the other's core (so every mode, the "
+    "baselines included, runs each model on fewer threads than with --cores shared). Compare modes with each other "
+    "at the same RTT (ratios), not with other machines."
+)
+
+
+def split_threads(cores: str) -> tuple[int | None, int | None]:
+    """(edge threads, cloud threads) for --cores: `shared` lets both models use every core (None = the
+    runtime's default); `split` gives the edge one core and the cloud the rest."""
+    if cores == "shared":
+        return None, None
+    n = os.cpu_count() or 1
+    if n < 2:
+        raise ValueError("--cores split needs at least 2 CPU cores")
+    return 1, n - 1
+
+
+def caveat(cores: str) -> str:
+    if cores == "shared":
+        return CAVEAT
+    edge, cloud = split_threads(cores)
+    return SPLIT_CAVEAT.format(edge=edge, cloud=cloud)
+
+
+def load_pair(draft_spec: str, target_spec: str, *, n_ctx: int, cores: str = "shared", draft_slots: int = 1):
+    """(drafter, target) for a benchmark, with threads per --cores (llama.cpp models only)."""
+    from acespec.models import load_model
+    from acespec.models.registry import resolve
+
+    edge, cloud = split_threads(cores)
+
+    def opts(spec: str, threads: int | None, slots: int) -> dict:
+        if resolve(spec).kind != "gguf":
+            return {}
+        return {**({"n_threads": threads} if threads else {}), **({"n_slots": slots} if slots > 1 else {})}
+
+    target = load_model(target_spec, n_ctx=n_ctx, **opts(target_spec, cloud, 1))
+    try:
+        draft = load_model(draft_spec, n_ctx=n_ctx, **opts(draft_spec, edge, draft_slots))
+    except BaseException:
+        target.close()
+        raise
+    return draft, target
 
 
 # ------------------------------------------------------------------------------------------ inputs
@@ -223,6 +269,12 @@ def _mean(xs: list[float]) -> float:
     return sum(xs) / len(xs) if xs else 0.0
 
 
+def _decode_rate(runs: Sequence[RunRecord]) -> float:
+    tokens = sum(max(0, r.emitted - 1) for r in runs)
+    wall = sum(max(0.0, r.wall_s - r.ttft_s) for r in runs)
+    return round(tokens / wall, 3) if wall > 0 else 0.0
+
+
 def summarize(records: Sequence[RunRecord], rtts: Sequence[float], modes: Sequence[str]) -> dict:
     """Aggregate the runs per (RTT, mode); ratios against cloud-only at the same RTT; RTT sensitivity."""
     by_rtt: dict[str, dict[str, dict]] = {}
@@ -239,6 +291,8 @@ def summarize(records: Sequence[RunRecord], rtts: Sequence[float], modes: Sequen
                 "emitted": emitted,
                 "wall_s": round(wall, 4),
                 "tokens_per_s": round(emitted / wall, 3) if wall > 0 else 0.0,
+                # after the first token: the prompt's prefill is the same cloud work in every mode (see ttft_s)
+                "decode_tokens_per_s": _decode_rate(runs),
                 "ttft_s": round(_mean([r.ttft_s for r in runs]), 4),
                 "itl_p50_ms": round(1e3 * _mean([r.itl_p50_s for r in runs]), 2),
                 "itl_p99_ms": round(1e3 * _mean([r.itl_p99_s for r in runs]), 2),
@@ -283,7 +337,7 @@ def summarize(records: Sequence[RunRecord], rtts: Sequence[float], modes: Sequen
 
 def format_table(result: dict) -> str:
     cols = [
-        ("rtt_ms", 7), ("mode", 11), ("tok/s", 8), ("x cloud", 8), ("ttft_s", 7), ("itl p50 ms", 10),
+        ("rtt_ms", 7), ("mode", 11), ("tok/s", 8), ("x cloud", 8), ("dec tok/s", 9), ("ttft_s", 7), ("itl p50 ms", 10),
         ("itl p99 ms", 10), ("passes/tok", 10), ("up B/tok", 9), ("down B/tok", 10), ("accept", 7),
     ]
     lines = ["  ".join(f"{name:>{w}}" for name, w in cols)]
@@ -292,6 +346,7 @@ def format_table(result: dict) -> str:
             vals = [
                 rtt, mode, f"{m['tokens_per_s']:.2f}",
                 "-" if m["vs_cloud_only"] is None else f"{m['vs_cloud_only']:.2f}",
+                f"{m.get('decode_tokens_per_s', 0.0):.2f}",
                 f"{m['ttft_s']:.3f}", f"{m['itl_p50_ms']:.1f}", f"{m['itl_p99_ms']:.1f}",
                 f"{m['target_passes_per_token']:.3f}", f"{m['bytes_up_per_token']:.1f}",
                 f"{m['bytes_down_per_token']:.1f}",
@@ -342,6 +397,7 @@ def add_parser(bench_subparsers: argparse._SubParsersAction) -> argparse.Argumen
     p.add_argument("--draft", default=DEFAULT_DRAFT, help=f"drafter model (default {DEFAULT_DRAFT})")
     p.add_argument("--target", default=DEFAULT_TARGET, help=f"target model (default {DEFAULT_TARGET})")
     p.add_argument("--n-ctx", type=_pos_int, default=2048, help="context window for llama.cpp models (default 2048)")
+    add_cores_arg(p)
     p.add_argument("--warmup-tokens", type=int, default=4, help="untimed warm-up generation per mode (0 = none)")
     p.add_argument("--json", metavar="OUT", help="also write the full result (config, per-run records, summary) here")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
@@ -349,18 +405,21 @@ def add_parser(bench_subparsers: argparse._SubParsersAction) -> argparse.Argumen
     return p
 
 
-def cmd_bench_wan(args: argparse.Namespace) -> int:
-    from acespec.models import load_model
+def add_cores_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--cores", default="shared", choices=("shared", "split"),
+                   help="shared (default): both models use every core; split: the edge gets one core and the cloud "
+                        "the rest, emulating two devices")
 
+
+def cmd_bench_wan(args: argparse.Namespace) -> int:
     cfg = BenchConfig(
         rtts=parse_rtts(args.rtt), modes=parse_modes(args.modes),
         profile=None if args.profile == "none" else args.profile, k=args.k, window=args.window,
         max_tokens=args.max_tokens, warmup_tokens=max(0, args.warmup_tokens),
     )
-    print(CAVEAT, file=sys.stderr)
+    print(caveat(args.cores), file=sys.stderr)
     t0 = time.perf_counter()
-    target = load_model(args.target, n_ctx=args.n_ctx)
-    draft = load_model(args.draft, n_ctx=args.n_ctx)
+    draft, target = load_pair(args.draft, args.target, n_ctx=args.n_ctx, cores=args.cores)
     try:
         prompts = humaneval_prompts(target.tokenizer, args.n_prompts)
         result = run_wan_bench(draft, target, prompts, cfg, progress=not args.no_progress)
@@ -368,6 +427,7 @@ def cmd_bench_wan(args: argparse.Namespace) -> int:
         draft.close()
         target.close()
     result["elapsed_s"] = round(time.perf_counter() - t0, 2)
+    result["cores"], result["caveat"] = args.cores, caveat(args.cores)
     from acespec.net import profile_from_args
 
     prof = profile_from_args(cfg.profile, rtt=0)
@@ -375,7 +435,7 @@ def cmd_bench_wan(args: argparse.Namespace) -> int:
           f"{len(prompts)} HumanEval prompt(s) x {cfg.max_tokens} tokens; link: {prof.describe().replace('rtt=0ms ', '')}")
     print(format_table(result))
     print()
-    print(CAVEAT)
+    print(caveat(args.cores))
     write_result(args.json, result)
     return 1 if any(r["error"] for r in result["runs"]) else 0
 
