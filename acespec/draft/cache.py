@@ -113,7 +113,7 @@ class StateCache:
         self.metrics = CacheMetrics()
         self.plan: list[tuple[float, tuple[int, int, int], list[int], int, str]] = []  # pending outcomes
         self.planned: set[tuple[int, int, int]] = set()  # every outcome planned for blocks in flight
-        self._top_prob = 0.0  # the most probable outcome of the block being planned
+        self._depth: dict[tuple[int, int, int], int] = {}  # tokens to pre-draft, per planned outcome
         self._active: list[dict] = []  # the entries being drafted, a token each per step, most probable first
         self._step_s: dict[int, float] = {}  # measured seconds of a batched step, by outcomes in the batch
         self.kv_bytes_per_token = int(getattr(self.model, "kv_bytes_per_token", 0))
@@ -128,14 +128,15 @@ class StateCache:
         accept: Sequence[float],  # estimated conditional acceptance per block position
         *,
         bonus_guess: int | None,  # the drafter's own bonus guess already in flight (pipelined), else None
+        prior: float = 1.0,  # probability that the block's own assumptions hold (earlier blocks accepted in full)
     ) -> None:
-        """Queue the likely outcomes of block `seq`, most probable first."""
+        """Queue the likely outcomes of block `seq`; the queue holds every block's, most probable first."""
         if not top or self.model.n_slots < 2:
             return
         C = len(committed)
         k = len(draft)
         outcomes: list[tuple[float, tuple[int, int, int], list[int], int, str]] = []
-        reach = 1.0
+        reach = float(prior)
         for i in range(min(k + 1, len(top))):
             a = accept[i] if i < len(accept) else (accept[-1] if accept else 0.5)
             a = float(min(max(a, 0.02), 0.98))
@@ -149,9 +150,14 @@ class StateCache:
             if i < k:
                 reach *= a
         outcomes.sort(key=lambda o: -o[0])
-        self.plan = outcomes[: self.cfg.max_entries_per_block]
-        self.planned.update(o[1] for o in self.plan)
-        self._top_prob = self.plan[0][0] if self.plan else 0.0
+        outcomes = outcomes[: self.cfg.max_entries_per_block]
+        if not outcomes:
+            return
+        # the block's most probable outcomes get the full depth, the rest a shallow start
+        for prob, key, *_ in outcomes:
+            self._depth[key] = self.cfg.depth if prob >= 0.5 * outcomes[0][0] else self.cfg.shallow_depth
+        self.plan = sorted(self.plan + outcomes, key=lambda o: -o[0])
+        self.planned.update(o[1] for o in outcomes)
 
     def _alternatives(self, cand: tuple[np.ndarray, np.ndarray], exclude: int | None) -> list[tuple[int, float]]:
         ids, probs = cand
@@ -227,8 +233,7 @@ class StateCache:
             while n_common > 0 and self.model.tokens[:n_common] != ctx[:n_common]:
                 n_common -= 1  # fork only what really matches (the main sequence may have moved on)
             self.model.fork(slot, n_common)
-            # the most probable outcomes get the full depth, the rest a shallow start
-            depth = self.cfg.depth if prob >= 0.5 * self._top_prob else self.cfg.shallow_depth
+            depth = self._depth.pop(key, self.cfg.shallow_depth)
             self._active.append(dict(prob=prob, key=key, ctx=ctx, base=fork_at - key[1], kind=kind, slot=slot,
                                      n_common=n_common, depth=max(1, depth), tokens=[], top=[], q=[], seconds=0.0))
             return True
@@ -298,6 +303,7 @@ class StateCache:
             self._drop(self.entries.pop(key))
         self.plan = [o for o in self.plan if o[1][0] > seq]
         self.planned = {k for k in self.planned if k[0] > seq}
+        self._depth = {k: d for k, d in self._depth.items() if k[0] > seq}
 
     # -- lookup -----------------------------------------------------------------------------------
     def lookup(self, seq: int, accepted: int, next_token: int, *, rejected: bool = False) -> Entry | None:
@@ -334,3 +340,4 @@ class StateCache:
         self.entries.clear()
         self.plan = []
         self.planned = set()
+        self._depth = {}

@@ -294,28 +294,50 @@ class SpecLoop:
         self.transport.send(block)
 
     def _plan_cache(self) -> None:
-        """Queue the likely outcomes of the oldest live block in flight (once per block)."""
-        if self.cache is None or self.cache.has_work:
+        """Queue the likely outcomes of the live blocks in flight, oldest first, one block per call.
+        A later block's outcomes can only happen if every block before it is accepted in full with the
+        bonus the edge guessed, so they are weighted by that probability in the cache's one queue:
+        idle time goes to the most probable outcomes, whichever block they belong to. (Planning only
+        the oldest block left nothing drafted for the next one, whose verdict comes right after.)"""
+        if self.cache is None:
             return
         live = [b for b in self.inflight if not b.doomed and b.alt_key is None]
-        if not live or live[0].seq in self._planned or not live[0].top:
-            return
-        b = live[0]
+        # conditional acceptance per position: P(accept i | accepted 0..i-1)
+        pa, pd = self.stats.pos_accepted, self.stats.pos_drafted
+        accept = [(pa[i] + 1) / ((pa[i - 1] if i else pd[0]) + 2) for i in range(len(pa))] or [0.7]
+        prior = 1.0
+        for j, b in enumerate(live):
+            nxt = live[j + 1] if j + 1 < len(live) else None
+            guess = nxt.top[0] if nxt is not None and nxt.overlap and nxt.top and nxt.top[0] is not None else None
+            if b.seq not in self._planned:
+                if b.top:
+                    self._plan_block(b, guess, nxt, accept, prior)
+                return
+            # P(b accepted in full) x P(its bonus is the next block's guess)
+            k = len(b.tokens) - b.overlap
+            for i in range(k):
+                prior *= accept[min(i, len(accept) - 1)]
+            if guess is None:
+                return
+            ids, probs = guess
+            hit = probs[ids == nxt.tokens[0]]
+            prior *= float(hit[0]) if len(hit) else 0.0
+            if prior < self.cache.cfg.min_prob:
+                return
+
+    def _plan_block(self, b: Block, guess, nxt: Block | None, accept: list[float], prior: float) -> None:
         self._planned.add(b.seq)
         rows = list(b.top[b.overlap :])
         draft = b.tokens[b.overlap :]
         bonus_guess = None
-        if len(live) > 1 and live[1].overlap and live[1].top:
-            bonus_guess = live[1].tokens[0]  # already in flight: not worth a cache entry
-            rows.append(live[1].top[0])
+        if guess is not None:
+            bonus_guess = nxt.tokens[0]  # already in flight: not worth a cache entry
+            rows.append(guess)
         elif b.seq in self._extra and self._extra[b.seq][1] is not None:
             rows.append(self._extra[b.seq][1])
-        # conditional acceptance per position: P(accept i | accepted 0..i-1)
-        pa, pd = self.stats.pos_accepted, self.stats.pos_drafted
-        accept = [(pa[i] + 1) / ((pa[i - 1] if i else pd[0]) + 2) for i in range(len(pa))] or [0.7]
         self.cache.cfg.depth = max(1, self.policy.next_k())
         committed_then = self.spec[: b.base + b.overlap] if b.base + b.overlap <= len(self.spec) else self.committed
-        self.cache.plan_block(b.seq, committed_then, draft, rows, accept, bonus_guess=bonus_guess)
+        self.cache.plan_block(b.seq, committed_then, draft, rows, accept, bonus_guess=bonus_guess, prior=prior)
 
     def _apply(self, v: Verdict) -> None:
         block = self.inflight.popleft()
