@@ -185,6 +185,32 @@ def test_predrafting_is_breadth_first_and_respects_the_time_until_the_verdict():
     assert ranked == sorted(ranked, reverse=True)
 
 
+def test_outcomes_of_later_blocks_share_one_queue_weighted_by_their_prior():
+    """A block's outcomes can happen only if the blocks before it are accepted in full: planned with
+    that prior, they interleave with the earlier block's outcomes by probability, and a verdict for
+    the earlier block does not throw them away."""
+    D = drafter()
+    dr = ChainDrafter(D, sampling=SamplingParams(0.0), rule=RuleSpec.parse("greedy"))
+    committed = PROMPT + [7, 9]
+    cache = StateCache(dr, CacheConfig(max_entries_per_block=4))
+    b0 = dr.draft(committed, 3, keep_top=cache.cfg.alternatives + 1)
+    b1 = dr.draft(committed + b0.tokens, 3, keep_top=cache.cfg.alternatives + 1)
+    cache.plan_block(0, committed, b0.tokens, b0.top, [0.6] * 3, bonus_guess=None)
+    alone = {key: prob for prob, key, *_ in cache.plan}
+    cache.plan_block(1, committed + b0.tokens, b1.tokens, b1.top, [0.6] * 3, bonus_guess=None, prior=0.25)
+    probs = [o[0] for o in cache.plan]
+    assert probs == sorted(probs, reverse=True)
+    assert {o[1][0] for o in cache.plan} == {0, 1}
+    assert {key: prob for prob, key, *_ in cache.plan if key[0] == 0} == alone  # block 0's are unchanged
+    cache.plan_block(2, committed, b0.tokens, b0.top, [0.6] * 3, bonus_guess=None, prior=0.25)
+    scaled = {key[1:]: prob for prob, key, *_ in cache.plan if key[0] == 2}
+    assert scaled and all(abs(p - 0.25 * alone[(0, *k)]) < 1e-12 for k, p in scaled.items())
+    while cache.has_work:
+        cache.predraft_step()
+    cache.discard_block(0)  # block 0's verdict: its outcomes go, block 1's stay
+    assert cache.entries and all(k[0] > 0 for k in cache.entries)
+
+
 def test_lookup_is_a_constant_time_dict_hit():
     res, cache = run_delayed("greedy", 0.0, 0)
     assert cache.metrics.lookups > 0
