@@ -37,6 +37,13 @@ def nonneg_float(text: str) -> float:
     return v
 
 
+def pos_float(text: str) -> float:
+    v = _number(text, float)
+    if not (v > 0.0 and math.isfinite(v)):
+        raise argparse.ArgumentTypeError(f"{text!r} must be a finite number > 0")
+    return v
+
+
 def unit_float(text: str) -> float:
     v = _number(text, float)
     if not 0.0 < v <= 1.0:

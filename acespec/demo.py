@@ -126,6 +126,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace, children: ChildProcesses) -> int:
     from acespec.edge.client import ConnectConfig
     from acespec.edge.runtime import EdgeConfig, run_edge
+    from acespec.draft.cache import DRAFTER_SLOTS
     from acespec.models import TextStream, load_model
 
     py = [sys.executable, "-m", "acespec.cli"]
@@ -146,7 +147,7 @@ def _run(args: argparse.Namespace, children: ChildProcesses) -> int:
         wan_port, link = int(m.group(1)), m.group(2)
         print(f"[demo] WAN emulator: {link}", file=sys.stderr)
         print(f"[demo] loading the drafter ({args.draft}) on the edge ...", file=sys.stderr, flush=True)
-        drafter = load_model(args.draft, n_slots=16) if not args.draft.startswith("toy") else load_model(args.draft)
+        drafter = load_model(args.draft, n_slots=DRAFTER_SLOTS) if not args.draft.startswith("toy") else load_model(args.draft)
         tok = drafter.tokenizer
         prompt = tok.chat_prompt([{"role": "user", "content": args.prompt}])
         connect = ConnectConfig(port=wan_port, token=token)

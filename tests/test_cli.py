@@ -186,3 +186,24 @@ def test_real_generate_cli():
     assert out["text"].strip()
     assert 0 < s["target_passes_per_token"] <= 1.0 and s["rounds"] >= 1
     print(f"\nreal CLI: {s['emitted']} tokens, passes/token {s['target_passes_per_token']}: {out['text']!r}")
+
+
+def test_edge_cli_runs_the_full_acespec_system_losslessly():
+    """`acespec edge --acespec` (pipelined + cache + branches + controller) against a real server on
+    loopback emits what `--mode cloud-only` emits for the same seed (coupled sampling)."""
+    from acespec.cloud.server import CloudServerThread, ServerConfig
+    from acespec.models.toy import ToyModel
+
+    common = ["--draft", "toy:vocab=64,seed=1,noise=0.5,noise_seed=3", "--prompt", "hi", "--max-tokens", "40",
+              "--rule", "coupled", "--temperature", "0.8", "--seed", "3", "--json"]
+    with CloudServerThread(ToyModel(vocab=64, seed=1), ServerConfig(port=0)) as cloud:
+        where = ["--cloud", f"127.0.0.1:{cloud.port}"]
+        ref = run("edge", *where, *common, "--mode", "cloud-only")
+        full = run("edge", *where, *common, "--acespec")
+        assert ref.returncode == 0 and full.returncode == 0, ref.stderr + full.stderr
+        a, b = json.loads(ref.stdout), json.loads(full.stdout)
+        assert b["tokens"] == a["tokens"] and len(a["tokens"]) == 40
+        assert b["stats"]["cache"]["lookups"] > 0  # the state cache ran (it records every verdict it consults)
+    assert_usage_error(run("edge", *where, *common, "--acespec", "--mode", "sync"), "--acespec")
+    assert_usage_error(run("edge", *where, *common, "--branches"), "--branches needs --cache")
+    assert_usage_error(run("edge", *where, *common, "--cache", "--cache-budget-mb", "0"), "--cache-budget-mb")

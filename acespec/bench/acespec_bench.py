@@ -106,14 +106,14 @@ def add_parser(bench_subparsers: argparse._SubParsersAction) -> argparse.Argumen
 
 
 def cmd_bench_acespec(args: argparse.Namespace) -> int:
-    from acespec.draft.cache import CacheConfig
+    from acespec.draft.cache import DRAFTER_SLOTS, CacheConfig
 
     names = parse_modes(args.variants, known=list(VARIANTS))
     rtts = parse_rtts(args.rtt)
     profile = None if args.profile == "none" else args.profile
     print(caveat(args.cores), file=sys.stderr)
     t0 = time.perf_counter()
-    draft, target = load_pair(args.draft, args.target, n_ctx=args.n_ctx, cores=args.cores, draft_slots=16)
+    draft, target = load_pair(args.draft, args.target, n_ctx=args.n_ctx, cores=args.cores, draft_slots=DRAFTER_SLOTS)
     try:
         prompts = humaneval_prompts(target.tokenizer, args.n_prompts)
         cfg = BenchConfig(rtts=rtts, modes=names, profile=profile, k=args.k, window=args.window,

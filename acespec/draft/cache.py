@@ -34,14 +34,17 @@ import numpy as np
 from acespec.draft.chain import ChainDrafter, DraftBlock
 
 ENTRY_OVERHEAD = 256  # bytes of bookkeeping per entry (key, lists, object headers), counted in the budget
+# KV sequences a drafter needs for the cache: its own, a batch being drafted, and the entries of two
+# blocks in flight (llama.cpp's unified cache shares cells, so a sequence costs only the cells it adds)
+DRAFTER_SLOTS = 40
 
 
 @dataclass
 class CacheConfig:
     budget_bytes: int = 32 << 20  # memory the cache may hold per session
     alternatives: int = 3  # alternatives considered per position
-    max_entries_per_block: int = 8  # most outcomes pre-drafted for one block in flight
-    min_prob: float = 0.01  # skip outcomes less likely than this
+    max_entries_per_block: int = 16  # most outcomes planned for one block in flight (the likeliest go first)
+    min_prob: float = 0.003  # skip outcomes less likely than this
     depth: int = 4  # tokens drafted per entry (the most probable outcomes)
     shallow_depth: int = 1  # tokens drafted for the less probable ones (a first token already puts their state in place)
     batch: int = 4  # outcomes pre-drafted side by side in one batched pass (breadth first; a pass delays a verdict's answer)

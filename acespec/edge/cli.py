@@ -1,6 +1,7 @@
 """`acespec edge`: draft locally, verify in the cloud, stream the text.
 
     acespec edge --cloud 127.0.0.1:7070 --mode pipelined --k 4 --prompt "..." --chat
+    acespec edge --cloud 127.0.0.1:7070 --acespec --prompt "..." --chat     # pipelined + cache + branches + controller
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ def parse_hostport(text: str) -> tuple[str, int]:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    from acespec.argtypes import pos_float
     from acespec.cli import _positive_int, add_sampling_args
     from acespec.models.registry import DEFAULT_DRAFT
 
@@ -32,6 +34,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--k", type=_positive_int, default=4)
     p.add_argument("--policy", choices=["fixed", "adaptive", "controller"], default="fixed")
     p.add_argument("--window", type=_positive_int, default=2, help="pipelined: blocks in flight")
+    p.add_argument("--auto-window", action="store_true", help="pipelined: grow the window to cover the measured round trip")
+    p.add_argument("--cache", action="store_true", help="pre-draft the likely verdict outcomes (the state cache)")
+    p.add_argument("--cache-budget-mb", type=pos_float, default=32.0, help="state-cache memory budget (default 32)")
+    p.add_argument("--branches", action="store_true", help="also send pre-drafted outcomes as branch blocks (needs --cache)")
+    p.add_argument("--acespec", action="store_true",
+                   help="the full system: pipelined, --cache --branches --auto-window and --policy controller")
     p.add_argument("--token-file", help="file holding the shared auth token")
     p.add_argument("--prompt", required=True)
     p.add_argument("--chat", action="store_true")
@@ -45,6 +53,7 @@ def cmd_edge(args: argparse.Namespace) -> int:
     from acespec.cli import TextOutput, prompt_tokens
     from acespec.cloud.cli import read_token
     from acespec.edge.client import ConnectConfig
+    from acespec.draft.cache import DRAFTER_SLOTS
     from acespec.edge.runtime import EdgeConfig, run_edge
     from acespec.models import load_model
     from acespec.verify import RuleSpec
@@ -53,12 +62,22 @@ def cmd_edge(args: argparse.Namespace) -> int:
     RuleSpec.parse(args.rule)
     if args.window < 1:
         raise ValueError("--window must be >= 1")
+    if args.acespec:
+        if args.mode != "pipelined":
+            raise ValueError(f"--acespec runs pipelined; it cannot be combined with --mode {args.mode}")
+        args.mode, args.cache, args.branches, args.auto_window, args.policy = "pipelined", True, True, True, "controller"
+    if args.branches and not args.cache:
+        raise ValueError("--branches needs --cache")
+    if args.cache and args.mode == "cloud-only":
+        raise ValueError("--cache needs a speculative mode (sync or pipelined)")
     token = read_token(args.token_file) or b""
-    drafter = load_model(args.draft, n_ctx=args.n_ctx)
+    slots = {"n_slots": DRAFTER_SLOTS} if args.cache and not args.draft.startswith("toy") else {}
+    drafter = load_model(args.draft, n_ctx=args.n_ctx, **slots)
     ids = prompt_tokens(drafter.tokenizer, args.prompt, args.chat)
     cfg = EdgeConfig(
-        mode=args.mode, rule=args.rule, k=args.k, policy=args.policy, window=args.window,
+        mode=args.mode, rule=args.rule, k=args.k, policy=args.policy, window=args.window, auto_window=args.auto_window,
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed, max_tokens=args.max_tokens,
+        cache=args.cache, cache_budget_mb=args.cache_budget_mb, branches=args.branches,
         connect=ConnectConfig(host=host, port=port, token=token),
     )
     out = TextOutput(drafter.tokenizer, to_stdout=not args.json)
