@@ -192,15 +192,13 @@ class StateCache:
         first), in one batched pass, so a verdict never waits for more than one step. With `budget_s`
         (the time until the verdict is expected), advance only as many outcomes as fit in it; none
         if not even one does. Returns the entries that completed."""
-        while len(self._active) < max(1, self.cfg.batch) and self._start_next():
-            pass
-        n = len(self._active)
+        n = max(1, self.cfg.batch)
         if budget_s is not None:
             while n > 0 and self.step_estimate(n) > budget_s:
                 n -= 1
-        if n == 0:
+        group = self._next_group(n)
+        if not group:
             return []
-        group = self._active[:n]
         t0 = time.perf_counter()
         keep_q = self.drafter.rule.info.needs_q
         steps = self.drafter.step_many([(a["slot"], a["ctx"] + a["tokens"]) for a in group],
@@ -223,6 +221,22 @@ class StateCache:
                     done.append(e)
         return done
 
+    def _next_group(self, n: int) -> list[dict]:
+        """Level by level: the outcomes with the fewest pre-drafted tokens go first, the more probable
+        first within a level, and a planned outcome not yet started is at level 0. So every likely
+        outcome gets its first token (its drafter state in place) before any gets deeper, and a deep
+        block from the controller cannot hold the batch while other outcomes wait."""
+        group: list[dict] = []
+        waiting = sorted(self._active, key=lambda a: (len(a["tokens"]), -a["prob"]))
+        while len(group) < n:
+            if (not waiting or waiting[0]["tokens"]) and self.plan and self._start_next():
+                group.append(self._active[-1])
+            elif waiting:
+                group.append(waiting.pop(0))
+            else:
+                break
+        return group
+
     def _start_next(self) -> bool:
         while self.plan:
             prob, key, ctx, fork_at, kind = self.plan.pop(0)
@@ -230,7 +244,9 @@ class StateCache:
                 continue
             slot = self._free_slot()
             if slot is None:
-                self.plan.clear()
+                # every sequence is taken by a likelier outcome: keep those (evicting them for a less
+                # likely one would throw away work), and start this one when a block's verdict frees some
+                self.plan.insert(0, (prob, key, ctx, fork_at, kind))
                 return False
             n_common = min(fork_at, len(self.model.tokens))
             while n_common > 0 and self.model.tokens[:n_common] != ctx[:n_common]:
@@ -272,9 +288,6 @@ class StateCache:
         for s in range(self.model.n_slots):
             if s not in used:
                 return s
-        if self.entries:
-            self._evict_lru()
-            return self._free_slot()
         return None
 
     def _insert(self, e: Entry) -> None:
