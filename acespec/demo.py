@@ -129,7 +129,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace, children: ChildProcesses) -> int:
     from acespec.edge.client import ConnectConfig
     from acespec.edge.runtime import EdgeConfig, run_edge
-    from acespec.bench.wan import split_threads
+    from acespec.models.llama import split_threads
     from acespec.draft.cache import DRAFTER_SLOTS
     from acespec.models import TextStream, load_model
 

@@ -513,7 +513,8 @@ def test_bench_wan_runs_side_by_side_with_toy_models():
 def test_bench_cores_split_gives_each_side_its_own_cores():
     import os
 
-    from acespec.bench.wan import caveat, load_pair, split_threads
+    from acespec.bench.wan import caveat, load_pair
+    from acespec.models.llama import split_threads
 
     assert split_threads("shared") == (None, None)
     n = os.cpu_count() or 1

@@ -29,7 +29,6 @@ and cloud compete for compute; a real edge device and a cloud GPU do not.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -55,18 +54,9 @@ SPLIT_CAVEAT = (
 )
 
 
-def split_threads(cores: str) -> tuple[int | None, int | None]:
-    """(edge threads, cloud threads) for --cores: `shared` lets both models use every core (None = the
-    runtime's default); `split` gives the edge one core and the cloud the rest."""
-    if cores == "shared":
-        return None, None
-    n = os.cpu_count() or 1
-    if n < 2:
-        raise ValueError("--cores split needs at least 2 CPU cores")
-    return 1, n - 1
-
-
 def caveat(cores: str) -> str:
+    from acespec.models.llama import split_threads
+
     if cores == "shared":
         return CAVEAT
     edge, cloud = split_threads(cores)
@@ -76,6 +66,7 @@ def caveat(cores: str) -> str:
 def load_pair(draft_spec: str, target_spec: str, *, n_ctx: int, cores: str = "shared", draft_slots: int = 1):
     """(drafter, target) for a benchmark, with threads per --cores (llama.cpp models only)."""
     from acespec.models import load_model
+    from acespec.models.llama import split_threads
     from acespec.models.registry import resolve
 
     edge, cloud = split_threads(cores)

@@ -302,6 +302,8 @@ class SpecLoop:
         if self.cache is None:
             return
         live = [b for b in self.inflight if not b.doomed and b.alt_key is None]
+        if all(b.seq in self._planned for b in live):
+            return  # the common case on every pass of the wait loop: nothing new to plan
         # conditional acceptance per position: P(accept i | accepted 0..i-1)
         pa, pd = self.stats.pos_accepted, self.stats.pos_drafted
         accept = [(pa[i] + 1) / ((pa[i - 1] if i else pd[0]) + 2) for i in range(len(pa))] or [0.7]

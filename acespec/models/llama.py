@@ -24,6 +24,17 @@ def default_threads() -> int:
     return int(os.environ.get("ACESPEC_THREADS", os.cpu_count() or 1))
 
 
+def split_threads(cores: str) -> tuple[int | None, int | None]:
+    """(edge threads, cloud threads) for --cores: `shared` lets both models use every core (None = the
+    runtime's default); `split` gives the edge one core and the cloud the rest."""
+    if cores == "shared":
+        return None, None
+    n = os.cpu_count() or 1
+    if n < 2:
+        raise ValueError("--cores split needs at least 2 CPU cores")
+    return 1, n - 1
+
+
 class LlamaTokenizer(Tokenizer):
     def __init__(self, llm) -> None:  # llm: llama_cpp.Llama
         self._llm = llm
