@@ -496,3 +496,36 @@ def test_finished_sessions_free_their_slots(mode):
         while srv.server.sessions and time.monotonic() < deadline:
             time.sleep(0.01)
         assert not srv.server.sessions
+
+
+def test_prompt_is_prefilled_when_the_session_opens():
+    """The cloud prefills the prompt on HELLO, before any DRAFT, so its prefill overlaps the edge's
+    drafter prefill; the first verify then evaluates only the last prompt token and the block, and
+    the output is unchanged."""
+    target = toy_target()
+    with CloudServerThread(target, server_config()) as srv:
+        s, w = open_session(srv.port, max_tokens=6)
+        deadline = time.monotonic() + IO_TIMEOUT_S
+        while target.tokens != list(PROMPT[:-1]) and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert target.tokens == list(PROMPT[:-1]), "no prefill before the first DRAFT"
+        calls = target.eval_calls
+        ref = reference(6)
+        v = step(s, w.session, 0, P, ref[:3])
+        assert (v.accepted, v.next_token) == (3, ref[3])
+        assert target.eval_calls == calls + 1  # one pass: the prompt was already in place
+        wire.send_frame(s, wire.Close())
+        s.close()
+
+
+def test_drafter_prefill_failure_during_the_handshake_is_reported(cloud):
+    """The edge prefills its drafter while HELLO is in flight; a drafter that cannot hold the prompt
+    fails with its own typed error (not a hang), and the server keeps serving."""
+    from acespec.models.base import ContextOverflowError
+
+    small = ToyModel(vocab=V, seed=1, noise=0.7, noise_seed=3, n_ctx=P - 2)
+    cfg = EdgeConfig(mode="pipelined", rule="coupled", temperature=TEMP, seed=SEED, max_tokens=8,
+                     connect=ConnectConfig(port=cloud.port, token=TOKEN))
+    with pytest.raises(ContextOverflowError):
+        run_edge(small, list(PROMPT), cfg, model_id=MODEL_ID)
+    check_alive(cloud)

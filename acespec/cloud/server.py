@@ -78,6 +78,7 @@ class CloudServer:
         self._server: asyncio.base_events.Server | None = None
         self._sweeper: asyncio.Task | None = None
         self._conns: set[asyncio.Task] = set()
+        self._background: set[asyncio.Task] = set()  # prefills on session open (awaited, not cancelled, on stop)
         self.errors_sent: dict[str, int] = {}  # ErrorCode name -> count, for tests and logs
         self.port = self.cfg.port
 
@@ -97,6 +98,7 @@ class CloudServer:
         for t in list(self._conns):
             t.cancel()
         await asyncio.gather(*self._conns, return_exceptions=True)
+        await asyncio.gather(*self._background, return_exceptions=True)
 
     async def serve_forever(self) -> None:
         await self.start()
@@ -273,8 +275,23 @@ class CloudServer:
         return s
 
     # -- speculative mode -------------------------------------------------------------------------
+    async def _warm(self, s: Session) -> None:
+        # Holding the model lock, so the session's first DRAFT (queued behind it) finds the prefix in
+        # place; never cancelled midway, since the model would then run outside the lock.
+        try:
+            async with self._model_lock:
+                if self.sessions.get(s.sid) is s and not s.verifier.finished:
+                    await asyncio.to_thread(s.verifier.warm)
+        except Exception:  # the first verify will prefill (and report) instead
+            log.exception("session %d: prefill on open failed", s.sid)
+
     async def _serve_drafts(self, s: Session, reader, writer, decoder: wire.FrameDecoder) -> None:
         V = self.target.vocab_size
+        # Prefill the prompt now rather than on the first DRAFT: the edge spends that time prefilling
+        # its drafter and drafting, so the cloud's prefill overlaps it instead of following it.
+        warm = asyncio.create_task(self._warm(s))
+        self._background.add(warm)
+        warm.add_done_callback(self._background.discard)
         while True:
             frames = await self._next_frame(reader, decoder)
             if frames is None:

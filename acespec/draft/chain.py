@@ -70,6 +70,12 @@ class ChainDrafter:
         self.picker = TokenPicker(rule, sampling, seed)
         self.tokens_drafted = 0
 
+    def prefill(self, context: Sequence[int]) -> None:
+        """Put all of `context` but its last token in the drafter's cache (draft() evaluates the last
+        one for its first row), so the prompt prefill can run while the edge waits on the network."""
+        m = self.model.sync(context[:-1])
+        self.model.eval(list(context[m:-1]), last=0)
+
     def draft(
         self,
         context: Sequence[int],

@@ -10,6 +10,7 @@ Modes:
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -70,13 +71,15 @@ def run_edge(
         mode=wire.Mode.CLOUD_ONLY if cfg.mode == "cloud-only" else wire.Mode.SPECULATIVE,
     )
     t0 = time.perf_counter()
-    session = CloudSession(cfg.connect, hello)
-    try:
-        if cfg.mode == "cloud-only":
-            return _cloud_only(session, prompt, cfg, on_tokens, t0)
+    drafter = None
+    if cfg.mode != "cloud-only":
         if drafter_model is None:
             raise EdgeError("speculative modes need a drafter model")
         drafter = ChainDrafter(drafter_model, sampling=sp, rule=rule, seed=cfg.seed, q_topn=cfg.q_topn)
+    session = _open_while_prefilling(cfg.connect, hello, drafter, prompt)
+    try:
+        if drafter is None:
+            return _cloud_only(session, prompt, cfg, on_tokens, t0)
         transport = TcpTransport(session, send_q=rule.info.needs_q)
         cache = None
         if cfg.cache:
@@ -102,6 +105,31 @@ def run_edge(
         return res
     finally:
         session.close()
+
+
+def _open_while_prefilling(connect: ConnectConfig, hello: wire.Hello, drafter: ChainDrafter | None, prompt) -> CloudSession:
+    """Open the session while the drafter prefills the prompt in a second thread: the handshake is a
+    round trip of waiting, and llama.cpp releases the GIL while it computes."""
+    if drafter is None:
+        return CloudSession(connect, hello)
+    failed: list[BaseException] = []
+
+    def prefill() -> None:
+        try:
+            drafter.prefill(prompt)
+        except BaseException as e:  # re-raised in the caller's thread below
+            failed.append(e)
+
+    worker = threading.Thread(target=prefill, name="acespec-drafter-prefill", daemon=True)
+    worker.start()
+    try:
+        session = CloudSession(connect, hello)
+    finally:
+        worker.join()  # the drafter must be idle before anything else touches it
+    if failed:
+        session.close()
+        raise failed[0]
+    return session
 
 
 def _cloud_only(session: CloudSession, prompt, cfg: EdgeConfig, on_tokens, t0: float) -> LoopResult:

@@ -134,6 +134,15 @@ class TargetVerifier:
         s.verify_s += dt
         return Verdict(seq, accepted, int(nxt), self.committed, int(dt * 1e6), finished=finished, drafted=k)
 
+    def warm(self) -> int:
+        """Prefill the committed prefix (all but its last token, which verify() always evaluates), so
+        the first block only pays for its own tokens; returns how many tokens were evaluated. The
+        server runs this as soon as a session opens, while the edge is still prefilling its drafter
+        and drafting the first block, so the two prompt prefills overlap instead of adding up."""
+        n = self.target.sync(self.tokens[:-1])
+        self.target.eval(self.tokens[n:-1], last=0)
+        return len(self.tokens) - 1 - n
+
     def rollback(self, n: int) -> None:
         """Forget committed tokens past length n (a reconnecting edge never saw them)."""
         if not self.prompt_len <= n <= self.committed:
