@@ -214,6 +214,18 @@ def test_greedy_output_is_network_invariant(cloud, wan, mode, window):
     assert res.tokens == list(reference("greedy", 0.0))
 
 
+@pytest.mark.parametrize("mode,window", MODES, ids=lambda v: str(v))
+def test_time_to_first_token_counts_from_the_request(cloud, wan, mode, window):
+    """TTFT counts from the request, handshake included: a speculative edge's first token needs
+    HELLO/WELCOME and then DRAFT/VERDICT to cross the link (two round trips); cloud-only streams
+    right after WELCOME (one)."""
+    rtt = 0.2
+    proxy = wan(cloud.port, WanProfile(rtt_ms=rtt * 1e3))
+    res = run(proxy.port, mode, k=3, window=window, max_tokens=4)
+    assert res.stats.ttft_s >= 0.95 * rtt * (1 if mode == "cloud-only" else 2)
+    assert res.stats.ttft_s <= res.stats.wall_s
+
+
 def test_heavy_loss_stalls_but_does_not_change_the_output(cloud, wan):
     proxy = wan(cloud.port, WanProfile(rtt_ms=0, loss_pct=25, seed=5))
     res = run(proxy.port, "pipelined", k=3, max_tokens=16)

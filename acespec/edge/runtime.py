@@ -96,8 +96,7 @@ def run_edge(
             ),
             on_tokens=on_tokens, cache=cache,
         )
-        loop._t0 = t0
-        res = loop.run()
+        res = loop.run(t0)
         res.stats.wall_s = time.perf_counter() - t0
         res.stats.bytes_up, res.stats.bytes_down = session.total_bytes()
         res.stats.cache["reconnects"] = session.reconnects

@@ -137,8 +137,10 @@ class SpecLoop:
         self._main_drafted = 0  # tokens drafted on the critical path (not cache pre-drafts)
 
     # -- the loop -----------------------------------------------------------------------------
-    def run(self) -> LoopResult:
-        t_start = time.perf_counter()
+    def run(self, t0: float | None = None) -> LoopResult:
+        """Generate to the end. `t0`: when the request started (perf_counter), if before this call,
+        so time to first token and wall time include the handshake and prefill done before it."""
+        t_start = time.perf_counter() if t0 is None else t0
         self._t0 = t_start
         while not self.finished:
             window = self._window()
