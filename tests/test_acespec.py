@@ -185,6 +185,45 @@ def test_predrafting_is_breadth_first_and_respects_the_time_until_the_verdict():
     assert ranked == sorted(ranked, reverse=True)
 
 
+def test_first_level_predrafting_only_puts_states_in_place_and_reports_its_worth():
+    """Ahead of drafting the next block the edge may pre-draft only first tokens (max_level=1): no
+    outcome goes deeper, and the step's worth is the total probability of the outcomes it starts."""
+    D = drafter()
+    dr = ChainDrafter(D, sampling=SamplingParams(0.0), rule=RuleSpec.parse("greedy"))
+    committed = PROMPT + [7, 9]
+    cache = StateCache(dr, CacheConfig(max_entries_per_block=6, batch=2, depth=3, shallow_depth=3))
+    block = dr.draft(committed, 4, keep_top=cache.cfg.alternatives + 1)
+    cache.plan_block(0, committed, block.tokens, block.top, [0.5] * 4, bonus_guess=None)
+    probs = [o[0] for o in cache.plan]
+    assert cache.next_step_value(max_level=1) == pytest.approx(sum(probs[:2]))
+    while cache.next_step_value(max_level=1) > 0:
+        cache.predraft_step(max_level=1)
+    assert not cache.plan and len(cache._active) == len(probs)
+    assert all(len(a["tokens"]) == 1 for a in cache._active)  # every state in place, none deeper
+    steps = cache.metrics.steps
+    assert cache.predraft_step(max_level=1) == [] and cache.metrics.steps == steps
+    cache.predraft_step()  # without the limit the likeliest go deeper
+    assert max(len(a["tokens"]) for a in cache._active) == 2
+
+
+def test_verdict_due_time_accounts_for_a_busy_target():
+    """The pre-draft budget is the time until the oldest live block's verdict: not before the network
+    allows (sent + round trip + verify), nor before the target is through with it (the previous
+    verdict's arrival + verify), since blocks queued at a busy target come back one verify apart."""
+    from types import SimpleNamespace
+
+    from acespec.engine.loop import Block
+
+    transport = SimpleNamespace(rtt_samples=[0.2, 0.25], last_arrival=None, send=lambda b: None, recv=lambda t: None)
+    loop = SpecLoop(transport, PROMPT, drafter=None)
+    loop.stats.rounds, loop.stats.verify_s = 2, 0.6  # 0.3 s per verify
+    now = time.perf_counter()
+    loop.inflight.append(Block(0, len(PROMPT), [1, 2], sent_at=now))
+    assert loop._until_verdict() == pytest.approx(0.5, abs=0.02)  # network-bound: 0.2 + 0.3
+    transport.last_arrival = now + 0.4  # the target finished the block before it late
+    assert loop._until_verdict() == pytest.approx(0.7, abs=0.02)  # target-bound: 0.4 + 0.3
+
+
 def test_outcomes_of_later_blocks_share_one_queue_weighted_by_their_prior():
     """A block's outcomes can happen only if the blocks before it are accepted in full: planned with
     that prior, they interleave with the earlier block's outcomes by probability, and a verdict for

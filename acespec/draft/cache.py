@@ -178,6 +178,17 @@ class StateCache:
     def has_work(self) -> bool:
         return bool(self.plan) or bool(self._active)
 
+    def next_step_value(self, max_level: int | None = None) -> float:
+        """Total probability of the outcomes the next predraft_step(max_level=...) would advance (the
+        same level-by-level order as `_next_group`, ignoring the time budget and free sequences): what
+        the step is worth, in the same unit as the chance that a block drafted ahead gets used."""
+        n = max(1, self.cfg.batch)
+        levels = [(len(a["tokens"]), -a["prob"]) for a in self._active]
+        levels += [(0, -o[0]) for o in self.plan[:n] if o[1] not in self.entries]
+        if max_level is not None:
+            levels = [lv for lv in levels if lv[0] < max_level]
+        return -sum(p for _, p in sorted(levels)[:n])
+
     def step_estimate(self, n: int) -> float:
         """Expected seconds of one batched step over n outcomes, from the steps measured so far (0 before
         any: learn first). A batch costs less than its size in single steps, so scaling a smaller
@@ -187,16 +198,18 @@ class StateCache:
         k = min(self._step_s, key=lambda m: (abs(m - n), -m))
         return self._step_s[k] * max(1.0, n / k)
 
-    def predraft_step(self, budget_s: float | None = None) -> list[Entry]:
+    def predraft_step(self, budget_s: float | None = None, *, max_level: int | None = None) -> list[Entry]:
         """Advance pre-drafting by one drafter token for each of up to `batch` outcomes (the most probable
         first), in one batched pass, so a verdict never waits for more than one step. With `budget_s`
         (the time until the verdict is expected), advance only as many outcomes as fit in it; none
-        if not even one does. Returns the entries that completed."""
+        if not even one does. With `max_level`, advance only outcomes with fewer pre-drafted tokens
+        than that (1: only put likely outcomes' drafter states in place). Returns the entries that
+        completed."""
         n = max(1, self.cfg.batch)
         if budget_s is not None:
             while n > 0 and self.step_estimate(n) > budget_s:
                 n -= 1
-        group = self._next_group(n)
+        group = self._next_group(n, max_level)
         if not group:
             return []
         t0 = time.perf_counter()
@@ -221,13 +234,17 @@ class StateCache:
                     done.append(e)
         return done
 
-    def _next_group(self, n: int) -> list[dict]:
+    def _next_group(self, n: int, max_level: int | None = None) -> list[dict]:
         """Level by level: the outcomes with the fewest pre-drafted tokens go first, the more probable
         first within a level, and a planned outcome not yet started is at level 0. So every likely
         outcome gets its first token (its drafter state in place) before any gets deeper, and a deep
         block from the controller cannot hold the batch while other outcomes wait."""
         group: list[dict] = []
         waiting = sorted(self._active, key=lambda a: (len(a["tokens"]), -a["prob"]))
+        if max_level is not None:
+            if max_level < 1:
+                return group
+            waiting = [a for a in waiting if len(a["tokens"]) < max_level]
         while len(group) < n:
             if (not waiting or waiting[0]["tokens"]) and self.plan and self._start_next():
                 group.append(self._active[-1])

@@ -212,6 +212,7 @@ class TcpTransport(Transport):
         self.send_q = send_q
         self.sent_at: dict[int, float] = {}
         self.rtt_samples: list[float] = []  # verdict arrival - block send - cloud verify time
+        self.last_arrival: float | None = None  # perf_counter when the latest verdict reached the edge
 
     def send(self, block: Block) -> None:
         q = sparse_rows(block.q) if (self.send_q and block.q is not None and len(block.tokens)) else None
@@ -228,6 +229,7 @@ class TcpTransport(Transport):
                 return None
             t, f = item
             if isinstance(f, wire.Verdict):
+                self.last_arrival = t
                 sent = self.sent_at.pop(f.seq, None)
                 if sent is not None:
                     self.rtt_samples.append(max(0.0, t - sent - f.verify_us / 1e6))

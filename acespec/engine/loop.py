@@ -150,15 +150,17 @@ class SpecLoop:
                 blocking = sum(1 for b in self.inflight if not b.doomed and b.alt_key is None) >= window
                 self._plan_cache()
                 v = None
-                if blocking and self.cache is not None and self.cache.has_work:
-                    # the edge would idle here: pre-draft likely outcomes a batched drafter step at a
-                    # time, checking for the verdict in between, and only as much as fits before the
-                    # verdict is due (a step that overruns it delays the edge's answer)
+                if self.cache is not None and self.cache.has_work and (blocking or self._outcomes_first()):
+                    # the edge would idle here (or has nothing likelier to draft): pre-draft likely
+                    # outcomes a batched drafter step at a time, checking for the verdict in between,
+                    # and only as much as fits before the verdict is due (a step that overruns it
+                    # delays the edge's answer)
                     v = self.transport.recv(0.0)
                     if v is None:
                         budget = self._until_verdict()
                         steps = self.cache.metrics.steps
-                        for entry in self.cache.predraft_step(budget):
+                        # ahead of the next block, only put drafter states in place (one token each)
+                        for entry in self.cache.predraft_step(budget, max_level=None if blocking else 1):
                             if self.cfg.branches:
                                 self._send_branch(entry)
                         if self.cache.metrics.steps > steps:
@@ -203,14 +205,21 @@ class SpecLoop:
         return w
 
     def _until_verdict(self) -> float | None:
-        """Seconds until the oldest live block's verdict is expected (sent + round trip + verify time),
-        from the fastest recent round trip, so the estimate errs early; None before there is one."""
+        """Seconds until the oldest live block's verdict is expected; None before there is an estimate.
+        Two lower bounds, the later one wins: the network's (sent + fastest recent round trip + verify
+        time) and the target's (the previous verdict's arrival + verify time: with blocks queued at a
+        busy target, verdicts come one verify apart). Without the second, a deep pipeline against a
+        slow target looked overdue at once, and the edge idled instead of pre-drafting."""
         rtt = self._rtt()
         live = [b for b in self.inflight if not b.doomed and b.alt_key is None]
         if rtt is None or not live or not self.stats.rounds:
             return None
         verify = self.stats.verify_s / self.stats.rounds
-        return live[0].sent_at + rtt + verify - time.perf_counter()
+        due = live[0].sent_at + rtt + verify
+        last = getattr(self.transport, "last_arrival", None)
+        if last is not None:
+            due = max(due, last + verify)
+        return due - time.perf_counter()
 
     def _rtt(self) -> float | None:
         """The path's round trip: a verdict's delay minus verify time also holds queueing behind
@@ -306,28 +315,49 @@ class SpecLoop:
         live = [b for b in self.inflight if not b.doomed and b.alt_key is None]
         if all(b.seq in self._planned for b in live):
             return  # the common case on every pass of the wait loop: nothing new to plan
-        # conditional acceptance per position: P(accept i | accepted 0..i-1)
+        accept = self._accept_estimates()
+        for b, nxt, guess, prior in self._chain(live, accept):
+            if prior < self.cache.cfg.min_prob:
+                return
+            if b is not None and b.seq not in self._planned:
+                if b.top:
+                    self._plan_block(b, guess, nxt, accept, prior)
+                return
+
+    def _accept_estimates(self) -> list[float]:
+        """Conditional acceptance per block position, P(accept i | accepted 0..i-1), Laplace-smoothed."""
         pa, pd = self.stats.pos_accepted, self.stats.pos_drafted
-        accept = [(pa[i] + 1) / ((pa[i - 1] if i else pd[0]) + 2) for i in range(len(pa))] or [0.7]
+        return [(pa[i] + 1) / ((pa[i - 1] if i else pd[0]) + 2) for i in range(len(pa))] or [0.7]
+
+    def _chain(self, live: list[Block], accept: list[float]):
+        """(block, next block, the next block's bonus guess candidates, prior) along the live blocks,
+        where prior = P(every earlier block accepted in full with the bonus the edge guessed); then
+        (None, None, None, prior) for a block not drafted yet, whose prior is what drafting it now is worth."""
         prior = 1.0
         for j, b in enumerate(live):
             nxt = live[j + 1] if j + 1 < len(live) else None
             guess = nxt.top[0] if nxt is not None and nxt.overlap and nxt.top and nxt.top[0] is not None else None
-            if b.seq not in self._planned:
-                if b.top:
-                    self._plan_block(b, guess, nxt, accept, prior)
-                return
-            # P(b accepted in full) x P(its bonus is the next block's guess)
-            k = len(b.tokens) - b.overlap
-            for i in range(k):
+            yield b, nxt, guess, prior
+            for i in range(len(b.tokens) - b.overlap):
                 prior *= accept[min(i, len(accept) - 1)]
-            if guess is None:
-                return
-            ids, probs = guess
-            hit = probs[ids == nxt.tokens[0]]
-            prior *= float(hit[0]) if len(hit) else 0.0
-            if prior < self.cache.cfg.min_prob:
-                return
+            if guess is not None:
+                ids, probs = guess
+                hit = probs[ids == nxt.tokens[0]]
+                prior *= float(hit[0]) if len(hit) else 0.0
+        yield None, None, None, prior
+
+    def _outcomes_first(self) -> bool:
+        """Should the edge pre-draft before drafting the next block? Each is worth the probability that
+        its work gets used: the next batched pre-draft step, the total probability of the outcomes it
+        advances; the next block, the probability that every block in flight is accepted in full.
+        With deep blocks the block ahead is often the long shot (a 16-token block at 0.95 per token
+        is accepted whole about 44% of the time, two in a row 19%), and drafting it anyway left the
+        likeliest rejection outcomes undrafted when their verdicts came."""
+        live = [b for b in self.inflight if not b.doomed and b.alt_key is None]
+        if len(live) < 2:
+            return False  # keep the target fed first: one block verifying, one queued behind it
+        *_, (_, _, _, ahead) = self._chain(live, self._accept_estimates())
+        return self.cache.next_step_value(max_level=1) >= ahead
 
     def _plan_block(self, b: Block, guess, nxt: Block | None, accept: list[float], prior: float) -> None:
         self._planned.add(b.seq)
