@@ -157,15 +157,21 @@ def test_a_hit_continues_from_exactly_the_state_a_fresh_draft_would_produce(rule
     assert nxt.tokens == ChainDrafter(drafter(), sampling=sp, rule=rs, seed=4).draft(ctx + hit.tokens, 3).tokens
 
 
+def _planned_cache(**cfg) -> StateCache:
+    """A greedy state cache over the toy drafter with the outcomes of one 4-token block planned
+    (acceptance 0.5 at every position)."""
+    dr = ChainDrafter(drafter(), sampling=SamplingParams(0.0), rule=RuleSpec.parse("greedy"))
+    committed = PROMPT + [7, 9]
+    cache = StateCache(dr, CacheConfig(max_entries_per_block=6, depth=3, **cfg))
+    block = dr.draft(committed, 4, keep_top=cache.cfg.alternatives + 1)
+    cache.plan_block(0, committed, block.tokens, block.top, [0.5] * 4, bonus_guess=None)
+    return cache
+
+
 def test_predrafting_is_breadth_first_and_respects_the_time_until_the_verdict():
     """The most probable outcomes are started together and drafted deepest; a step that would overrun
     the verdict's expected arrival is not started (it would delay the edge's answer)."""
-    D = drafter()
-    dr = ChainDrafter(D, sampling=SamplingParams(0.0), rule=RuleSpec.parse("greedy"))
-    committed = PROMPT + [7, 9]
-    cache = StateCache(dr, CacheConfig(max_entries_per_block=6, batch=3, depth=3, shallow_depth=1))
-    block = dr.draft(committed, 4, keep_top=cache.cfg.alternatives + 1)
-    cache.plan_block(0, committed, block.tokens, block.top, [0.5] * 4, bonus_guess=None)
+    cache = _planned_cache(batch=3, shallow_depth=1)
     order = [o[1] for o in cache.plan]
     probs = [o[0] for o in cache.plan]
     assert probs == sorted(probs, reverse=True)
@@ -188,12 +194,7 @@ def test_predrafting_is_breadth_first_and_respects_the_time_until_the_verdict():
 def test_first_level_predrafting_only_puts_states_in_place_and_reports_its_worth():
     """Ahead of drafting the next block the edge may pre-draft only first tokens (max_level=1): no
     outcome goes deeper, and the step's worth is the total probability of the outcomes it starts."""
-    D = drafter()
-    dr = ChainDrafter(D, sampling=SamplingParams(0.0), rule=RuleSpec.parse("greedy"))
-    committed = PROMPT + [7, 9]
-    cache = StateCache(dr, CacheConfig(max_entries_per_block=6, batch=2, depth=3, shallow_depth=3))
-    block = dr.draft(committed, 4, keep_top=cache.cfg.alternatives + 1)
-    cache.plan_block(0, committed, block.tokens, block.top, [0.5] * 4, bonus_guess=None)
+    cache = _planned_cache(batch=2, shallow_depth=3)
     probs = [o[0] for o in cache.plan]
     assert cache.next_step_value(max_level=1) == pytest.approx(sum(probs[:2]))
     while cache.next_step_value(max_level=1) > 0:
