@@ -311,3 +311,14 @@ def test_hf_generate_as_target_and_drafter(hf_pair):
     assert a == b
     s = generate(target, prompt, SpecConfig(rule="strict", k=2, temperature=1.0, seed=3, max_tokens=16), draft=draft)
     assert len(s.tokens) == 16 and all(0 <= t < 64 for t in s.tokens)
+
+
+def test_prefill_holds_exactly_the_prefix_and_reuses_what_is_cached():
+    m = ToyModel(vocab=32, seed=1)
+    assert m.prefill([3, 1, 4, 1, 5]) == 5
+    assert m.tokens == [3, 1, 4, 1, 5]
+    assert m.prefill([3, 1, 4, 1, 5]) == 0  # already in place: no evaluation
+    assert m.prefill([3, 1, 9]) == 1  # keeps the common prefix, replaces the rest
+    assert m.tokens == [3, 1, 9]
+    ref = ToyModel(vocab=32, seed=1)
+    assert (m.eval([2], last=1) == ref.eval([3, 1, 9, 2], last=1)).all()

@@ -73,8 +73,7 @@ class ChainDrafter:
     def prefill(self, context: Sequence[int]) -> None:
         """Put all of `context` but its last token in the drafter's cache (draft() evaluates the last
         one for its first row), so the prompt prefill can run while the edge waits on the network."""
-        m = self.model.sync(context[:-1])
-        self.model.eval(list(context[m:-1]), last=0)
+        self.model.prefill(context[:-1])
 
     def draft(
         self,

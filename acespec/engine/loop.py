@@ -147,7 +147,7 @@ class SpecLoop:
             # take every verdict that is already here; block only when the window is full
             while self.inflight:
                 # doomed blocks and branches do not hold the window: the target drops or skips them itself
-                blocking = sum(1 for b in self.inflight if not b.doomed and b.alt_key is None) >= window
+                blocking = len(self._live()) >= window
                 self._plan_cache()
                 v = None
                 if self.cache is not None and self.cache.has_work and (blocking or self._outcomes_first()):
@@ -204,6 +204,10 @@ class SpecLoop:
             w = max(w, min(self.cfg.max_window, int(np.ceil(t_cycle / max(t_block, 1e-4))) + 1))
         return w
 
+    def _live(self) -> list[Block]:
+        """The blocks in flight the edge still counts on: not doomed, not branches."""
+        return [b for b in self.inflight if not b.doomed and b.alt_key is None]
+
     def _until_verdict(self) -> float | None:
         """Seconds until the oldest live block's verdict is expected; None before there is an estimate.
         Two lower bounds, the later one wins: the network's (sent + fastest recent round trip + verify
@@ -211,7 +215,7 @@ class SpecLoop:
         busy target, verdicts come one verify apart). Without the second, a deep pipeline against a
         slow target looked overdue at once, and the edge idled instead of pre-drafting."""
         rtt = self._rtt()
-        live = [b for b in self.inflight if not b.doomed and b.alt_key is None]
+        live = self._live()
         if rtt is None or not live or not self.stats.rounds:
             return None
         verify = self.stats.verify_s / self.stats.rounds
@@ -259,7 +263,7 @@ class SpecLoop:
 
     def _send_next_block(self) -> None:
         k = self.policy.next_k() if self.drafter is not None else 0
-        live = [b for b in self.inflight if not b.doomed and b.alt_key is None]
+        live = self._live()
         # build on the committed length the target will have when it reaches this block if every live
         # block in flight is accepted in full; the first token is then our guess of the last bonus
         overlap = 1 if live else 0
@@ -312,7 +316,7 @@ class SpecLoop:
         the oldest block left nothing drafted for the next one, whose verdict comes right after.)"""
         if self.cache is None:
             return
-        live = [b for b in self.inflight if not b.doomed and b.alt_key is None]
+        live = self._live()
         if all(b.seq in self._planned for b in live):
             return  # the common case on every pass of the wait loop: nothing new to plan
         accept = self._accept_estimates()
@@ -353,7 +357,7 @@ class SpecLoop:
         With deep blocks the block ahead is often the long shot (a 16-token block at 0.95 per token
         is accepted whole about 44% of the time, two in a row 19%), and drafting it anyway left the
         likeliest rejection outcomes undrafted when their verdicts came."""
-        live = [b for b in self.inflight if not b.doomed and b.alt_key is None]
+        live = self._live()
         if len(live) < 2:
             return False  # keep the target fed first: one block verifying, one queued behind it
         *_, (_, _, _, ahead) = self._chain(live, self._accept_estimates())

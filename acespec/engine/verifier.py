@@ -139,9 +139,7 @@ class TargetVerifier:
         the first block only pays for its own tokens; returns how many tokens were evaluated. The
         server runs this as soon as a session opens, while the edge is still prefilling its drafter
         and drafting the first block, so the two prompt prefills overlap instead of adding up."""
-        n = self.target.sync(self.tokens[:-1])
-        self.target.eval(self.tokens[n:-1], last=0)
-        return len(self.tokens) - 1 - n
+        return self.target.prefill(self.tokens[:-1])
 
     def rollback(self, n: int) -> None:
         """Forget committed tokens past length n (a reconnecting edge never saw them)."""

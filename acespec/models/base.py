@@ -158,6 +158,14 @@ class Model(ABC):
         self.rollback(n)
         return n
 
+    def prefill(self, prefix: Sequence[int]) -> int:
+        """Make the cache hold exactly `prefix` (reusing the longest common prefix, evaluating the rest
+        without logits); returns how many tokens were evaluated. Used to get a prompt's prefill done
+        while waiting on something else."""
+        n = self.sync(prefix)
+        self.eval(list(prefix[n:]), last=0)
+        return len(prefix) - n
+
     # -- forks: extra KV sequences sharing a prefix with the active one ------------------------------
     def fork(self, dst: int, n: int) -> None:
         """Sequence `dst` := the first `n` tokens of the active sequence. Runtimes with a shared KV
