@@ -92,7 +92,8 @@ def add_parser(bench_subparsers: argparse._SubParsersAction) -> argparse.Argumen
     p.add_argument("--k", type=_pos_int, default=4, help="draft depth of the fixed-K variants and the controller's start")
     p.add_argument("--window", type=_pos_int, default=2)
     p.add_argument("--profile", default="wan", choices=sorted(PROFILES) + ["none"])
-    p.add_argument("--variants", default=",".join(VARIANTS), help=f"subset of {','.join(VARIANTS)}")
+    p.add_argument("--variants", default=",".join(VARIANTS),
+                   help=f"subset of {','.join(VARIANTS)} (or of {','.join(POLICY_VARIANTS)})")
     p.add_argument("--policies", action="store_true", help="also compare fixed K 2/4/8 and +2/-1 at the highest RTT")
     p.add_argument("--draft", default=DEFAULT_DRAFT)
     p.add_argument("--target", default=DEFAULT_TARGET)
@@ -108,7 +109,7 @@ def add_parser(bench_subparsers: argparse._SubParsersAction) -> argparse.Argumen
 def cmd_bench_acespec(args: argparse.Namespace) -> int:
     from acespec.draft.cache import DRAFTER_SLOTS, CacheConfig
 
-    names = parse_modes(args.variants, known=list(VARIANTS))
+    names = parse_modes(args.variants, known=[*VARIANTS, *POLICY_VARIANTS])
     rtts = parse_rtts(args.rtt)
     profile = None if args.profile == "none" else args.profile
     print(caveat(args.cores), file=sys.stderr)
@@ -117,7 +118,8 @@ def cmd_bench_acespec(args: argparse.Namespace) -> int:
     try:
         prompts = humaneval_prompts(target.tokenizer, args.n_prompts)
         cfg = BenchConfig(rtts=rtts, modes=names, profile=profile, k=args.k, window=args.window,
-                          max_tokens=args.max_tokens, warmup_tokens=max(0, args.warmup_tokens), variants=VARIANTS)
+                          max_tokens=args.max_tokens, warmup_tokens=max(0, args.warmup_tokens),
+                          variants={**VARIANTS, **POLICY_VARIANTS})
         result = run_wan_bench(draft, target, prompts, cfg, progress=not args.no_progress)
         if args.policies:
             pcfg = BenchConfig(rtts=[max(rtts)], modes=["sync", "acespec", *POLICY_VARIANTS], profile=profile, k=args.k,
@@ -133,10 +135,12 @@ def cmd_bench_acespec(args: argparse.Namespace) -> int:
           f"{args.max_tokens} tokens, profile {args.profile} with RTT {args.rtt} ms, cores {args.cores}")
     print(format_table(result))
     print_cache_table(result)
+    print_time_table(result)
     if "policies" in result:
         print("\ndepth policies at the highest RTT (full system otherwise):")
         print(format_table(result["policies"]))
         print_cache_table(result["policies"])
+        print_time_table(result["policies"])
     bars = check_bars(result, CacheConfig().budget_bytes)
     result["bars"] = [{"bar": b, "measured": m, "met": ok} for b, m, ok in bars]
     print("\nbars:")
@@ -161,3 +165,20 @@ def print_cache_table(result: dict) -> None:
               f"{c.get('lookups_rejected', 0):>6}  {c.get('lookup_us_mean', 0):>9.1f}  "
               f"{c.get('peak_bytes', 0) / 1e6:>8.3f}  {c.get('time_saved_s', 0):>8.2f}  {c.get('branches_sent', 0):>8}  "
               f"{c.get('branch_hits', 0):>8}")
+
+
+def print_time_table(result: dict) -> None:
+    """Where the time goes, per variant, as shares of the wall time. The edge's one thread drafts on the
+    critical path, pre-drafts for the cache, waits on a verdict, or runs the loop (the rest, which also
+    holds the handshake and the prompt's prefill); the cloud's share is the verify time its verdicts
+    report: near 1 means the target is the bottleneck and the edge cannot make it faster."""
+    rows = [(rtt, name, m["time"]) for rtt, row in result["summary"].items() for name, m in row.items()
+            if name != "cloud-only" and "time" in m]
+    if not rows:
+        return
+    print(f"\nwhere the time goes (share of wall time):\n{'rtt_ms':>7}  {'variant':>14}  {'draft':>6}  "
+          f"{'predraft':>8}  {'wait':>6}  {'other':>6}  {'| verify':>8}")
+    for rtt, name, t in rows:
+        other = max(0.0, 1.0 - t["draft"] - t["predraft"] - t["wait"])
+        print(f"{rtt:>7}  {name:>14}  {t['draft']:>6.2f}  {t['predraft']:>8.2f}  {t['wait']:>6.2f}  {other:>6.2f}  "
+              f"{t['verify']:>8.2f}")

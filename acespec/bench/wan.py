@@ -130,6 +130,9 @@ class RunRecord:
     bytes_up: int = 0
     bytes_down: int = 0
     reconnects: int = 0
+    draft_s: float = 0.0  # edge: drafting on the critical path (pre-drafting for the cache is in cache.predraft_s)
+    wait_s: float = 0.0  # edge: blocked on a verdict with nothing to draft
+    verify_s: float = 0.0  # cloud: verify time the verdicts reported
     k_chosen: list[int] = field(default_factory=list, repr=False)
     cache: dict = field(default_factory=dict)
     error: str = ""
@@ -215,6 +218,7 @@ def run_wan_bench(draft, target, prompts: Sequence[tuple[str, list[int]]], cfg: 
                             rec.rounds, rec.drafted, rec.accepted, rec.dropped = s.rounds, s.drafted, s.accepted, s.dropped
                             rec.bytes_up, rec.bytes_down = s.bytes_up, s.bytes_down
                             rec.reconnects = int(s.cache.get("reconnects", 0))
+                            rec.draft_s, rec.wait_s, rec.verify_s = s.draft_s, s.wait_s, s.verify_s
                             rec.tokens = list(res.tokens)
                             rec.k_chosen = list(s.k_chosen)
                             rec.cache = {k: v for k, v in s.cache.items() if k != "reconnects"}
@@ -293,6 +297,13 @@ def summarize(records: Sequence[RunRecord], rtts: Sequence[float], modes: Sequen
                 "acceptance_rate": round(sum(r.accepted for r in runs) / drafted, 4) if drafted else None,
                 "reconnects": sum(r.reconnects for r in runs),
                 "mean_k": round(_mean([k for r in runs for k in r.k_chosen]), 3) if any(r.k_chosen for r in runs) else None,
+                # where the time goes, as fractions of the wall time (edge: one thread; cloud: its busy share)
+                "time": {
+                    "draft": round(sum(r.draft_s for r in runs) / wall, 4) if wall > 0 else 0.0,
+                    "predraft": round(sum(r.cache.get("predraft_s", 0.0) for r in runs) / wall, 4) if wall > 0 else 0.0,
+                    "wait": round(sum(r.wait_s for r in runs) / wall, 4) if wall > 0 else 0.0,
+                    "verify": round(sum(r.verify_s for r in runs) / wall, 4) if wall > 0 else 0.0,
+                },
             }
             caches = [r.cache for r in runs if r.cache.get("lookups")]
             if caches:
