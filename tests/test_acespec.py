@@ -225,6 +225,38 @@ def test_verdict_due_time_accounts_for_a_busy_target():
     assert loop._until_verdict() == pytest.approx(0.7, abs=0.02)  # target-bound: 0.4 + 0.3
 
 
+def test_slack_lets_the_edge_predraft_while_the_target_has_work_queued():
+    """With blocks queued at a target slower than the drafter, the next block can wait: the edge may
+    pre-draft (at any depth) while the slack covers a step and still leaves time to draft the block
+    before the target runs dry; with little queued, it drafts the next block instead."""
+    from types import SimpleNamespace
+
+    from acespec.engine.loop import Block
+
+    dr = ChainDrafter(drafter(), sampling=SamplingParams(0.0), rule=RuleSpec.parse("greedy"))
+    transport = SimpleNamespace(rtt_samples=[0.2], last_arrival=None, send=lambda b: None, recv=lambda t: None)
+    cache = _planned_cache(batch=2)
+    loop = SpecLoop(transport, PROMPT, drafter=dr, policy=FixedDepth(4), cache=cache,
+                    config=LoopConfig(mode="pipelined", window=8))
+    loop.stats.rounds, loop.stats.verify_s = 2, 0.6  # 0.3 s per verify
+    loop.stats.draft_s, loop._main_drafted = 0.4, 20  # 20 ms per drafted token: 80 ms for the next block
+    cache.predraft_step()  # one measured step, so the plan knows what a step costs
+    now = time.perf_counter()
+    loop.inflight.extend(Block(i, len(PROMPT) + 5 * i, [1, 2, 3, 4, 5], sent_at=now) for i in range(3))
+    # verdicts due at now + 0.5, 0.8, 1.1: the target is done 0.1 s before the last, and a block
+    # drafted now arrives 0.08 + 0.1 s from now, so about 0.82 s can go to pre-drafting first
+    assert loop._slack() == pytest.approx(1.1 - 0.2 - 0.08, abs=0.02)
+    budget, max_level = loop._predraft_plan(blocking=False)
+    assert max_level is None and budget == pytest.approx(0.5, abs=0.02)  # capped by the oldest verdict
+    loop.inflight.pop()
+    loop.inflight.pop()  # one block queued: due at +0.5, the next must start within 0.22 s
+    assert loop._slack() == pytest.approx(0.5 - 0.2 - 0.08, abs=0.02)
+    loop.stats.verify_s = 0.1  # a fast target: 50 ms per verify, due at +0.25: no slack, draft ahead
+    assert loop._slack() < 0
+    assert loop._predraft_plan(blocking=False) is None  # one live block: no outcomes-first either
+    assert loop._predraft_plan(blocking=True)[1] is None  # a full window always pre-drafts
+
+
 def test_outcomes_of_later_blocks_share_one_queue_weighted_by_their_prior():
     """A block's outcomes can happen only if the blocks before it are accepted in full: planned with
     that prior, they interleave with the earlier block's outcomes by probability, and a verdict for

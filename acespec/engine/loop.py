@@ -150,17 +150,17 @@ class SpecLoop:
                 blocking = len(self._live()) >= window
                 self._plan_cache()
                 v = None
-                if self.cache is not None and self.cache.has_work and (blocking or self._outcomes_first()):
-                    # the edge would idle here (or has nothing likelier to draft): pre-draft likely
-                    # outcomes a batched drafter step at a time, checking for the verdict in between,
-                    # and only as much as fits before the verdict is due (a step that overruns it
-                    # delays the edge's answer)
+                plan = self._predraft_plan(blocking) if self.cache is not None and self.cache.has_work else None
+                if plan is not None:
+                    # the edge would idle here, or the next block can wait, or the outcomes are likelier
+                    # than it: pre-draft likely outcomes a batched drafter step at a time, checking for
+                    # the verdict in between, and only as much as fits before the verdict is due (a step
+                    # that overruns it delays the edge's answer)
                     v = self.transport.recv(0.0)
                     if v is None:
-                        budget = self._until_verdict()
+                        budget, max_level = plan
                         steps = self.cache.metrics.steps
-                        # ahead of the next block, only put drafter states in place (one token each)
-                        for entry in self.cache.predraft_step(budget, max_level=None if blocking else 1):
+                        for entry in self.cache.predraft_step(budget, max_level=max_level):
                             if self.cfg.branches:
                                 self._send_branch(entry)
                         if self.cache.metrics.steps > steps:
@@ -208,22 +208,61 @@ class SpecLoop:
         """The blocks in flight the edge still counts on: not doomed, not branches."""
         return [b for b in self.inflight if not b.doomed and b.alt_key is None]
 
-    def _until_verdict(self) -> float | None:
-        """Seconds until the oldest live block's verdict is expected; None before there is an estimate.
+    def _predraft_plan(self, blocking: bool) -> tuple[float | None, int | None] | None:
+        """Pre-draft now instead of drafting the next block? (time budget, max_level) for the step, or None.
+        - The window is full: the edge would idle; pre-draft up to the next verdict, at any depth.
+        - The target has enough queued to stay busy while the edge takes a step and still drafts the
+          next block in time (`_slack`): the block ahead gains nothing from being drafted early, so the
+          step is free; any depth, within the slack. (With a target that verifies slower than the edge
+          drafts, drafting ahead to the window's edge only queued blocks at the target, and left the
+          likeliest rejections undrafted when their verdicts came.)
+        - Otherwise, first tokens only, when they are worth more than the block ahead (`_outcomes_first`)."""
+        until = self._until_verdict()
+        if blocking:
+            return until, None
+        slack = self._slack()
+        if slack is not None and slack > self.cache.step_estimate(self.cache.cfg.batch):
+            return (slack if until is None else min(until, slack)), None
+        if self._outcomes_first():
+            return until, 1
+        return None
+
+    def _dues(self) -> list[float] | None:
+        """When each live block's verdict is expected (perf_counter); None before there is an estimate.
         Two lower bounds, the later one wins: the network's (sent + fastest recent round trip + verify
-        time) and the target's (the previous verdict's arrival + verify time: with blocks queued at a
-        busy target, verdicts come one verify apart). Without the second, a deep pipeline against a
-        slow target looked overdue at once, and the edge idled instead of pre-drafting."""
+        time) and the target's (the previous verdict + verify time: with blocks queued at a busy target,
+        verdicts come one verify apart). Without the second, a deep pipeline against a slow target
+        looked overdue at once, and the edge idled instead of pre-drafting."""
         rtt = self._rtt()
         live = self._live()
         if rtt is None or not live or not self.stats.rounds:
             return None
         verify = self.stats.verify_s / self.stats.rounds
-        due = live[0].sent_at + rtt + verify
-        last = getattr(self.transport, "last_arrival", None)
-        if last is not None:
-            due = max(due, last + verify)
-        return due - time.perf_counter()
+        prev = getattr(self.transport, "last_arrival", None)
+        dues = []
+        for b in live:
+            due = b.sent_at + rtt + verify
+            if prev is not None:
+                due = max(due, prev + verify)
+            dues.append(due)
+            prev = due
+        return dues
+
+    def _until_verdict(self) -> float | None:
+        """Seconds until the oldest live block's verdict is expected; None before there is an estimate."""
+        dues = self._dues()
+        return None if dues is None else dues[0] - time.perf_counter()
+
+    def _slack(self) -> float | None:
+        """Seconds the edge can spend before it must start drafting the next block, for that block to
+        reach the target by the time the target has verified every live block queued before it. The
+        target finishes the last one half a round trip before its verdict is due here; the next block
+        takes its drafting time plus half a round trip to get there. None before there is an estimate."""
+        dues = self._dues()
+        if dues is None or not self._main_drafted or self.drafter is None:
+            return None
+        t_block = self.stats.draft_s / self._main_drafted * max(1, self.policy.next_k())
+        return dues[-1] - self._rtt() - t_block - time.perf_counter()
 
     def _rtt(self) -> float | None:
         """The path's round trip: a verdict's delay minus verify time also holds queueing behind
