@@ -44,6 +44,14 @@ def pos_float(text: str) -> float:
     return v
 
 
+def pos_float_or_inf(text: str) -> float:
+    """A number > 0, where `inf` means no limit."""
+    v = _number(text, float)
+    if not v > 0.0:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"{text!r} must be a number > 0 (or inf)")
+    return v
+
+
 def unit_float(text: str) -> float:
     v = _number(text, float)
     if not 0.0 < v <= 1.0:

@@ -200,10 +200,14 @@ def test_edge_cli_runs_the_full_acespec_system_losslessly():
         where = ["--cloud", f"127.0.0.1:{cloud.port}"]
         ref = run("edge", *where, *common, "--mode", "cloud-only")
         full = run("edge", *where, *common, "--acespec")
-        assert ref.returncode == 0 and full.returncode == 0, ref.stderr + full.stderr
+        unbounded = run("edge", *where, *common, "--acespec", "--pass-budget", "inf")
+        assert ref.returncode == 0 and full.returncode == 0 and unbounded.returncode == 0, ref.stderr + full.stderr
         a, b = json.loads(ref.stdout), json.loads(full.stdout)
         assert b["tokens"] == a["tokens"] and len(a["tokens"]) == 40
+        assert json.loads(unbounded.stdout)["tokens"] == a["tokens"]
         assert b["stats"]["cache"]["lookups"] > 0  # the state cache ran (it records every verdict it consults)
     assert_usage_error(run("edge", *where, *common, "--acespec", "--mode", "sync"), "--acespec")
     assert_usage_error(run("edge", *where, *common, "--branches"), "--branches needs --cache")
     assert_usage_error(run("edge", *where, *common, "--cache", "--cache-budget-mb", "0"), "--cache-budget-mb")
+    for bad in ("0", "-1", "nan", "x"):
+        assert_usage_error(run("edge", *where, *common, "--acespec", "--pass-budget", bad), "--pass-budget")

@@ -160,6 +160,72 @@ def test_pipelined_cycle_is_max_not_sum():
     assert np.all(miss["rate"][0] >= sync["rate"][0] - 1e-12)
 
 
+def test_windowed_cycle_is_the_slowest_stage_plus_drains():
+    """auto_window: enough blocks in flight to cover the round trip, so a cycle is the slower of
+    drafting and verifying, plus a drain (round trip, and drafting unless the cache holds the next
+    block) each time a speculation breaks."""
+    kw = dict(prior_accept=0.9, prior_rtt_s=0.2, prior_draft_s_per_token=0.03, prior_verify_c0=0.0,
+              prior_verify_c1=0.045, pipelined=True, auto_window=True)
+    ks = np.arange(17)
+    p_ok = 0.9 ** (ks + 1)
+    for hit in (0.0, 0.5):
+        ev = AdaptiveController(prior_cache_hit=hit, **kw).evaluate()
+        t_d, t_v = 0.03 * ks, 0.045 * ks
+        np.testing.assert_allclose(ev["cycle"][0], np.maximum(t_d, t_v) + (1 - p_ok) * (0.2 + (1 - hit) * t_d), atol=1e-12)
+        np.testing.assert_allclose(ev["passes"][0], 1.0 / ev["tokens"][0])
+    # the round trip is paid per broken speculation, not per block: deep blocks no longer follow it
+    short = AdaptiveController(**{**kw, "prior_rtt_s": 0.01})
+    long_ = AdaptiveController(**kw)
+    assert abs(int(np.argmax(long_.lagrangian()[0])) - int(np.argmax(short.lagrangian()[0]))) <= 2
+    assert int(np.argmax(AdaptiveController(**{**kw, "auto_window": False}).lagrangian()[0])) > \
+        int(np.argmax(long_.lagrangian()[0]))
+
+
+def simulate_cpu_target(ctrl, *, accept, rounds, seed=0):
+    """A target whose verify time grows 45 ms with every token (one CPU thread), a 30 ms drafter and a
+    200 ms round trip. Returns (K after each round, target passes per emitted token)."""
+    rng = np.random.default_rng(seed)
+    ks, passes, emitted = [], 0, 0
+    for r in range(rounds):
+        a = accept(r) if callable(accept) else accept
+        k = ctrl.next_k()
+        acc = 0
+        while acc < k and rng.random() < a:
+            acc += 1
+        ctrl.update(k, acc, verify_s=0.045 * (k + 1), rtt_s=0.2, draft_s_per_token=0.03, cache_hit=0.5)
+        ks.append(ctrl.next_k())
+        passes, emitted = passes + 1, emitted + acc + 1
+    return ks, passes / emitted
+
+
+def test_pass_budget_is_kept_and_costs_little_rate():
+    """With a verify cost that grows with every token, the fastest windowed pipeline is K ~ 1 (a pass
+    every other token); a pass budget of 0.25 pulls K up until the target verifies one block per four
+    tokens or fewer, and K then stays put."""
+    free = AdaptiveController(pipelined=True, auto_window=True)
+    ks_free, passes_free = simulate_cpu_target(free, accept=0.93, rounds=300)
+    assert passes_free > 0.4 and np.mean(ks_free[100:]) < 2
+    ctrl = AdaptiveController(pipelined=True, auto_window=True, pass_budget=0.25)
+    ks, passes = simulate_cpu_target(ctrl, accept=0.93, rounds=300)
+    assert passes <= 0.25 * 1.05
+    assert 3 <= np.mean(ks[100:]) <= 6
+    # no swings (the penalty has no state to wind up): one K holds most rounds, steps are small
+    assert max(np.bincount(ks[100:])) >= 0.75 * len(ks[100:])
+    assert max(abs(a - b) for a, b in zip(ks[100:], ks[101:])) <= 1
+    rate = ctrl.evaluate()["rate"][0]
+    assert rate[ctrl.k] >= 0.8 * rate.max()  # the budget costs a fraction of the peak rate, no more
+
+
+def test_unreachable_pass_budget_does_not_push_k_to_the_maximum():
+    """When acceptance collapses no K meets the budget; the bounded price keeps K short instead of
+    drafting k_max tokens to save a sliver of passes."""
+    ctrl = AdaptiveController(pipelined=True, auto_window=True, pass_budget=0.25)
+    ks, _ = simulate_cpu_target(ctrl, accept=lambda r: 0.93 if r < 150 else 0.3, rounds=300)
+    assert ctrl.snapshot()["passes_per_token"] > 0.5  # out of reach
+    assert np.mean(ks[200:]) <= 3
+    assert np.mean(ks[200:]) < np.mean(ks[50:150])
+
+
 def test_uplink_time_enters_the_cycle():
     ctrl = AdaptiveController(prior_up_bps=8000.0, prior_bytes_per_token=10.0, frame_overhead_bytes=0.0)
     ev = ctrl.evaluate()
@@ -206,7 +272,7 @@ def test_multiplier_step_is_projected_subgradient():
     for _ in range(5):
         mu0 = ctrl.mu_bw
         ctrl.update(8, 8, verify_s=C0 + C1 * 8, rtt_s=0.1, bytes_per_token=50.0)
-        g_bw, _ = ctrl._violations(ctrl.k, ctrl.b)
+        g_bw, *_ = ctrl._violations(ctrl.k, ctrl.b)
         assert ctrl.mu_bw == pytest.approx(min(ctrl.cfg.mu_max, max(0.0, mu0 + 0.1 * g_bw)))
         assert g_bw > 0 and ctrl.mu_bw > mu0
 

@@ -54,9 +54,22 @@ was drafted assuming this one is accepted in full *and* that the drafter guessed
 happens with p_ok = prod_{i<=K} a_i(B); otherwise that block is doomed and the edge waits a full round
 trip, so C = p_ok max(T_d, T_r) + (1 - p_ok)(T_d + T_r). With `pipelined_miss=False` it is the plain max.
 
+With `auto_window=True` (pipelined, the loop keeps as many blocks in flight as cover the round trip)
+the round trip no longer sits in every cycle. Blocks stream through two stages, the edge drafting and
+the target verifying, and the slower one sets the pace; a broken speculation (probability 1 - p_ok)
+drains the pipeline: the target idles while the verdict travels back and the next block travels out,
+plus the drafting of that block unless the state cache already holds it (h = the cache's hit rate):
+
+      windowed     C   = max(T_d, t_v(B K), T_u) + (1 - p_ok)(rtt + T_u + (1 - h) T_d)
+
+In this regime the drain per token, (1 - p_ok) / E[K], hardly depends on K, so a long round trip no
+longer calls for deep blocks; what deep blocks still buy is fewer target passes per token, which is
+what the pass budget below prices.
+
       rate(K, B)   = E_B[K] / C                                             (tokens/s)
       bw_use(K, B) = (B K bytes_per_token + frame_overhead_bytes) / C       (uplink bytes/s for drafts)
       mem_use(K,B) = (K + 1) B cache_entries_per_position cache_bytes_per_entry   (state-cache bytes)
+      passes(K, B) = 1 / E_B[K]                                             (target passes per token)
 
 Constraints and multipliers
 ---------------------------
@@ -66,7 +79,7 @@ is divided by r* = max_{K,B} rate (a positive constant within a round: it does n
 and it makes the multipliers dimensionless, "fractions of the peak rate"). Every round:
 
       (K, B) = argmax_{K in [k_min, k_max], B in [1, b_max]}  L(K, B)
-      L(K, B) = rate(K,B)/r* - mu_bw g_bw(K,B) - mu_mem g_mem(K,B)
+      L(K, B) = rate(K,B)/r* - mu_bw g_bw(K,B) - mu_mem g_mem(K,B) - pass_price max(0, g_pass(K,B))
 
 by exhaustive search (a few dozen evaluations), and after each verdict the dual variables take a
 projected subgradient step at the current decision, with the refreshed estimates:
@@ -74,7 +87,19 @@ projected subgradient step at the current decision, with the refreshed estimates
       mu <- min(mu_max, max(0, mu + dual_step g(K, B)))
 
 so a multiplier grows while its budget is violated and decays to 0 while it is not. The cap mu_max
-bounds wind-up. Hysteresis: the controller moves off its current (K, B) only when the best candidate
+bounds wind-up.
+
+The pass budget
+---------------
+The cloud's verify work per token, passes(K, B) <= pass_budget: on a shared GPU a pass is what a
+session costs, and on a CPU target, whose verify time grows with every token, the windowed model's
+fastest choice is K ~ 1, which keeps the target busiest. This one is an exact penalty with a fixed
+price, pass_price max(0, g_pass), not a multiplier: sessions are a few dozen verdicts long, too few
+for a dual variable to settle, and in the benchmark one swung K between 1 and 12 within a prompt.
+With the penalty the choice is, in effect, the shortest block that keeps to the budget while that
+costs less than `pass_price` of the peak rate per unit of relative violation; when acceptance is low
+no K keeps to it (E[K] <= 1 / (1 - a) whatever K is), and the bounded price stops K from running to
+k_max for a sliver fewer passes. Hysteresis: the controller moves off its current (K, B) only when the best candidate
 beats it by more than `hysteresis` (in units of r*), so noise in the estimates does not flap K.
 
 Early-stop threshold `min_conf`
@@ -108,6 +133,7 @@ class AdaptiveConfig:
     b_max: int = 1  # largest branch fan-out considered; 1 = chains only
     pipelined: bool = False  # True: the round trip overlaps drafting the next block (cycle = max, not sum)
     pipelined_miss: bool = True  # pipelined: charge a stop-and-wait cycle when the next block is doomed
+    auto_window: bool = False  # pipelined with a window covering the round trip: cycle = slowest stage + drains
     hysteresis: float = 0.02  # move off the current (K, B) only for a gain above this fraction of peak rate
     # -- estimators
     accept_ema: float = 0.1  # weight of a new verdict in the per-position acceptance EMAs
@@ -123,6 +149,7 @@ class AdaptiveConfig:
     prior_up_bps: float = 0.0  # uplink rate in bits/s; 0 = unlimited
     prior_bytes_per_token: float = 3.0  # uplink bytes per draft token (varint ids, no q)
     prior_cache_bytes_per_entry: float = 0.0  # state-cache bytes per entry; 0 = no cache / free
+    prior_cache_hit: float = 0.0  # share of broken speculations whose next block the state cache holds
     prior_verify_c0: float = 0.03  # cloud verify time at K = 0, seconds
     prior_verify_c1: float = 0.002  # extra cloud verify seconds per draft token (a GPU verifies k ~ 1)
     # -- branches, wire and cache model
@@ -133,6 +160,8 @@ class AdaptiveConfig:
     # -- budgets and their multipliers
     bw_budget: float = math.inf  # uplink bytes/s the drafts may use
     mem_budget: float = 32e6  # state-cache bytes (DESIGN: 32 MB per session)
+    pass_budget: float = math.inf  # target verify passes per committed token the cloud grants
+    pass_price: float = 1.0  # penalty per unit of relative pass-budget violation, in fractions of the peak rate
     dual_step: float = 0.2  # step size of the multipliers' projected subgradient ascent
     mu_max: float = 10.0  # cap on each multiplier (bounds wind-up)
     # -- early stop
@@ -149,7 +178,7 @@ class AdaptiveConfig:
                 raise ValueError(f"{name} must be in (0, 1], got {getattr(self, name)}")
         if not 0.0 < self.verify_forget <= 1.0:
             raise ValueError(f"verify_forget must be in (0, 1], got {self.verify_forget}")
-        for name in ("prior_accept", "branch_accept", "min_conf_max"):
+        for name in ("prior_accept", "branch_accept", "min_conf_max", "prior_cache_hit"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
         if self.min_conf is not None and not 0.0 <= self.min_conf <= 1.0:
@@ -158,12 +187,12 @@ class AdaptiveConfig:
             "accept_shrink", "accept_prior_weight", "verify_prior_weight", "prior_draft_s_per_token",
             "prior_rtt_s", "prior_up_bps", "prior_bytes_per_token", "prior_cache_bytes_per_entry",
             "prior_verify_c0", "prior_verify_c1", "branch_draft_cost", "frame_overhead_bytes",
-            "cache_entries_per_position", "dual_step", "mu_max", "hysteresis",
+            "cache_entries_per_position", "dual_step", "mu_max", "pass_price", "hysteresis",
         ):
             v = getattr(self, name)
             if not (math.isfinite(v) and v >= 0.0):
                 raise ValueError(f"{name} must be finite and >= 0, got {v}")
-        for name in ("bw_budget", "mem_budget"):
+        for name in ("bw_budget", "mem_budget", "pass_budget"):
             v = getattr(self, name)
             if math.isnan(v) or v <= 0.0:
                 raise ValueError(f"{name} must be > 0 (inf = unconstrained), got {v}")
@@ -274,6 +303,7 @@ class AdaptiveController(DepthPolicy):
         self._up = _Ema(w, c.prior_up_bps)
         self._bpt = _Ema(w, c.prior_bytes_per_token)
         self._cbe = _Ema(w, c.prior_cache_bytes_per_entry)
+        self._hit = _Ema(w, c.prior_cache_hit)
         self.verify = VerifyTimeFit(
             c.prior_verify_c0,
             c.prior_verify_c1,
@@ -305,7 +335,7 @@ class AdaptiveController(DepthPolicy):
         self._observe_timings(obs)
         self.rounds += 1
         # dual step at the decision in force, with the refreshed estimates; then re-plan
-        g_bw, g_mem = self._violations(self.k, self.b)
+        g_bw, g_mem, _ = self._violations(self.k, self.b)
         c = self.cfg
         self.mu_bw = min(c.mu_max, max(0.0, self.mu_bw + c.dual_step * g_bw))
         self.mu_mem = min(c.mu_max, max(0.0, self.mu_mem + c.dual_step * g_mem))
@@ -337,6 +367,7 @@ class AdaptiveController(DepthPolicy):
             ("up_bps", self._up),
             ("bytes_per_token", self._bpt),
             ("cache_bytes_per_entry", self._cbe),
+            ("cache_hit", self._hit),
         ):
             v = _num(obs.get(key))
             if v is not None:
@@ -366,8 +397,10 @@ class AdaptiveController(DepthPolicy):
         ks = np.arange(c.k_max + 1, dtype=float)
         a = self.accept_estimates()
         td, rtt, bpt, cbe = self._td.value, self._rtt.value, self._bpt.value, self._cbe.value
+        hit = min(1.0, self._hit.value)
         up = self._up.value
-        out = {name: np.zeros((c.b_max, c.k_max + 1)) for name in ("rate", "bw_use", "mem_use", "tokens", "cycle")}
+        names = ("rate", "bw_use", "mem_use", "passes", "tokens", "cycle")
+        out = {name: np.zeros((c.b_max, c.k_max + 1)) for name in names}
         for bi in range(c.b_max):
             b = bi + 1
             a_b = 1.0 - (1.0 - a) * (1.0 - c.branch_accept) ** (b - 1)
@@ -377,8 +410,12 @@ class AdaptiveController(DepthPolicy):
             sent = b * ks * bpt + c.frame_overhead_bytes
             t_draft = ks * td * (1.0 + c.branch_draft_cost * (b - 1))
             t_up = 8.0 * sent / up if up > 0.0 and math.isfinite(up) else np.zeros_like(ks)
-            t_rt = rtt + self.verify.predict(b * ks) + t_up
-            if c.pipelined:
+            t_verify = self.verify.predict(b * ks)
+            t_rt = rtt + t_verify + t_up
+            if c.pipelined and c.auto_window:
+                stage = np.maximum(np.maximum(t_draft, t_verify), t_up)
+                cycle = stage + (1.0 - p_ok) * (rtt + t_up + (1.0 - hit) * t_draft)
+            elif c.pipelined:
                 overlap = np.maximum(t_draft, t_rt)
                 cycle = p_ok * overlap + (1.0 - p_ok) * (t_draft + t_rt) if c.pipelined_miss else overlap
             else:
@@ -387,26 +424,30 @@ class AdaptiveController(DepthPolicy):
             out["rate"][bi] = tokens / cycle
             out["bw_use"][bi] = sent / cycle
             out["mem_use"][bi] = (ks + 1.0) * b * c.cache_entries_per_position * cbe
+            out["passes"][bi] = 1.0 / tokens
             out["tokens"][bi] = tokens
             out["cycle"][bi] = cycle
         return out
 
-    def _violations_from(self, ev: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    def _violations_from(self, ev: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         c = self.cfg
         g_bw = ev["bw_use"] / c.bw_budget - 1.0
         g_mem = ev["mem_use"] / c.mem_budget - 1.0
-        return g_bw, g_mem
+        g_pass = ev["passes"] / c.pass_budget - 1.0
+        return g_bw, g_mem, g_pass
 
-    def _violations(self, k: int, b: int) -> tuple[float, float]:
-        g_bw, g_mem = self._violations_from(self.evaluate())
-        return float(g_bw[b - 1, k]), float(g_mem[b - 1, k])
+    def _violations(self, k: int, b: int) -> tuple[float, float, float]:
+        gs = self._violations_from(self.evaluate())
+        return tuple(float(g[b - 1, k]) for g in gs)
 
     def lagrangian(self) -> np.ndarray:
         """L(K, B) on the [b-1, K] grid (entries outside [k_min, k_max] are -inf)."""
         ev = self.evaluate()
-        g_bw, g_mem = self._violations_from(ev)
+        g_bw, g_mem, g_pass = self._violations_from(ev)
         r_star = float(np.max(ev["rate"][:, self.cfg.k_min :]))
         L = ev["rate"] / max(r_star, 1e-12) - self.mu_bw * g_bw - self.mu_mem * g_mem
+        if math.isfinite(self.cfg.pass_budget):
+            L = L - self.cfg.pass_price * np.maximum(g_pass, 0.0)
         L[:, : self.cfg.k_min] = -np.inf
         return L
 
@@ -438,6 +479,7 @@ class AdaptiveController(DepthPolicy):
             "cycle_s": float(ev["cycle"][bi, k]),
             "bw_use_bytes_s": float(ev["bw_use"][bi, k]),
             "mem_use_bytes": float(ev["mem_use"][bi, k]),
+            "passes_per_token": float(ev["passes"][bi, k]),
             "draft_s_per_token": self._td.value,
             "rtt_s": self._rtt.value,
             "up_bps": self._up.value,
@@ -447,7 +489,9 @@ class AdaptiveController(DepthPolicy):
             "verify_c1": self.verify.c1,
             "mu_bw": self.mu_bw,
             "mu_mem": self.mu_mem,
+            "cache_hit": self._hit.value,
             "pipelined": self.cfg.pipelined,
+            "auto_window": self.cfg.auto_window,
         }
 
 

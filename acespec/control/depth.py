@@ -1,6 +1,7 @@
 """Draft-depth policies: how many tokens to draft in the next block.
 
-Interface: `next_k() -> int` before drafting, `update(drafted, accepted, **obs)` after each verdict.
+Interface: `next_k() -> int` before drafting, `update(drafted, accepted, **obs)` after each verdict,
+`observe(**obs)` for measurements that come without one (e.g. whether the state cache caught a verdict).
 `FixedDepth` and `PlusTwoMinusOne` are the baselines; the adaptive controller lives in `adaptive.py`.
 """
 
@@ -16,6 +17,9 @@ class DepthPolicy:
         raise NotImplementedError
 
     def update(self, drafted: int, accepted: int, **obs: float) -> None:
+        pass
+
+    def observe(self, **obs: float) -> None:
         pass
 
 
@@ -52,8 +56,10 @@ class PlusTwoMinusOne(DepthPolicy):
         self.k = min(self.k_max, self.k + 2) if accepted >= drafted else max(self.k_min, self.k - 1)
 
 
-def make_policy(spec: str, k: int, *, pipelined: bool = False) -> DepthPolicy:
-    """`fixed` / `adaptive` (the +2/-1 schedule) / `controller` (the cost-model controller)."""
+def make_policy(spec: str, k: int, *, pipelined: bool = False, auto_window: bool = False,
+                pass_budget: float = float("inf")) -> DepthPolicy:
+    """`fixed` / `adaptive` (the +2/-1 schedule) / `controller` (the cost-model controller; the keyword
+    arguments say how the loop runs and what the cloud grants, see `AdaptiveConfig`)."""
     if spec == "fixed":
         return FixedDepth(k)
     if spec in ("adaptive", "plus2minus1"):
@@ -61,5 +67,6 @@ def make_policy(spec: str, k: int, *, pipelined: bool = False) -> DepthPolicy:
     if spec == "controller":
         from acespec.control.adaptive import AdaptiveController  # noqa: PLC0415
 
-        return AdaptiveController(k_init=max(1, k), pipelined=pipelined)
+        return AdaptiveController(k_init=max(1, k), pipelined=pipelined, auto_window=pipelined and auto_window,
+                                  pass_budget=pass_budget)
     raise ValueError(f"unknown depth policy {spec!r}; choose fixed, adaptive or controller")

@@ -23,7 +23,7 @@ def parse_hostport(text: str) -> tuple[str, int]:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from acespec.argtypes import pos_float
+    from acespec.argtypes import pos_float, pos_float_or_inf
     from acespec.cli import _positive_int, add_sampling_args
     from acespec.models.registry import DEFAULT_DRAFT
 
@@ -35,6 +35,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--policy", choices=["fixed", "adaptive", "controller"], default="fixed")
     p.add_argument("--window", type=_positive_int, default=2, help="pipelined: blocks in flight")
     p.add_argument("--auto-window", action="store_true", help="pipelined: grow the window to cover the measured round trip")
+    p.add_argument("--pass-budget", type=pos_float_or_inf, default=0.25,
+                   help="controller: target verify passes per token the cloud grants (default 0.25; inf = no limit)")
     p.add_argument("--cache", action="store_true", help="pre-draft the likely verdict outcomes (the state cache)")
     p.add_argument("--cache-budget-mb", type=pos_float, default=32.0, help="state-cache memory budget (default 32)")
     p.add_argument("--branches", action="store_true", help="also send pre-drafted outcomes as branch blocks (needs --cache)")
@@ -77,7 +79,7 @@ def cmd_edge(args: argparse.Namespace) -> int:
     cfg = EdgeConfig(
         mode=args.mode, rule=args.rule, k=args.k, policy=args.policy, window=args.window, auto_window=args.auto_window,
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed, max_tokens=args.max_tokens,
-        cache=args.cache, cache_budget_mb=args.cache_budget_mb, branches=args.branches,
+        cache=args.cache, cache_budget_mb=args.cache_budget_mb, branches=args.branches, pass_budget=args.pass_budget,
         connect=ConnectConfig(host=host, port=port, token=token),
     )
     out = TextOutput(drafter.tokenizer, to_stdout=not args.json)

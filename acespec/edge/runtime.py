@@ -36,6 +36,7 @@ class EdgeConfig:
     policy: str = "fixed"  # fixed | adaptive | controller
     window: int = 2  # pipelined: blocks in flight (the least, with auto_window)
     auto_window: bool = False  # pipelined: grow the window to cover the measured round trip
+    pass_budget: float = 0.25  # controller: target verify passes per token the cloud grants (inf = no limit)
     temperature: float = 0.0  # 0 = greedy sampling
     top_k: int = 0  # 0 = off
     top_p: float = 1.0  # 1.0 = off
@@ -89,7 +90,8 @@ def run_edge(
                 drafter, CacheConfig(budget_bytes=int(cfg.cache_budget_mb * (1 << 20))), coupled=rule.name == "coupled"
             )
         loop = SpecLoop(
-            transport, prompt, drafter=drafter, policy=policy or make_policy(cfg.policy, cfg.k, pipelined=cfg.mode == "pipelined"),
+            transport, prompt, drafter=drafter, policy=policy or make_policy(
+                cfg.policy, cfg.k, pipelined=cfg.mode == "pipelined", auto_window=cfg.auto_window, pass_budget=cfg.pass_budget),
             config=LoopConfig(
                 mode=cfg.mode, window=cfg.window, max_tokens=cfg.max_tokens, min_conf=cfg.min_conf,
                 branches=cfg.branches, auto_window=cfg.auto_window,

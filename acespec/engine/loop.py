@@ -483,6 +483,7 @@ class SpecLoop:
             # target verified from elsewhere (o != overlap) has no valid key
             if self.cache is not None and not v.finished and o == block.overlap and not block.doomed:
                 hit = self.cache.lookup(v.seq, v.accepted, v.next_token, rejected=v.accepted < drafted)
+                self.policy.observe(cache_hit=float(hit is not None))
                 if branch is not None and hit is not None:
                     # the target will verify that branch next: speculate on past it at once
                     branch.alt_key = None
