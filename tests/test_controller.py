@@ -15,9 +15,10 @@ from acespec.control.depth import make_policy
 C0, C1 = 0.03, 0.002  # synthetic cloud verify time: c0 + c1 * K seconds
 
 
-def simulate(ctrl, *, accept, rtt, rounds, seed=0, td=0.02, **obs):
+def simulate(ctrl, *, accept, rtt, rounds, seed=0, td=0.02, verify=lambda k: C0 + C1 * k, counts=None, **obs):
     """Feed `rounds` synthetic verdicts: each position accepted i.i.d. with `accept` (callable of the
-    round index or a number). Returns the K chosen after each round."""
+    round index or a number), verify time `verify(K)`. Returns the K chosen after each round; `counts`
+    (a dict), if given, gets the target passes and the tokens emitted."""
     rng = np.random.default_rng(seed)
     ks = []
     for r in range(rounds):
@@ -26,8 +27,11 @@ def simulate(ctrl, *, accept, rtt, rounds, seed=0, td=0.02, **obs):
         acc = 0
         while acc < k and rng.random() < a:
             acc += 1
-        ctrl.update(k, acc, verify_s=C0 + C1 * k, rtt_s=rtt, draft_s_per_token=td, **obs)
+        ctrl.update(k, acc, verify_s=verify(k), rtt_s=rtt, draft_s_per_token=td, **obs)
         ks.append(ctrl.next_k())
+        if counts is not None:
+            counts["passes"] = counts.get("passes", 0) + 1
+            counts["emitted"] = counts.get("emitted", 0) + acc + 1
     return ks
 
 
@@ -184,18 +188,10 @@ def test_windowed_cycle_is_the_slowest_stage_plus_drains():
 def simulate_cpu_target(ctrl, *, accept, rounds, seed=0):
     """A target whose verify time grows 45 ms with every token (one CPU thread), a 30 ms drafter and a
     200 ms round trip. Returns (K after each round, target passes per emitted token)."""
-    rng = np.random.default_rng(seed)
-    ks, passes, emitted = [], 0, 0
-    for r in range(rounds):
-        a = accept(r) if callable(accept) else accept
-        k = ctrl.next_k()
-        acc = 0
-        while acc < k and rng.random() < a:
-            acc += 1
-        ctrl.update(k, acc, verify_s=0.045 * (k + 1), rtt_s=0.2, draft_s_per_token=0.03, cache_hit=0.5)
-        ks.append(ctrl.next_k())
-        passes, emitted = passes + 1, emitted + acc + 1
-    return ks, passes / emitted
+    counts: dict = {}
+    ks = simulate(ctrl, accept=accept, rtt=0.2, rounds=rounds, seed=seed, td=0.03, verify=lambda k: 0.045 * (k + 1),
+                  counts=counts, cache_hit=0.5)
+    return ks, counts["passes"] / counts["emitted"]
 
 
 def test_pass_budget_is_kept_and_costs_little_rate():
