@@ -409,7 +409,8 @@ class AdaptiveController(DepthPolicy):
             p_ok = surv[1 : c.k_max + 2]  # prod_{i<=K} a_i(B)
             sent = b * ks * bpt + c.frame_overhead_bytes
             t_draft = ks * td * (1.0 + c.branch_draft_cost * (b - 1))
-            t_up = 8.0 * sent / up if up > 0.0 and math.isfinite(up) else np.zeros_like(ks)
+            with np.errstate(over="ignore"):  # a link too slow to measure: inf, and that K's rate is 0
+                t_up = 8.0 * sent / up if up > 0.0 and math.isfinite(up) else np.zeros_like(ks)
             t_verify = self.verify.predict(b * ks)
             t_rt = rtt + t_verify + t_up
             if c.pipelined and c.auto_window:
