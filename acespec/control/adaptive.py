@@ -87,7 +87,8 @@ projected subgradient step at the current decision, with the refreshed estimates
       mu <- min(mu_max, max(0, mu + dual_step g(K, B)))
 
 so a multiplier grows while its budget is violated and decays to 0 while it is not. The cap mu_max
-bounds wind-up.
+bounds wind-up. Hysteresis: the controller moves off its current (K, B) only when the best candidate
+beats it by more than `hysteresis` (in units of r*), so noise in the estimates does not flap K.
 
 The pass budget
 ---------------
@@ -95,12 +96,12 @@ The cloud's verify work per token, passes(K, B) <= pass_budget: on a shared GPU 
 session costs, and on a CPU target, whose verify time grows with every token, the windowed model's
 fastest choice is K ~ 1, which keeps the target busiest. This one is an exact penalty with a fixed
 price, pass_price max(0, g_pass), not a multiplier: sessions are a few dozen verdicts long, too few
-for a dual variable to settle, and in the benchmark one swung K between 1 and 12 within a prompt.
+for a dual variable to settle, and one tried first (not kept) swung K from the shortest blocks to
+deep ones and back within a prompt.
 With the penalty the choice is, in effect, the shortest block that keeps to the budget while that
 costs less than `pass_price` of the peak rate per unit of relative violation; when acceptance is low
 no K keeps to it (E[K] <= 1 / (1 - a) whatever K is), and the bounded price stops K from running to
-k_max for a sliver fewer passes. Hysteresis: the controller moves off its current (K, B) only when the best candidate
-beats it by more than `hysteresis` (in units of r*), so noise in the estimates does not flap K.
+k_max for a sliver fewer passes.
 
 Early-stop threshold `min_conf`
 -------------------------------
