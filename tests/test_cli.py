@@ -201,7 +201,8 @@ def test_edge_cli_runs_the_full_acespec_system_losslessly():
         ref = run("edge", *where, *common, "--mode", "cloud-only")
         full = run("edge", *where, *common, "--acespec")
         unbounded = run("edge", *where, *common, "--acespec", "--pass-budget", "inf")
-        assert ref.returncode == 0 and full.returncode == 0 and unbounded.returncode == 0, ref.stderr + full.stderr
+        assert ref.returncode == 0 and full.returncode == 0 and unbounded.returncode == 0, \
+            ref.stderr + full.stderr + unbounded.stderr
         a, b = json.loads(ref.stdout), json.loads(full.stdout)
         assert b["tokens"] == a["tokens"] and len(a["tokens"]) == 40
         assert json.loads(unbounded.stdout)["tokens"] == a["tokens"]
@@ -211,3 +212,5 @@ def test_edge_cli_runs_the_full_acespec_system_losslessly():
     assert_usage_error(run("edge", *where, *common, "--cache", "--cache-budget-mb", "0"), "--cache-budget-mb")
     for bad in ("0", "-1", "nan", "x"):
         assert_usage_error(run("edge", *where, *common, "--acespec", "--pass-budget", bad), "--pass-budget")
+    # only the controller keeps a pass budget: asking a fixed depth for one is an error, not a no-op
+    assert_usage_error(run("edge", *where, *common, "--pass-budget", "0.5"), "--policy controller")

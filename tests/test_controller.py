@@ -101,6 +101,14 @@ def test_invalid_config_and_verdicts_are_rejected():
         AdaptiveConfig(bw_budget=0.0)
     with pytest.raises(ValueError):
         AdaptiveController().update(3, 4)
+    for bad in (dict(pass_budget=0.0), dict(pass_budget=math.nan), dict(pass_price=-1.0), dict(prior_cache_hit=1.5)):
+        with pytest.raises(ValueError):
+            AdaptiveConfig(**bad)
+    from acespec.edge.runtime import EdgeConfig
+
+    for bad in (0.0, -0.25, math.nan):
+        with pytest.raises(ValueError, match="pass_budget"):
+            EdgeConfig(pass_budget=bad)
 
 
 def test_acceptance_estimate_is_conditional_per_position():
@@ -169,13 +177,13 @@ def test_windowed_cycle_is_the_slowest_stage_plus_drains():
     drafting and verifying, plus a drain (round trip, and drafting unless the cache holds the next
     block) each time a speculation breaks."""
     kw = dict(prior_accept=0.9, prior_rtt_s=0.2, prior_draft_s_per_token=0.03, prior_verify_c0=0.0,
-              prior_verify_c1=0.045, pipelined=True, auto_window=True)
+              prior_verify_c1=0.045, pipelined=True, auto_window=True, max_window=1000)  # a window never short
     ks = np.arange(17)
     p_ok = 0.9 ** (ks + 1)
     for hit in (0.0, 0.5):
         ev = AdaptiveController(prior_cache_hit=hit, **kw).evaluate()
         t_d, t_v = 0.03 * ks, 0.045 * ks
-        np.testing.assert_allclose(ev["cycle"][0], np.maximum(t_d, t_v) + (1 - p_ok) * (0.2 + (1 - hit) * t_d), atol=1e-12)
+        np.testing.assert_allclose(ev["cycle"][0], np.maximum.reduce([t_d, t_v, (t_d + 0.2 + t_v) / 1000]) + (1 - p_ok) * (0.2 + (1 - hit) * t_d), atol=1e-12)
         np.testing.assert_allclose(ev["passes"][0], 1.0 / ev["tokens"][0])
     # the round trip is paid per broken speculation, not per block: deep blocks no longer follow it
     short = AdaptiveController(**{**kw, "prior_rtt_s": 0.01})
@@ -183,6 +191,24 @@ def test_windowed_cycle_is_the_slowest_stage_plus_drains():
     assert abs(int(np.argmax(long_.lagrangian()[0])) - int(np.argmax(short.lagrangian()[0]))) <= 2
     assert int(np.argmax(AdaptiveController(**{**kw, "auto_window": False}).lagrangian()[0])) > \
         int(np.argmax(long_.lagrangian()[0]))
+
+
+def test_windowed_cycle_respects_the_window_ceiling():
+    """With at most W blocks in flight, a block's whole round (drafting + round trip + verify) is
+    shared by W blocks at most: with a fast drafter and a long round trip short blocks no longer look
+    free."""
+    kw = dict(prior_accept=0.9, prior_rtt_s=0.4, prior_draft_s_per_token=0.01, prior_verify_c0=0.01,
+              prior_verify_c1=0.001, pipelined=True, auto_window=True)
+    wide = AdaptiveController(max_window=64, **kw).evaluate()
+    narrow = AdaptiveController(max_window=2, **kw).evaluate()
+    ks = np.arange(17)
+    floor = (0.01 * ks + 0.4 + 0.01 + 0.001 * ks) / 2
+    p_ok = 0.9 ** (ks + 1)
+    np.testing.assert_allclose(narrow["cycle"][0], floor + (1 - p_ok) * (0.4 + 0.01 * ks))
+    assert np.all(narrow["cycle"][0] >= wide["cycle"][0])
+    assert int(np.argmax(narrow["rate"][0])) > int(np.argmax(wide["rate"][0]))
+    with pytest.raises(ValueError, match="max_window"):
+        AdaptiveConfig(max_window=0)
 
 
 def simulate_cpu_target(ctrl, *, accept, rounds, seed=0):

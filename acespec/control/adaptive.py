@@ -54,13 +54,15 @@ was drafted assuming this one is accepted in full *and* that the drafter guessed
 happens with p_ok = prod_{i<=K} a_i(B); otherwise that block is doomed and the edge waits a full round
 trip, so C = p_ok max(T_d, T_r) + (1 - p_ok)(T_d + T_r). With `pipelined_miss=False` it is the plain max.
 
-With `auto_window=True` (pipelined, the loop keeps as many blocks in flight as cover the round trip)
-the round trip no longer sits in every cycle. Blocks stream through two stages, the edge drafting and
-the target verifying, and the slower one sets the pace; a broken speculation (probability 1 - p_ok)
-drains the pipeline: the target idles while the verdict travels back and the next block travels out,
-plus the drafting of that block unless the state cache already holds it (h = the cache's hit rate):
+With `auto_window=True` (pipelined, the loop keeps enough blocks in flight to cover the round trip,
+up to `max_window`) the round trip no longer sits in every cycle. Blocks stream through two stages,
+the edge drafting and the target verifying, and the slower one sets the pace, unless the window is
+too small to cover a block's whole round (W blocks per T_d + T_r at most); a broken speculation
+(probability 1 - p_ok) drains the pipeline: the target idles while the verdict travels back and the
+next block travels out, plus the drafting of that block unless the state cache already holds it
+(h = the cache's hit rate):
 
-      windowed     C   = max(T_d, t_v(B K), T_u) + (1 - p_ok)(rtt + T_u + (1 - h) T_d)
+      windowed     C   = max(T_d, t_v(B K), T_u, (T_d + T_r) / W) + (1 - p_ok)(rtt + T_u + (1 - h) T_d)
 
 In this regime the drain per token, (1 - p_ok) / E[K], hardly depends on K, so a long round trip no
 longer calls for deep blocks; what deep blocks still buy is fewer target passes per token, which is
@@ -70,6 +72,8 @@ what the pass budget below prices.
       bw_use(K, B) = (B K bytes_per_token + frame_overhead_bytes) / C       (uplink bytes/s for drafts)
       mem_use(K,B) = (K + 1) B cache_entries_per_position cache_bytes_per_entry   (state-cache bytes)
       passes(K, B) = 1 / E_B[K]                                             (target passes per token)
+
+(passes counts the blocks the edge counts on; branch blocks the target verifies are not in it.)
 
 Constraints and multipliers
 ---------------------------
@@ -135,6 +139,7 @@ class AdaptiveConfig:
     pipelined: bool = False  # True: the round trip overlaps drafting the next block (cycle = max, not sum)
     pipelined_miss: bool = True  # pipelined: charge a stop-and-wait cycle when the next block is doomed
     auto_window: bool = False  # pipelined with a window covering the round trip: cycle = slowest stage + drains
+    max_window: int = 8  # auto_window: most blocks the loop keeps in flight (LoopConfig.max_window)
     hysteresis: float = 0.02  # move off the current (K, B) only for a gain above this fraction of peak rate
     # -- estimators
     accept_ema: float = 0.1  # weight of a new verdict in the per-position acceptance EMAs
@@ -172,6 +177,8 @@ class AdaptiveConfig:
     def __post_init__(self) -> None:
         if not 0 <= self.k_min <= self.k_max:
             raise ValueError(f"need 0 <= k_min <= k_max, got k_min={self.k_min}, k_max={self.k_max}")
+        if self.max_window < 1:
+            raise ValueError(f"max_window must be >= 1, got {self.max_window}")
         if self.b_max < 1:
             raise ValueError(f"b_max must be >= 1, got {self.b_max}")
         for name in ("accept_ema", "timing_ema"):
@@ -415,7 +422,7 @@ class AdaptiveController(DepthPolicy):
             t_verify = self.verify.predict(b * ks)
             t_rt = rtt + t_verify + t_up
             if c.pipelined and c.auto_window:
-                stage = np.maximum(np.maximum(t_draft, t_verify), t_up)
+                stage = np.maximum.reduce([t_draft, t_verify, t_up, (t_draft + t_rt) / c.max_window])
                 cycle = stage + (1.0 - p_ok) * (rtt + t_up + (1.0 - hit) * t_draft)
             elif c.pipelined:
                 overlap = np.maximum(t_draft, t_rt)

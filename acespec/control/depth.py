@@ -56,8 +56,11 @@ class PlusTwoMinusOne(DepthPolicy):
         self.k = min(self.k_max, self.k + 2) if accepted >= drafted else max(self.k_min, self.k - 1)
 
 
+DEFAULT_PASS_BUDGET = 0.25  # target verify passes per token the edge's controller keeps to (issue 5's bar)
+
+
 def make_policy(spec: str, k: int, *, pipelined: bool = False, auto_window: bool = False,
-                pass_budget: float = float("inf")) -> DepthPolicy:
+                pass_budget: float = DEFAULT_PASS_BUDGET, max_window: int = 8) -> DepthPolicy:
     """`fixed` / `adaptive` (the +2/-1 schedule) / `controller` (the cost-model controller; the keyword
     arguments say how the loop runs and what the cloud grants, see `AdaptiveConfig`)."""
     if spec == "fixed":
@@ -68,5 +71,5 @@ def make_policy(spec: str, k: int, *, pipelined: bool = False, auto_window: bool
         from acespec.control.adaptive import AdaptiveController  # noqa: PLC0415
 
         return AdaptiveController(k_init=max(1, k), pipelined=pipelined, auto_window=pipelined and auto_window,
-                                  pass_budget=pass_budget)
+                                  pass_budget=pass_budget, max_window=max_window)
     raise ValueError(f"unknown depth policy {spec!r}; choose fixed, adaptive or controller")

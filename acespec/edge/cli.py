@@ -36,7 +36,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--window", type=_positive_int, default=2, help="pipelined: blocks in flight")
     p.add_argument("--auto-window", action="store_true", help="pipelined: grow the window to cover the measured round trip")
     p.add_argument("--pass-budget", type=pos_float_or_inf, default=0.25,
-                   help="controller: target verify passes per token the cloud grants (default 0.25; inf = no limit)")
+                   help="target verify passes per token the cloud grants, kept by --policy controller and "
+                        "--acespec (default 0.25; inf = no limit)")
     p.add_argument("--cache", action="store_true", help="pre-draft the likely verdict outcomes (the state cache)")
     p.add_argument("--cache-budget-mb", type=pos_float, default=32.0, help="state-cache memory budget (default 32)")
     p.add_argument("--branches", action="store_true", help="also send pre-drafted outcomes as branch blocks (needs --cache)")
@@ -55,6 +56,7 @@ def cmd_edge(args: argparse.Namespace) -> int:
     from acespec.cli import TextOutput, prompt_tokens
     from acespec.cloud.cli import read_token
     from acespec.edge.client import ConnectConfig
+    from acespec.control.depth import DEFAULT_PASS_BUDGET
     from acespec.draft.cache import DRAFTER_SLOTS
     from acespec.edge.runtime import EdgeConfig, run_edge
     from acespec.models import load_model
@@ -68,6 +70,8 @@ def cmd_edge(args: argparse.Namespace) -> int:
         if args.mode != "pipelined":
             raise ValueError(f"--acespec runs pipelined; it cannot be combined with --mode {args.mode}")
         args.mode, args.cache, args.branches, args.auto_window, args.policy = "pipelined", True, True, True, "controller"
+    if args.pass_budget != DEFAULT_PASS_BUDGET and args.policy != "controller":
+        raise ValueError("--pass-budget is kept by the controller: add --policy controller (or --acespec)")
     if args.branches and not args.cache:
         raise ValueError("--branches needs --cache")
     if args.cache and args.mode == "cloud-only":

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from acespec import wire
-from acespec.control.depth import DepthPolicy, make_policy
+from acespec.control.depth import DEFAULT_PASS_BUDGET, DepthPolicy, make_policy
 from acespec.draft.cache import CacheConfig, StateCache
 from acespec.draft.chain import ChainDrafter
 from acespec.edge.client import CloudSession, ConnectConfig, EdgeError, TcpTransport
@@ -36,7 +36,7 @@ class EdgeConfig:
     policy: str = "fixed"  # fixed | adaptive | controller
     window: int = 2  # pipelined: blocks in flight (the least, with auto_window)
     auto_window: bool = False  # pipelined: grow the window to cover the measured round trip
-    pass_budget: float = 0.25  # controller: target verify passes per token the cloud grants (inf = no limit)
+    pass_budget: float = DEFAULT_PASS_BUDGET  # controller: target verify passes per token the cloud grants (inf = none)
     temperature: float = 0.0  # 0 = greedy sampling
     top_k: int = 0  # 0 = off
     top_p: float = 1.0  # 1.0 = off
@@ -52,6 +52,8 @@ class EdgeConfig:
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        if not self.pass_budget > 0:  # also refuses nan
+            raise ValueError(f"pass_budget must be > 0 (inf = no limit), got {self.pass_budget}")
 
 
 def run_edge(

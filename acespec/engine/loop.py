@@ -155,7 +155,8 @@ class SpecLoop:
                     # the edge would idle here, or the next block can wait, or the outcomes are likelier
                     # than it: pre-draft likely outcomes a batched drafter step at a time, checking for
                     # the verdict in between, and only as much as fits before the verdict is due (a step
-                    # that overruns it delays the edge's answer)
+                    # that overruns it delays the edge's answer) and, ahead of the next block, within
+                    # the slack that leaves it in time for the target
                     v = self.transport.recv(0.0)
                     if v is None:
                         budget, max_level = plan
@@ -221,8 +222,11 @@ class SpecLoop:
         if blocking:
             return until, None
         slack = self._slack()
-        if slack is not None and slack > self.cache.step_estimate(self.cache.cfg.batch):
-            return (slack if until is None else min(until, slack)), None
+        if slack is not None:
+            # keep one single-outcome step in hand: estimates err, and an idle target costs more
+            slack -= self.cache.step_estimate(1)
+            if slack > self.cache.step_estimate(self.cache.cfg.batch):
+                return (slack if until is None else min(until, slack)), None
         if self._outcomes_first():
             return until, 1
         return None
@@ -257,11 +261,12 @@ class SpecLoop:
         """Seconds the edge can spend before it must start drafting the next block, for that block to
         reach the target by the time the target has verified every live block queued before it. The
         target finishes the last one half a round trip before its verdict is due here; the next block
-        takes its drafting time plus half a round trip to get there. None before there is an estimate."""
+        takes its drafting time (its K tokens and the guessed bonus it starts with) plus half a round
+        trip to get there. None before there is an estimate."""
         dues = self._dues()
         if dues is None or not self._main_drafted or self.drafter is None:
             return None
-        t_block = self.stats.draft_s / self._main_drafted * max(1, self.policy.next_k())
+        t_block = self.stats.draft_s / self._main_drafted * (max(1, self.policy.next_k()) + 1)
         return dues[-1] - self._rtt() - t_block - time.perf_counter()
 
     def _rtt(self) -> float | None:
@@ -483,7 +488,9 @@ class SpecLoop:
             # target verified from elsewhere (o != overlap) has no valid key
             if self.cache is not None and not v.finished and o == block.overlap and not block.doomed:
                 hit = self.cache.lookup(v.seq, v.accepted, v.next_token, rejected=v.accepted < drafted)
-                self.policy.observe(cache_hit=float(hit is not None))
+                observe = getattr(self.policy, "observe", None)  # duck-typed policies may have none
+                if observe is not None:
+                    observe(cache_hit=float(hit is not None))
                 if branch is not None and hit is not None:
                     # the target will verify that branch next: speculate on past it at once
                     branch.alt_key = None
