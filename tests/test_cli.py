@@ -170,6 +170,23 @@ def test_bench_local_toy(tmp_path):
     assert data["configs"][0]["summary"]["speedup"] == 1.0
 
 
+def test_bench_cost_toy(tmp_path):
+    """`bench cost` times both models per call size and fits a line; bad sizes are a usage error."""
+    out = tmp_path / "cost.json"
+    p = run("bench", "cost", "--draft", "toy:vocab=64,seed=1,noise=0.5", "--target", "toy:vocab=64,seed=1",
+            "--sizes", "3,1,3", "--repeats", "2", "--json", str(out))
+    assert p.returncode == 0, p.stderr
+    assert "t(n) =" in p.stdout
+    data = json.loads(out.read_text())
+    assert data["sizes"] == [1, 3]
+    for role in ("drafter", "target"):
+        m = data["models"][role]
+        assert len(m["seconds"]) == 2 and all(s > 0 for s in m["seconds"])
+        assert m["c0_s"] + 3 * m["c1_s"] == pytest.approx(m["seconds"][1])  # two points: the line goes through both
+    for bad in ("0", "1,x", ""):
+        assert_usage_error(run("bench", "cost", "--sizes", bad), "--sizes")
+
+
 @pytest.mark.real
 def test_real_generate_cli():
     from acespec.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET, installed_path

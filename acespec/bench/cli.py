@@ -3,8 +3,8 @@
 `bench` is a subcommand group. Each benchmark lives in its own module and, if that module exists and
 has `add_parser(bench_subparsers)`, adds its own subcommand: `acespec.bench.local` (`bench local`),
 `acespec.bench.wan` (`bench wan`), `acespec.bench.acespec_bench` (`bench acespec`), `acespec.bench.sim`
-(`bench sim`). A missing module is skipped, so benchmarks can land independently; an import error
-*inside* an existing module is not swallowed.
+(`bench sim`), `acespec.bench.cost` (`bench cost`). A missing module is skipped, so benchmarks can
+land independently; an import error *inside* an existing module is not swallowed.
 """
 
 from __future__ import annotations
@@ -12,7 +12,9 @@ from __future__ import annotations
 import argparse
 
 # benchmark modules that may register a subcommand, in help order
-_BENCH_MODULES = ("acespec.bench.local", "acespec.bench.wan", "acespec.bench.acespec_bench", "acespec.bench.sim")
+_BENCH_MODULES = (
+    "acespec.bench.local", "acespec.bench.wan", "acespec.bench.acespec_bench", "acespec.bench.sim", "acespec.bench.cost",
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:

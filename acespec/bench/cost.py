@@ -1,0 +1,106 @@
+"""`acespec bench cost`: what one model call costs, as a function of the tokens it evaluates.
+
+    acespec bench cost [--cores shared|split] [--sizes 1,2,3,5,8,14] [--repeats 3] [--json OUT]
+
+The cost models of the controller and of the pipeline rest on two numbers per machine: how a target
+pass grows with the tokens it verifies (t_v(n) = c0 + c1 n) and what a drafted token costs. On a GPU
+a pass over a few tokens costs about one step (c1 ~ 0); on a CPU thread it can grow with every token,
+and then deep blocks buy fewer passes, not speed. This measures both models side by side after the
+first HumanEval prompt: for each n, the fastest of `--repeats` evaluations of n tokens appended to the
+prompt (rolled back in between), and the least-squares line through them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import numpy as np
+
+from acespec.bench import write_result
+
+
+def time_eval(model, prefix: list[int], sizes: list[int], repeats: int) -> list[float]:
+    """Seconds to evaluate n tokens after `prefix`, for each n in `sizes` (the fastest of `repeats`)."""
+    model.prefill(prefix)
+    base = len(model.tokens)
+    filler = (prefix * (max(sizes) // max(1, len(prefix)) + 1))[: max(sizes)]  # real token ids, any will do
+    out = []
+    for n in sizes:
+        best = float("inf")
+        for _ in range(repeats):
+            model.rollback(base)
+            t0 = time.perf_counter()
+            model.eval(filler[:n], last=n)  # every row, as a verify pass needs
+            best = min(best, time.perf_counter() - t0)
+        out.append(best)
+    model.rollback(base)
+    return out
+
+
+def fit_line(sizes: list[int], seconds: list[float]) -> tuple[float, float]:
+    """(c0, c1) of the least-squares line seconds = c0 + c1 n (c1 = 0 with a single size)."""
+    if len(set(sizes)) < 2:
+        return float(np.mean(seconds)), 0.0
+    c1, c0 = np.polyfit(np.asarray(sizes, float), np.asarray(seconds, float), 1)
+    return float(c0), float(c1)
+
+
+def add_parser(bench_subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    from acespec.argtypes import pos_int
+    from acespec.bench.wan import add_cores_arg
+    from acespec.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
+
+    p = bench_subparsers.add_parser("cost", help="what a model call costs per token evaluated (drafter and target)")
+    p.add_argument("--draft", default=DEFAULT_DRAFT)
+    p.add_argument("--target", default=DEFAULT_TARGET)
+    p.add_argument("--sizes", default="1,2,3,5,8,14", type=_sizes, help="comma-separated token counts per call")
+    p.add_argument("--repeats", type=pos_int, default=3, help="evaluations per size; the fastest counts")
+    p.add_argument("--n-ctx", type=pos_int, default=2048)
+    add_cores_arg(p)
+    p.add_argument("--json", metavar="OUT")
+    p.set_defaults(func=cmd_bench_cost)
+    return p
+
+
+def _sizes(text: str) -> list[int]:
+    try:
+        sizes = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers") from None
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give token counts >= 1")
+    return sorted(set(sizes))
+
+
+def cmd_bench_cost(args: argparse.Namespace) -> int:
+    from acespec.bench.wan import caveat, humaneval_prompts, load_pair
+
+    print(caveat(args.cores), file=sys.stderr)
+    draft, target = load_pair(args.draft, args.target, n_ctx=args.n_ctx, cores=args.cores)
+    try:
+        (pid, prompt), = humaneval_prompts(target.tokenizer, 1)
+        if len(prompt) + max(args.sizes) > min(draft.n_ctx, target.n_ctx):
+            raise ValueError(f"the prompt ({len(prompt)} tokens) + {max(args.sizes)} exceeds the context; use a larger --n-ctx")
+        models = {"drafter": draft, "target": target}
+        result = {"prompt": pid, "prompt_tokens": len(prompt), "sizes": args.sizes, "cores": args.cores, "models": {}}
+        for role, model in models.items():
+            secs = time_eval(model, prompt, args.sizes, args.repeats)
+            c0, c1 = fit_line(args.sizes, secs)
+            result["models"][role] = {"name": getattr(model, "name", "?"), "seconds": secs, "c0_s": c0, "c1_s": c1}
+    finally:
+        draft.close()
+        target.close()
+    print(f"acespec bench cost: {args.draft} -> {args.target}, after {pid} ({len(prompt)} tokens), cores {args.cores}, "
+          f"fastest of {args.repeats}")
+    print(f"{'tokens':>6}  {'drafter ms':>10}  {'ms/token':>8}  {'target ms':>10}  {'ms/token':>8}")
+    d, t = result["models"]["drafter"]["seconds"], result["models"]["target"]["seconds"]
+    for n, a, b in zip(args.sizes, d, t):
+        print(f"{n:>6}  {1e3 * a:>10.1f}  {1e3 * a / n:>8.1f}  {1e3 * b:>10.1f}  {1e3 * b / n:>8.1f}")
+    for role, m in result["models"].items():
+        print(f"{role}: t(n) = {1e3 * m['c0_s']:.1f} ms + {1e3 * m['c1_s']:.1f} ms x n")
+    print()
+    print(caveat(args.cores))
+    write_result(args.json, result)
+    return 0
