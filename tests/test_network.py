@@ -500,6 +500,17 @@ def real_cloud(real_target):
 # ------------------------------------------------------------------------------------------ bench smoke
 
 
+def test_bench_summary_says_where_the_time_goes():
+    """Each share is that activity's seconds summed over the runs, over their summed wall time."""
+    from acespec.bench.wan import RunRecord, summarize
+
+    runs = [RunRecord(rtt_ms=0, mode="sync", prompt_id=p, prompt_tokens=3, emitted=10, wall_s=w, draft_s=d, wait_s=x,
+                      verify_s=v, cache={"predraft_s": c}) for p, w, d, x, v, c in
+            (("a", 2.0, 0.5, 1.0, 0.4, 0.2), ("b", 3.0, 1.0, 0.5, 1.6, 0.0))]
+    t = summarize(runs, [0], ["sync"])["by_rtt"]["0"]["sync"]["time"]
+    assert t == {"draft": 0.3, "predraft": 0.04, "wait": 0.3, "verify": 0.4}
+
+
 def test_bench_wan_runs_side_by_side_with_toy_models():
     """`acespec bench wan`'s engine on toy models: every mode runs at every RTT, greedy outputs agree,
     and the summary's ratios are against cloud-only at the same RTT."""

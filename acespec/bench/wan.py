@@ -264,6 +264,10 @@ def _mean(xs: list[float]) -> float:
     return sum(xs) / len(xs) if xs else 0.0
 
 
+def _share(seconds: float, wall: float) -> float:
+    return round(seconds / wall, 4) if wall > 0 else 0.0
+
+
 def _decode_rate(runs: Sequence[RunRecord]) -> float:
     tokens = sum(max(0, r.emitted - 1) for r in runs)
     wall = sum(max(0.0, r.wall_s - r.ttft_s) for r in runs)
@@ -299,10 +303,10 @@ def summarize(records: Sequence[RunRecord], rtts: Sequence[float], modes: Sequen
                 "mean_k": round(_mean([k for r in runs for k in r.k_chosen]), 3) if any(r.k_chosen for r in runs) else None,
                 # where the time goes, as fractions of the wall time (edge: one thread; cloud: its busy share)
                 "time": {
-                    "draft": round(sum(r.draft_s for r in runs) / wall, 4) if wall > 0 else 0.0,
-                    "predraft": round(sum(r.cache.get("predraft_s", 0.0) for r in runs) / wall, 4) if wall > 0 else 0.0,
-                    "wait": round(sum(r.wait_s for r in runs) / wall, 4) if wall > 0 else 0.0,
-                    "verify": round(sum(r.verify_s for r in runs) / wall, 4) if wall > 0 else 0.0,
+                    "draft": _share(sum(r.draft_s for r in runs), wall),
+                    "predraft": _share(sum(r.cache.get("predraft_s", 0.0) for r in runs), wall),
+                    "wait": _share(sum(r.wait_s for r in runs), wall),
+                    "verify": _share(sum(r.verify_s for r in runs), wall),
                 },
             }
             caches = [r.cache for r in runs if r.cache.get("lookups")]

@@ -454,9 +454,9 @@ class AdaptiveController(DepthPolicy):
         ev = self.evaluate()
         g_bw, g_mem, g_pass = self._violations_from(ev)
         r_star = float(np.max(ev["rate"][:, self.cfg.k_min :]))
-        L = ev["rate"] / max(r_star, 1e-12) - self.mu_bw * g_bw - self.mu_mem * g_mem
-        if math.isfinite(self.cfg.pass_budget):
-            L = L - self.cfg.pass_price * np.maximum(g_pass, 0.0)
+        # an infinite pass budget gives g_pass = -1 everywhere, so the penalty vanishes by itself
+        L = (ev["rate"] / max(r_star, 1e-12) - self.mu_bw * g_bw - self.mu_mem * g_mem
+             - self.cfg.pass_price * np.maximum(g_pass, 0.0))
         L[:, : self.cfg.k_min] = -np.inf
         return L
 

@@ -25,6 +25,7 @@ def parse_hostport(text: str) -> tuple[str, int]:
 def register(sub: argparse._SubParsersAction) -> None:
     from acespec.argtypes import pos_float, pos_float_or_inf
     from acespec.cli import _positive_int, add_sampling_args
+    from acespec.control.depth import DEFAULT_PASS_BUDGET
     from acespec.models.registry import DEFAULT_DRAFT
 
     p = sub.add_parser("edge", help="run the edge: draft locally, verify in the cloud")
@@ -35,9 +36,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--policy", choices=["fixed", "adaptive", "controller"], default="fixed")
     p.add_argument("--window", type=_positive_int, default=2, help="pipelined: blocks in flight")
     p.add_argument("--auto-window", action="store_true", help="pipelined: grow the window to cover the measured round trip")
-    p.add_argument("--pass-budget", type=pos_float_or_inf, default=0.25,
+    p.add_argument("--pass-budget", type=pos_float_or_inf, default=DEFAULT_PASS_BUDGET,
                    help="target verify passes per token the cloud grants, kept by --policy controller and "
-                        "--acespec (default 0.25; inf = no limit)")
+                        f"--acespec (default {DEFAULT_PASS_BUDGET}; inf = no limit)")
     p.add_argument("--cache", action="store_true", help="pre-draft the likely verdict outcomes (the state cache)")
     p.add_argument("--cache-budget-mb", type=pos_float, default=32.0, help="state-cache memory budget (default 32)")
     p.add_argument("--branches", action="store_true", help="also send pre-drafted outcomes as branch blocks (needs --cache)")

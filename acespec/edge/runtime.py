@@ -91,15 +91,13 @@ def run_edge(
             cache = StateCache(
                 drafter, CacheConfig(budget_bytes=int(cfg.cache_budget_mb * (1 << 20))), coupled=rule.name == "coupled"
             )
-        loop = SpecLoop(
-            transport, prompt, drafter=drafter, policy=policy or make_policy(
-                cfg.policy, cfg.k, pipelined=cfg.mode == "pipelined", auto_window=cfg.auto_window, pass_budget=cfg.pass_budget),
-            config=LoopConfig(
-                mode=cfg.mode, window=cfg.window, max_tokens=cfg.max_tokens, min_conf=cfg.min_conf,
-                branches=cfg.branches, auto_window=cfg.auto_window,
-            ),
-            on_tokens=on_tokens, cache=cache,
+        loop_cfg = LoopConfig(
+            mode=cfg.mode, window=cfg.window, max_tokens=cfg.max_tokens, min_conf=cfg.min_conf,
+            branches=cfg.branches, auto_window=cfg.auto_window,
         )
+        policy = policy or make_policy(cfg.policy, cfg.k, pipelined=cfg.mode == "pipelined", auto_window=cfg.auto_window,
+                                       pass_budget=cfg.pass_budget, max_window=loop_cfg.max_window)
+        loop = SpecLoop(transport, prompt, drafter=drafter, policy=policy, config=loop_cfg, on_tokens=on_tokens, cache=cache)
         res = loop.run(t0)
         res.stats.wall_s = time.perf_counter() - t0
         res.stats.bytes_up, res.stats.bytes_down = session.total_bytes()

@@ -218,10 +218,11 @@ class SpecLoop:
           drafts, drafting ahead to the window's edge only queued blocks at the target, and left the
           likeliest rejections undrafted when their verdicts came.)
         - Otherwise, first tokens only, when they are worth more than the block ahead (`_outcomes_first`)."""
-        until = self._until_verdict()
+        dues = self._dues()  # once per pass of the wait loop: both estimates below read it
+        until = None if dues is None else dues[0] - time.perf_counter()
         if blocking:
             return until, None
-        slack = self._slack()
+        slack = self._slack(dues)
         if slack is not None:
             # keep one single-outcome step in hand: estimates err, and an idle target costs more
             slack -= self.cache.step_estimate(1)
@@ -257,13 +258,13 @@ class SpecLoop:
         dues = self._dues()
         return None if dues is None else dues[0] - time.perf_counter()
 
-    def _slack(self) -> float | None:
+    def _slack(self, dues: list[float] | None = None) -> float | None:
         """Seconds the edge can spend before it must start drafting the next block, for that block to
         reach the target by the time the target has verified every live block queued before it. The
         target finishes the last one half a round trip before its verdict is due here; the next block
         takes its drafting time (its K tokens and the guessed bonus it starts with) plus half a round
-        trip to get there. None before there is an estimate."""
-        dues = self._dues()
+        trip to get there. None before there is an estimate. `dues`: `_dues()`, if already at hand."""
+        dues = self._dues() if dues is None else dues
         if dues is None or not self._main_drafted or self.drafter is None:
             return None
         t_block = self.stats.draft_s / self._main_drafted * (max(1, self.policy.next_k()) + 1)
