@@ -360,19 +360,19 @@ def test_strict_q_on_the_wire_is_the_q_sampled_from(cloud, monkeypatch, mode, q_
     """Every q row the cloud verifies against equals, bit for bit, the row the drafter sampled from."""
     sent: dict[int, np.ndarray] = {}
     verified: dict[int, np.ndarray] = {}
-    real_send, real_verify = TcpTransport.send, TargetVerifier.verify
+    real_send, real_prepare = TcpTransport.send, TargetVerifier.prepare
 
     def send(self, block):
         sent[block.seq] = None if block.q is None else block.q.copy()
         return real_send(self, block)
 
-    def verify(self, seq, base, x, q=None):
+    def prepare(self, seq, base, x, q=None):  # every engine hands each block to the verifier here
         if len(x):
             verified[seq] = None if q is None else np.array(q, copy=True)
-        return real_verify(self, seq, base, x, q)
+        return real_prepare(self, seq, base, x, q)
 
     monkeypatch.setattr(TcpTransport, "send", send)
-    monkeypatch.setattr(TargetVerifier, "verify", verify)
+    monkeypatch.setattr(TargetVerifier, "prepare", prepare)
     res = run(cloud.port, mode, k=4, rule="strict", temperature=TEMP, q_topn=q_topn)
     assert len(res.tokens) == N
     assert verified and set(verified) <= set(sent)

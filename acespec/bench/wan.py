@@ -245,19 +245,11 @@ def run_wan_bench(draft, target, prompts: Sequence[tuple[str, list[int]]], cfg: 
 
 
 def _reset_cloud_model(cloud, timeout: float = 30.0) -> None:
-    """Empty the target's KV cache once the server is idle: after the last session has closed (so any
-    block still in flight has been handled) and under the server's model lock (so no model call runs)."""
-    import asyncio
-
+    """Wait until the last session has closed: the batching engine frees a closed session's KV
+    sequence and clears it before the next session uses it, so every run starts from a cold cache."""
     deadline = time.monotonic() + timeout
     while cloud.server.sessions and time.monotonic() < deadline:
         time.sleep(0.002)
-
-    async def reset() -> None:
-        async with cloud.server._model_lock:
-            cloud.server.target.reset()
-
-    asyncio.run_coroutine_threadsafe(reset(), cloud._loop).result(timeout)
 
 
 def _mean(xs: list[float]) -> float:

@@ -1,6 +1,11 @@
 """`acespec serve`: run the cloud verifier.
 
     acespec serve --target qwen2.5-coder-1.5b --port 7070 --token-file token.txt
+    acespec serve --slots 16 --kv-budget 32768 --tick-tokens 256     # 16 sessions of 2,048 tokens each
+
+The default engine batches every session's blocks into one model pass per tick, with one KV sequence
+per resident session (`--slots`); `--kv-budget` is the KV memory they share, in tokens, so each
+session may hold `kv-budget / slots` tokens. `--engine serial` is the old one-session-at-a-time server.
 
 Stops cleanly on Ctrl-C / SIGTERM.
 """
@@ -14,6 +19,7 @@ import signal
 import sys
 from pathlib import Path
 
+from acespec.cloud.engine import ENGINES
 from acespec.models.registry import DEFAULT_TARGET
 
 
@@ -38,28 +44,67 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=_positive_int, default=7070, help="0 = any free port (printed at start)")
     p.add_argument("--token-file", help="file holding the shared auth token (default: no auth)")
-    p.add_argument("--max-sessions", type=_positive_int, default=8)
-    p.add_argument("--n-ctx", type=_positive_int, default=4096)
+    p.add_argument("--max-sessions", type=_positive_int, default=8, help="live sessions at once, resident or swapped out")
+    p.add_argument("--engine", choices=ENGINES, default="batched", help="verify engine (default batched)")
+    p.add_argument("--slots", type=_positive_int, help="batched: KV sequences, i.e. sessions resident at once (default --max-sessions)")
+    p.add_argument("--n-ctx", type=_positive_int, default=4096, help="tokens one session may hold (prompt + output; default 4096)")
+    p.add_argument("--kv-budget", type=_positive_int,
+                   help="batched: total KV tokens for all slots (default slots x n-ctx); sets n-ctx to kv-budget / slots")
+    p.add_argument("--tick-tokens", type=_positive_int, default=256,
+                   help="batched: most tokens one batch evaluates; prompt prefill is chunked to fit (default 256)")
+    p.add_argument("--swap-idle", type=float, default=2.0, metavar="S",
+                   help="batched: a session idle this long may lose its KV to a newcomer (default 2 s)")
     p.add_argument("--idle-timeout", type=float, default=300.0, help="seconds before an idle session is dropped")
     p.add_argument("--verbose", action="store_true")
     p.set_defaults(func=cmd_serve)
 
 
+def engine_from_args(args: argparse.Namespace, target_spec: str):
+    """Load the target as the engine needs it and build the engine (shared with `bench tenants`)."""
+    from acespec.cloud.engine import make_engine
+    from acespec.models import load_model
+
+    if args.engine == "serial":
+        if args.slots or args.kv_budget:
+            raise ValueError("--slots and --kv-budget are for the batched engine")
+        return make_engine("serial", load_model(target_spec, n_ctx=args.n_ctx))
+    slots = args.slots or args.max_sessions
+    n_ctx = args.n_ctx
+    if args.kv_budget:
+        n_ctx = args.kv_budget // slots
+        if n_ctx < 64:
+            raise ValueError(f"--kv-budget {args.kv_budget} leaves {n_ctx} tokens per slot for {slots} slots; give it more")
+    if not args.tick_tokens >= 2:
+        raise ValueError("--tick-tokens must be >= 2")
+    if not args.swap_idle >= 0:
+        raise ValueError("--swap-idle must be >= 0")
+    from acespec.models.registry import resolve
+
+    # llama.cpp: one KV stream per slot, batch-invariant (see LlamaCppModel); toy models hold 64
+    # sequences already; other runtimes hold one, so they need --slots 1 (or --engine serial)
+    kind = resolve(target_spec).kind
+    extra = {"n_slots": slots, "batch_invariant": True} if kind == "gguf" else {}
+    target = load_model(target_spec, n_ctx=n_ctx, **extra)
+    return make_engine("batched", target, slots=slots, tick_tokens=args.tick_tokens, swap_idle_s=args.swap_idle)
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     from acespec.cloud.server import CloudServer, ServerConfig
-    from acespec.models import load_model
 
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     if args.max_sessions < 1:
         raise ValueError("--max-sessions must be >= 1")
     token = read_token(args.token_file)
-    target = load_model(args.target, n_ctx=args.n_ctx)
+    engine = engine_from_args(args, args.target)
+    target = engine.target
     cfg = ServerConfig(host=args.host, port=args.port, token=token, max_sessions=args.max_sessions, idle_timeout_s=args.idle_timeout)
-    server = CloudServer(target, cfg)
+    server = CloudServer(engine, cfg)
 
     async def main() -> None:
         await server.start()
-        print(f"acespec serve: listening on {cfg.host}:{server.port} (target {target.name})", flush=True)
+        m = engine.metrics()
+        print(f"acespec serve: listening on {cfg.host}:{server.port} (target {target.name}, {engine.name} engine, "
+              f"{m.get('slots', 1)} KV slot(s) of {engine.max_context} tokens)", flush=True)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):

@@ -9,11 +9,10 @@ answered with an ERROR frame (and a CLOSE) and that connection is closed; the se
 session carry on. A session outlives its connection for `resume_grace_s` so an edge can RESUME;
 idle sessions expire.
 
-The target model is shared: its calls run in a worker thread (so the event loop keeps answering
-other connections) behind one FIFO lock, so sessions take turns fairly. Each session has its own
-committed prefix; the shared KV cache is re-synced to it on a switch (`Model.sync`), which keeps
-sessions isolated at the price of a re-prefill. A production deployment puts a batching engine
-(vLLM / SGLang) behind the same verifier interface.
+The server owns the protocol only. Every session's target work goes through a verify engine
+(`engine.py`): by default the continuous-batching engine (`batched.py`), which keeps one KV sequence
+per session and verifies every session's pending block in one model pass per tick; `SerialEngine`
+is the old one-session-at-a-time behaviour, kept as a baseline.
 """
 
 from __future__ import annotations
@@ -28,6 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from acespec import wire
+from acespec.cloud.engine import EngineBusy, EngineSession, SessionSpec, VerifyEngine, make_engine
 from acespec.engine.verifier import TargetVerifier
 from acespec.models.base import Model
 from acespec.verify import RuleSpec, RuleSpecError, SamplingParams
@@ -47,6 +47,7 @@ class ServerConfig:
     resume_grace_s: float = 120.0  # a disconnected session waits this long for RESUME
     handshake_timeout_s: float = 10.0  # a connection must send HELLO/RESUME within this
     limits: wire.Limits = field(default_factory=wire.Limits)  # frame limits we accept
+    engine: str = "batched"  # verify engine for a bare target model: batched | serial (see engine.py)
 
 
 class ProtocolError(Exception):
@@ -58,7 +59,7 @@ class ProtocolError(Exception):
 @dataclass
 class Session:
     sid: int
-    verifier: TargetVerifier
+    handle: EngineSession  # the session inside the verify engine
     mode: wire.Mode
     last_active: float
     connected: bool = True
@@ -67,23 +68,27 @@ class Session:
     owner: asyncio.Task | None = None  # the connection handler serving this session now
     writer: asyncio.StreamWriter | None = None  # that connection's writer (idle expiry closes it)
 
+    @property
+    def verifier(self) -> TargetVerifier:
+        return self.handle.verifier
+
 
 class CloudServer:
-    def __init__(self, target: Model, config: ServerConfig | None = None) -> None:
-        self.target = target
+    def __init__(self, target: Model | VerifyEngine, config: ServerConfig | None = None) -> None:
         self.cfg = config or ServerConfig()
+        self.engine = target if isinstance(target, VerifyEngine) else make_engine(self.cfg.engine, target)
+        self.target = self.engine.target
         self.sessions: dict[int, Session] = {}
         self._ids = itertools.count(1)
-        self._model_lock = asyncio.Lock()  # FIFO: sessions take turns on the model
         self._server: asyncio.base_events.Server | None = None
         self._sweeper: asyncio.Task | None = None
         self._conns: set[asyncio.Task] = set()
-        self._background: set[asyncio.Task] = set()  # prefills on session open (awaited, not cancelled, on stop)
         self.errors_sent: dict[str, int] = {}  # ErrorCode name -> count, for tests and logs
         self.port = self.cfg.port
 
     # -- lifecycle --------------------------------------------------------------------------------
     async def start(self) -> None:
+        await self.engine.start()
         self._server = await asyncio.start_server(self._on_connect, self.cfg.host, self.cfg.port)
         self.port = self._server.sockets[0].getsockname()[1]
         self._sweeper = asyncio.create_task(self._sweep())
@@ -98,7 +103,7 @@ class CloudServer:
         for t in list(self._conns):
             t.cancel()
         await asyncio.gather(*self._conns, return_exceptions=True)
-        await asyncio.gather(*self._background, return_exceptions=True)
+        await self.engine.stop()
 
     async def serve_forever(self) -> None:
         await self.start()
@@ -114,7 +119,7 @@ class CloudServer:
                 limit = self.cfg.idle_timeout_s if s.connected else self.cfg.resume_grace_s
                 if now - s.last_active > limit:
                     log.info("session %d expired", sid)
-                    self.sessions.pop(sid, None)
+                    self._end(s)
                     if s.connected and s.writer is not None:
                         # an expired session must not stay usable through its open connection
                         try:
@@ -157,6 +162,8 @@ class CloudServer:
                 session.connected = False
                 session.owner = session.writer = None
                 session.last_active = time.monotonic()
+                if self.sessions.get(session.sid) is session:
+                    self.engine.park(session.handle)  # its KV may go to another session meanwhile
             writer.close()
             try:
                 await writer.wait_closed()
@@ -225,22 +232,33 @@ class CloudServer:
             raise ProtocolError(wire.ErrorCode.BAD_REQUEST, str(e)) from None
         if not h.prompt:
             raise ProtocolError(wire.ErrorCode.BAD_REQUEST, "empty prompt")
-        if h.max_tokens > self.cfg.max_new_tokens or len(h.prompt) + h.max_tokens > self.target.n_ctx:
+        ctx = self.engine.max_context
+        if h.max_tokens > self.cfg.max_new_tokens or len(h.prompt) + h.max_tokens > ctx:
             raise ProtocolError(
                 wire.ErrorCode.OVER_LIMIT,
                 f"prompt {len(h.prompt)} + max_tokens {h.max_tokens} exceeds the server's limits "
-                f"(max_tokens <= {self.cfg.max_new_tokens}, context {self.target.n_ctx})",
+                f"(max_tokens <= {self.cfg.max_new_tokens}, context {ctx})",
             )
         if any(t >= self.target.vocab_size for t in h.prompt):
             raise ProtocolError(wire.ErrorCode.OVER_LIMIT, "prompt token id outside the target vocabulary")
         if len(self.sessions) >= self.cfg.max_sessions:
             raise ProtocolError(wire.ErrorCode.BUSY, f"the server holds {self.cfg.max_sessions} sessions; retry later")
-        verifier = TargetVerifier(self.target, h.prompt, sampling=sp, rule=rule, seed=h.seed, max_tokens=h.max_tokens)
+        spec = SessionSpec(tuple(h.prompt), sampling=sp, rule=rule, seed=h.seed, max_tokens=h.max_tokens)
+        try:
+            handle = await self.engine.open(spec)
+        except EngineBusy as e:
+            raise ProtocolError(wire.ErrorCode.BUSY, str(e)) from None
         sid = next(self._ids)
-        s = Session(sid, verifier, wire.Mode(h.mode), time.monotonic())
+        s = Session(sid, handle, wire.Mode(h.mode), time.monotonic())
         self.sessions[sid] = s
         log.info("session %d opened: rule %s, %d prompt tokens, mode %s", sid, rule, len(h.prompt), s.mode.name)
         return s
+
+    def _end(self, s: Session) -> None:
+        """Forget a session (CLOSE, expiry): the engine frees its KV."""
+        if self.sessions.get(s.sid) is s:
+            del self.sessions[s.sid]
+            self.engine.close(s.handle)
 
     async def _resume(self, r: wire.Resume) -> Session:
         s = self.sessions.get(r.session)
@@ -267,31 +285,15 @@ class CloudServer:
             )
         # continue from the shorter agreed prefix: verdicts the edge never saw are undone, so no
         # token is lost or emitted twice (in coupled mode they are regenerated identically)
-        async with self._model_lock:
-            v.rollback(r.committed)
+        await self.engine.rollback(s.handle, r.committed)
         s.connected = True
         s.last_active = time.monotonic()
         log.info("session %d resumed at %d", s.sid, r.committed)
         return s
 
     # -- speculative mode -------------------------------------------------------------------------
-    async def _warm(self, s: Session) -> None:
-        # Holding the model lock, so the session's first DRAFT (queued behind it) finds the prefix in
-        # place; never cancelled midway, since the model would then run outside the lock.
-        try:
-            async with self._model_lock:
-                if self.sessions.get(s.sid) is s and not s.verifier.finished:
-                    await asyncio.to_thread(s.verifier.warm)
-        except Exception:  # the first verify will prefill (and report) instead
-            log.exception("session %d: prefill on open failed", s.sid)
-
     async def _serve_drafts(self, s: Session, reader, writer, decoder: wire.FrameDecoder) -> None:
         V = self.target.vocab_size
-        # Prefill the prompt now rather than on the first DRAFT: the edge spends that time prefilling
-        # its drafter and drafting, so the cloud's prefill overlaps it instead of following it.
-        warm = asyncio.create_task(self._warm(s))
-        self._background.add(warm)
-        warm.add_done_callback(self._background.discard)
         while True:
             frames = await self._next_frame(reader, decoder)
             if frames is None:
@@ -310,8 +312,7 @@ class CloudServer:
                         q = np.stack([dense_row([i for i, _ in row], [p for _, p in row], V) for row in f.q]) if f.q else None
                     elif s.verifier.rule.info.needs_q and f.tokens:
                         raise ProtocolError(wire.ErrorCode.BAD_REQUEST, f"rule {s.verifier.rule} needs q rows with each DRAFT")
-                    async with self._model_lock:
-                        v = await asyncio.to_thread(s.verifier.verify, f.seq, f.base, list(f.tokens), q)
+                    v = await self.engine.verify(s.handle, f.seq, f.base, f.tokens, q)
                     out = wire.Verdict(
                         seq=f.seq, accepted=v.accepted, next_token=max(v.next_token, 0), verify_us=v.verify_us,
                         committed=v.committed, dropped=v.dropped, finished=v.finished,
@@ -320,7 +321,7 @@ class CloudServer:
                 elif isinstance(f, wire.Ping):
                     writer.write(wire.encode(wire.Pong(nonce=f.nonce, sent_us=f.sent_us)))
                 elif isinstance(f, wire.Close):
-                    self.sessions.pop(s.sid, None)
+                    self._end(s)
                     return
                 elif isinstance(f, wire.Pong):
                     pass
@@ -343,7 +344,7 @@ class CloudServer:
                     if isinstance(f, wire.Ping):
                         writer.write(wire.encode(wire.Pong(nonce=f.nonce, sent_us=f.sent_us)))
                     elif isinstance(f, wire.Close):
-                        self.sessions.pop(s.sid, None)
+                        self._end(s)
                         closed.set()
                         return
                     elif not isinstance(f, wire.Pong):
@@ -356,8 +357,7 @@ class CloudServer:
                 if reading.done():
                     reading.result()  # re-raise a protocol error from the read side
                 start = v.committed
-                async with self._model_lock:
-                    verdict = await asyncio.to_thread(v.step)
+                verdict = await self.engine.step(s.handle)
                 s.last_active = time.monotonic()
                 writer.write(wire.encode(wire.Tokens(start=start, tokens=v.tokens[start : verdict.committed], finished=verdict.finished)))
                 await writer.drain()

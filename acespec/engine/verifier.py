@@ -41,6 +41,20 @@ class Verdict:
     drafted: int = 0  # draft tokens actually verified (len(x) minus the overlap)
 
 
+@dataclass(frozen=True)
+class VerifyJob:
+    """A block that passed the stale-prefix check and waits for the target's rows (see `prepare`)."""
+
+    seq: int  # the block's sequence number
+    committed: int  # committed length it was prepared at; `finish` refuses a session that moved on
+    draft: np.ndarray  # [k] draft tokens to verify (the block minus its overlap)
+    q: np.ndarray | None  # [k, V] drafter rows, for rules that need q
+
+    @property
+    def k(self) -> int:
+        return len(self.draft)
+
+
 @dataclass
 class VerifierStats:
     rounds: int = 0  # target passes that verified a block
@@ -91,22 +105,42 @@ class TargetVerifier:
 
     def verify(self, seq: int, base: int, x: Sequence[int], q: np.ndarray | None = None) -> Verdict:
         """Verify block `x` built on committed length `base`; `q`: [len(x), V] drafter rows (rules that need q)."""
+        job = self.prepare(seq, base, x, q)
+        if isinstance(job, Verdict):
+            return job
+        t0 = time.perf_counter()
+        # keep the cache one token behind the committed prefix, so the pass yields p after it
+        n = self.target.sync(self.tokens[:-1])
+        logits = self.target.eval(self.tokens[n:] + job.draft.tolist(), last=job.k + 1)
+        return self.finish(job, logits, time.perf_counter() - t0)
+
+    def prepare(self, seq: int, base: int, x: Sequence[int], q: np.ndarray | None = None) -> "VerifyJob | Verdict":
+        """The model-free first half of `verify`: a dropped Verdict for a stale block, else the job whose
+        target rows [k+1, V] (the rows after `tokens[-1]` and after each draft token) `finish` needs. A
+        batching engine prepares every session's job, evaluates all their rows in one pass, then finishes each."""
         C = self.committed
         o = C - base
         if self.finished or o < 0 or o > len(x) or list(x[:o]) != self.tokens[base:C]:
             self.stats.dropped += 1
             return Verdict(seq, 0, -1, C, 0, dropped=True, finished=self.finished)
-        t0 = time.perf_counter()
-        draft = np.asarray(x[o:], dtype=np.int64)
-        k = len(draft)
-        # keep the cache one token behind the committed prefix, so the pass yields p after it
-        n = self.target.sync(self.tokens[:-1])
-        logits = self.target.eval(self.tokens[n:] + draft.tolist(), last=k + 1)
-        p = probs_from_logits(logits, self.sampling)  # [k+1, V]
+        # a block that would run past the context window is cut short: verifying fewer tokens is
+        # always allowed (the verdict just accepts at most what was verified)
+        room = max(0, self.target.n_ctx - C)
+        draft = np.asarray(x[o : o + room], dtype=np.int64)
         qk = None
         if self.rule.info.needs_q:
-            qk = np.zeros((0, p.shape[1])) if k == 0 else (None if q is None else np.asarray(q)[o:])
-        accepted, nxt = verify_block(self.rule, draft, qk, p, self.rng, seed=self.seed, start_pos=C)
+            qk = np.zeros((0, self.target.vocab_size)) if len(draft) == 0 else (None if q is None else np.asarray(q)[o : o + len(draft)])
+        return VerifyJob(seq, C, draft, qk)
+
+    def finish(self, job: "VerifyJob", logits: np.ndarray, seconds: float) -> Verdict:
+        """Apply the rule to the target's rows `logits` [k+1, V] for `job` and commit the outcome; `seconds`
+        is what the verify cost (reported to the edge and counted in the stats)."""
+        if self.committed != job.committed:
+            raise RuntimeError(f"verify job prepared at {job.committed}, but the session has committed {self.committed}")
+        t0 = time.perf_counter()
+        draft, k, C = job.draft, job.k, job.committed
+        p = probs_from_logits(logits, self.sampling)  # [k+1, V]
+        accepted, nxt = verify_block(self.rule, draft, job.q, p, self.rng, seed=self.seed, start_pos=C)
         emitted = draft[:accepted].tolist() + [int(nxt)]
         # stop at end-of-sequence or the token budget, keeping the verdict's shape
         budget = self.prompt_len + self.max_tokens - C
@@ -125,14 +159,14 @@ class TargetVerifier:
         self.last_p = p
         self.tokens.extend(emitted)
         self.finished = finished
-        dt = time.perf_counter() - t0
+        dt = seconds + time.perf_counter() - t0
         s = self.stats
         s.rounds += 1
         s.drafted += k
         s.accepted += accepted
         s.emitted += len(emitted)
         s.verify_s += dt
-        return Verdict(seq, accepted, int(nxt), self.committed, int(dt * 1e6), finished=finished, drafted=k)
+        return Verdict(job.seq, accepted, int(nxt), self.committed, int(dt * 1e6), finished=finished, drafted=k)
 
     def warm(self) -> int:
         """Prefill the committed prefix (all but its last token, which verify() always evaluates), so

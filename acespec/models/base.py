@@ -102,13 +102,22 @@ class Model(ABC):
         slot at most once; returns the last logits row [V] of each. Runtimes that can put every
         sequence in one batch (llama.cpp) read the weights once for all of them, which is what makes
         pre-drafting several outcomes together cheaper than one after another."""
-        work: list[tuple[int, list[int]]] = []
-        for slot, new in items:
+        if any(not len(new) for _, new in items):
+            raise ModelError(f"{self.name}: eval_many needs at least one new token per sequence")
+        return [rows[-1] for rows in self.eval_batch([(slot, new, 1) for slot, new in items])]
+
+    def eval_batch(self, items: Sequence[tuple[int, Sequence[int], int]]) -> list[np.ndarray]:
+        """The general batched call: `items` is (slot, new tokens, want) per sequence, each slot at most
+        once; appends each item's tokens to its sequence and returns its last `want` logits rows
+        [want, V]. The cloud's batching engine puts every session's verify block (and prompt chunks,
+        with want = 0) into one call, so the weights are read once per tick for all of them."""
+        work: list[tuple[int, list[int], int]] = []
+        for slot, new, want in items:
             new = [int(t) for t in new]
             if slot not in self._slots:
                 raise ModelError(f"{self.name}: slot {slot} holds no sequence")
             if not new:
-                raise ModelError(f"{self.name}: eval_many needs at least one new token per sequence")
+                raise ModelError(f"{self.name}: eval_batch needs at least one new token per sequence")
             if len(self._slots[slot]) + len(new) > self.n_ctx:
                 raise ContextOverflowError(
                     f"{self.name}: {len(self._slots[slot])} + {len(new)} tokens exceed the context window of {self.n_ctx}"
@@ -116,25 +125,41 @@ class Model(ABC):
             bad = [t for t in new if not 0 <= t < self.vocab_size]
             if bad:
                 raise ModelError(f"{self.name}: token id {bad[0]} outside the vocabulary [0, {self.vocab_size})")
-            work.append((int(slot), new))
-        if len({s for s, _ in work}) != len(work):
-            raise ModelError(f"{self.name}: eval_many got the same slot twice")
-        rows = self._eval_many(work)
-        for slot, new in work:
+            work.append((int(slot), new, max(0, min(int(want), len(new)))))
+        if len({s for s, _, _ in work}) != len(work):
+            raise ModelError(f"{self.name}: eval_batch got the same slot twice")
+        if not work:
+            return []
+        rows = self._eval_batch(work)
+        for slot, new, _ in work:
             self._slots[slot].extend(new)
         return rows
 
-    def _eval_many(self, items: list[tuple[int, list[int]]]) -> list[np.ndarray]:
+    def _eval_batch(self, items: list[tuple[int, list[int], int]]) -> list[np.ndarray]:
         """One sequence after another; runtimes with a multi-sequence batch override this."""
         main = self.slot
         rows = []
         try:
-            for slot, new in items:
+            for slot, new, want in items:
                 self.activate(slot)
-                rows.append(self._eval(new, 1)[-1])
+                rows.append(self._eval(new, want))
         finally:
             self.activate(main)
         return rows
+
+    def held(self, slot: int) -> int:
+        """How many tokens sequence `slot` holds (0 for a slot that holds none)."""
+        return len(self._slots.get(slot, ()))
+
+    def open_slot(self, slot: int) -> None:
+        """Make `slot` an empty sequence (dropping whatever it held): one KV sequence per cloud session."""
+        if not 0 <= slot < self.n_slots:
+            raise ModelError(f"{self.name}: bad slot {slot} (slots 0..{self.n_slots - 1})")
+        if slot == self.slot:
+            self.rollback(0)
+            return
+        self._free(slot)
+        self._slots[slot] = []
 
     def rollback(self, n: int) -> None:
         """Keep the first n tokens of the KV cache."""

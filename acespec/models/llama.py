@@ -79,7 +79,19 @@ class LlamaCppModel(Model):
         n_gpu_layers: int = 0,  # layers to offload when llama.cpp was built with a GPU backend
         n_slots: int = 1,  # KV sequences (forks) in one unified cache; the state cache needs > 1
         name: str | None = None,
+        batch_invariant: bool = False,  # one KV stream per slot: see below
+        extra_bufts: bool = False,  # llama.cpp's extra weight buffers (AMX, repacked Q4_K): see below
     ) -> None:
+        """`batch_invariant=True` is for the cloud's batching engine, where slots are sessions: every
+        logits row must be the same bits whatever else shares its batch (DESIGN.md: the same text
+        whatever the load). Two things in llama.cpp's CPU path break that, found by measurement
+        (`tests/test_batched.py`, docs/design-notes.md "Batch invariance"): the repacked Q4_K weights
+        compute rows in groups of four with another kernel for the leftover rows, so a row's bits
+        depend on where it falls in the batch; and a unified KV cache interleaves the sessions' cells,
+        so a session's attention sums run over its cells in another order. So each slot gets a KV
+        stream of its own (`n_ctx` tokens each) and the weights are used as stored (llama.cpp's
+        `use_extra_bufts = false`). Flash attention stays off, as everywhere here: its CPU kernel
+        switches to tiled and split-KV paths by batch shape."""
         super().__init__()
         path = Path(path)
         if not path.is_file():
@@ -90,6 +102,17 @@ class LlamaCppModel(Model):
             raise ModelError("llama-cpp-python is not installed: run the README's setup command") from e
         self._lc = llama_cpp
         threads = n_threads or default_threads()
+        import llama_cpp.llama as llama_module
+
+        default_model_params = llama_module.llama_cpp.llama_model_default_params
+
+        def plain_weights():
+            params = default_model_params()
+            params.use_extra_bufts = extra_bufts
+            return params
+
+        # Llama() has no argument for this model parameter; swap the defaults it reads for the load
+        llama_module.llama_cpp.llama_model_default_params = plain_weights
         try:
             self._llm = llama_cpp.Llama(
                 model_path=str(path),
@@ -104,6 +127,8 @@ class LlamaCppModel(Model):
             )
         except (ValueError, RuntimeError) as e:
             raise ModelError(f"llama.cpp could not load {path}: {e}") from e
+        finally:
+            llama_module.llama_cpp.llama_model_default_params = default_model_params
         self.name = name or path.stem
         self.path = path
         self.n_ctx = n_ctx
@@ -113,14 +138,18 @@ class LlamaCppModel(Model):
         self._ctx = self._llm._ctx
         self._batch = self._llm._batch
         self.n_slots = max(1, int(n_slots))
+        self.batch_invariant = bool(batch_invariant)
         if self.n_slots > 1:
-            # Llama() builds a one-sequence context; rebuild it with n_seq_max sequences in a unified
-            # KV cache, where a fork tags the prefix's cells with another sequence id instead of copying
+            # Llama() builds a one-sequence context; rebuild it with n_seq_max sequences: in a unified
+            # KV cache, where a fork tags the prefix's cells with another sequence id instead of
+            # copying, or (batch-invariant) one stream of n_ctx cells per sequence
             from llama_cpp import _internals
 
             params = self._llm.context_params
             params.n_seq_max = self.n_slots
-            params.kv_unified = True
+            params.kv_unified = not self.batch_invariant
+            if self.batch_invariant:
+                params.n_ctx = n_ctx * self.n_slots
             self._ctx = _internals.LlamaContext(model=self._llm._model, params=params, verbose=False)
             self._llm._ctx.close()
             self._llm._ctx = self._ctx
@@ -162,32 +191,61 @@ class LlamaCppModel(Model):
             done += n
         return out
 
-    def _eval_many(self, items: list[tuple[int, list[int]]]) -> list[np.ndarray]:
-        total = sum(len(new) for _, new in items)
-        if len(items) < 2 or total > self.n_batch:
-            return super()._eval_many(items)
+    def _eval_batch(self, items: list[tuple[int, list[int], int]]) -> list[np.ndarray]:
+        if len(items) == 1:
+            slot, new, want = items[0]
+            main = self.slot
+            try:
+                self.activate(slot)
+                return [self._eval(new, want)]
+            finally:
+                self.activate(main)
+        if self.batch_invariant:
+            # sequences in descending slot order: llama.cpp computes the attention of sequences that
+            # sit in ascending adjacent streams through one strided view of the cache, whose sums
+            # round differently from a sequence evaluated alone (measured: tests/test_batched.py)
+            order = sorted(range(len(items)), key=lambda i: -items[i][0])
+            rows = self._eval_sequences([items[i] for i in order])
+            out: list[np.ndarray] = [None] * len(items)  # type: ignore[list-item]
+            for i, r in zip(order, rows):
+                out[i] = r
+            return out
+        return self._eval_sequences(items)
+
+    def _eval_sequences(self, items: list[tuple[int, list[int], int]]) -> list[np.ndarray]:
         V = self.vocab_size
+        out = [np.empty((want, V), dtype=np.float32) for _, _, want in items]
+        # every (item, token) in order, cut into llama_decode calls of at most n_batch tokens; a
+        # sequence may straddle two calls, which is fine: its positions stay in order
+        flat = [(i, j) for i, (_, new, _) in enumerate(items) for j in range(len(new))]
+        for slot, _, _ in items:
+            self._ctx.kv_cache_seq_rm(slot, len(self._slots[slot]), -1)
         b = self._batch.batch
-        b.n_tokens = total
-        i = 0
-        for slot, new in items:
-            n_past = len(self._slots[slot])
-            self._ctx.kv_cache_seq_rm(slot, n_past, -1)
-            for j, tok in enumerate(new):
-                b.token[i] = tok
-                b.pos[i] = n_past + j
-                b.seq_id[i][0] = slot
-                b.n_seq_id[i] = 1
-                b.logits[i] = j == len(new) - 1
-                i += 1
-        rc = self._lc.llama_decode(self._ctx.ctx, b)
-        if rc != 0:
-            for slot, _ in items:
-                self._ctx.kv_cache_seq_rm(slot, len(self._slots[slot]), -1)
-            raise ModelError(f"{self.name}: llama_decode failed with code {rc}")
-        self.passes += 1
-        out = np.ctypeslib.as_array(self._ctx.get_logits(), shape=(len(items) * V,)).reshape(len(items), V)
-        return list(out.copy())
+        for start in range(0, len(flat), self.n_batch):
+            chunk = flat[start : start + self.n_batch]
+            b.n_tokens = len(chunk)
+            wanted: list[tuple[int, int, int]] = []  # (batch index, item, row)
+            for bi, (i, j) in enumerate(chunk):
+                slot, new, want = items[i]
+                b.token[bi] = new[j]
+                b.pos[bi] = len(self._slots[slot]) + j
+                b.seq_id[bi][0] = slot
+                b.n_seq_id[bi] = 1
+                row = j - (len(new) - want)
+                b.logits[bi] = row >= 0
+                if row >= 0:
+                    wanted.append((bi, i, row))
+            rc = self._lc.llama_decode(self._ctx.ctx, b)
+            if rc != 0:
+                for slot, _, _ in items:
+                    self._ctx.kv_cache_seq_rm(slot, len(self._slots[slot]), -1)
+                raise ModelError(f"{self.name}: llama_decode failed with code {rc}")
+            if wanted:
+                self.passes += 1
+            for bi, i, row in wanted:
+                ptr = self._lc.llama_get_logits_ith(self._ctx.ctx, bi)
+                out[i][row] = np.ctypeslib.as_array(ptr, shape=(V,))
+        return out
 
     def _rollback(self, n: int) -> None:
         self._ctx.kv_cache_seq_rm(self.slot, n, -1)

@@ -1,0 +1,408 @@
+"""The embedded verify engine: continuous batching of every session's work on one target model.
+
+One model context holds one KV sequence ("slot") per resident session. A worker thread runs ticks:
+
+1. Admin requests first, in arrival order: admit new sessions (a free slot, or one taken from the
+   least recently used idle session), roll back, close.
+2. Each session with a pending block is prepared (`TargetVerifier.prepare`: stale blocks are
+   answered at once, with no model work). Its slot is trimmed to the committed prefix.
+3. One batch is filled under a token budget (`tick_tokens`): first every ready block (oldest request
+   first), each as the committed tokens its slot lacks (usually one) plus the draft, asking for the
+   k + 1 rows its rule needs; then, with what is left of the budget, chunks of prompts still being
+   prefilled (a new session, or a swapped-out one rebuilding its KV). So a long prompt never holds
+   back another session's verdict by more than one tick.
+4. One `Model.eval_batch` call evaluates it all; each session's rows go through its own rule
+   (`TargetVerifier.finish`), and its verdict is handed back to the server's event loop.
+
+Like llama-server's slots and vLLM's scheduler, a session's block joins whatever batch is forming; a
+session contributes at most one block per tick, since its next block's fate depends on this verdict.
+
+KV memory is explicit: `slots` sequences of `max_context` tokens each (the model's context per
+sequence). A newcomer gets a free slot, else the slot of the least recently used session that has been
+idle for `swap_idle_s` (or whose edge has gone: `park`); that session's KV is dropped and rebuilt by
+chunked prefill on its next request, which is correct because a verdict depends only on the committed
+tokens. With no slot to be had, `open` raises EngineBusy (the server answers BUSY, retryable).
+
+Same text whatever the load: a session's rows must not depend on who shares its batch. The engine
+cannot ensure that alone; the runtime must compute each row the same way whatever else is in the
+batch (for llama.cpp: `LlamaCppModel(batch_invariant=True)`, see its docstring). The toy model is
+batch-invariant by construction.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import itertools
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from acespec.cloud.engine import EngineBusy, EngineSession, EngineStopped, SessionSpec, VerifyEngine
+from acespec.engine.verifier import Verdict, VerifyJob
+from acespec.models.base import Model
+
+log = logging.getLogger("acespec.cloud.batched")
+
+
+@dataclass
+class BatchConfig:
+    slots: int | None = None  # KV sequences: sessions resident at once (None = every sequence the model holds)
+    tick_tokens: int = 256  # most tokens evaluated in one tick (ready blocks first, then prompt chunks)
+    swap_idle_s: float = 2.0  # a session idle this long may lose its KV to a newcomer
+
+    def __post_init__(self) -> None:
+        if self.slots is not None and self.slots < 1:
+            raise ValueError(f"slots must be >= 1, got {self.slots}")
+        if self.tick_tokens < 2:
+            raise ValueError(f"tick_tokens must be >= 2, got {self.tick_tokens}")
+        if not self.swap_idle_s >= 0:
+            raise ValueError(f"swap_idle_s must be >= 0, got {self.swap_idle_s}")
+
+
+@dataclass(eq=False)
+class _Op:
+    kind: str  # "open", "verify", "step", "rollback", "close"
+    fut: concurrent.futures.Future
+    args: tuple = ()
+    submitted: float = field(default_factory=time.perf_counter)
+    mark: int = 0  # the engine's evaluated-token count when submitted (for the wait figures)
+    job: VerifyJob | None = None  # a prepared verify, waiting for its rows
+
+
+@dataclass(eq=False)
+class _State(EngineSession):
+    ops: deque = field(default_factory=deque)  # this session's requests, served in order
+    slot: int | None = None  # its KV sequence, None while swapped out
+    last_used: float = field(default_factory=time.monotonic)
+    parked: bool = False  # its edge went away: first to lose its slot
+    closed: bool = False
+
+
+class BatchedEngine(VerifyEngine):
+    name = "batched"
+
+    def __init__(self, target: Model, config: BatchConfig | None = None) -> None:
+        self.target = target
+        cfg = config or BatchConfig()
+        if cfg.slots is None:
+            cfg = BatchConfig(slots=target.n_slots, tick_tokens=cfg.tick_tokens, swap_idle_s=cfg.swap_idle_s)
+        if target.n_slots < cfg.slots:
+            raise ValueError(f"the target holds {target.n_slots} KV sequences; the engine wants {cfg.slots}")
+        self.cfg = cfg
+        self._ids = itertools.count(1)
+        self._cv = threading.Condition()
+        self._sessions: dict[int, _State] = {}  # live sessions (resident or swapped out)
+        self._admin: deque[tuple[_State, _Op]] = deque()  # opens, in arrival order
+        self._holder: dict[int, _State] = {}  # slot -> resident session
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        # figures for benchmarks and tests
+        self.ticks = 0
+        self.evaluated = 0  # tokens evaluated by the model, all ticks
+        self.verdicts = 0
+        self.swaps = 0  # sessions whose KV was dropped to make room
+        self.refused = 0  # opens answered EngineBusy
+        self.max_batch_sessions = 0  # most sessions in one tick
+        self.max_wait_tokens = 0  # most tokens other work evaluated between a block's arrival and its tick
+        self.kv_peak = 0  # most KV tokens resident at once
+        self.tick_s = 0.0
+
+    # -- public interface (event loop side) -------------------------------------------------------
+    @property
+    def max_context(self) -> int:
+        return self.target.n_ctx
+
+    async def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="acespec-engine", daemon=True)
+            self._thread.start()
+
+    async def stop(self) -> None:
+        with self._cv:
+            self._stopping = True
+            self._cv.notify_all()
+        if self._thread is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self._thread.join)
+
+    async def open(self, spec: SessionSpec) -> EngineSession:
+        s = _State(next(self._ids), self._make_verifier(spec))
+        op = self._submit(s, "open", admin=True)
+        await asyncio.wrap_future(op.fut)
+        return s
+
+    async def verify(self, s, seq, base, tokens, q):
+        return await asyncio.wrap_future(self._submit(s, "verify", (seq, base, list(tokens), q)).fut)
+
+    async def step(self, s):
+        return await asyncio.wrap_future(self._submit(s, "step").fut)
+
+    async def rollback(self, s, n):
+        await asyncio.wrap_future(self._submit(s, "rollback", (n,)).fut)
+
+    def park(self, s) -> None:
+        with self._cv:
+            s.parked = True
+
+    def close(self, s) -> None:
+        with self._cv:
+            if not s.closed:
+                s.ops.append(_Op("close", concurrent.futures.Future()))
+                self._cv.notify_all()
+
+    def metrics(self) -> dict:
+        with self._cv:
+            resident = [st for st in self._holder.values()]
+            kv = sum(self.target.held(st.slot) for st in resident)
+            return {
+                "engine": self.name, "slots": self.cfg.slots, "tick_tokens": self.cfg.tick_tokens,
+                "sessions": len(self._sessions), "resident": len(resident), "kv_tokens": kv, "kv_peak": self.kv_peak,
+                "kv_tokens_allocated": self.cfg.slots * self.target.n_ctx,
+                "kv_bytes_per_token": int(getattr(self.target, "kv_bytes_per_token", 0)),
+                "ticks": self.ticks, "evaluated": self.evaluated, "verdicts": self.verdicts, "swaps": self.swaps,
+                "refused": self.refused, "max_batch_sessions": self.max_batch_sessions,
+                "max_wait_tokens": self.max_wait_tokens, "tick_s": round(self.tick_s, 3),
+            }
+
+    def _submit(self, s: _State, kind: str, args: tuple = (), *, admin: bool = False) -> _Op:
+        op = _Op(kind, concurrent.futures.Future(), args)
+        with self._cv:
+            if self._stopping:
+                raise EngineStopped("the verify engine is shutting down")
+            if s.closed and not admin:
+                raise EngineStopped(f"session {s.id} is closed")
+            op.mark = self.evaluated
+            (self._admin.append((s, op)) if admin else s.ops.append(op))
+            self._cv.notify_all()
+        return op
+
+    # -- the worker thread ------------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            while True:
+                with self._cv:
+                    while not self._stopping and not self._has_work():
+                        self._cv.wait()
+                    if self._stopping:
+                        break
+                try:
+                    self._tick()
+                except Exception:  # a bug must not leave every session hanging: fail this tick's requests
+                    log.exception("engine tick failed")
+                    self._fail_in_flight()
+        finally:
+            self._cancel_everything()
+
+    def _has_work(self) -> bool:
+        if self._admin:
+            return True
+        for s in self._sessions.values():
+            if s.ops or self._needs_prefill(s):
+                return True
+        return False
+
+    def _needs_prefill(self, s: _State) -> bool:
+        # a resident session whose slot lacks committed tokens is prefilled ahead of its first block
+        return s.slot is not None and not s.verifier.finished and self.target.held(s.slot) < s.verifier.committed - 1
+
+    def _tick(self) -> None:
+        self._run_cheap_ops()  # closes first: a slot freed by a CLOSE is there for the newcomers below
+        with self._cv:
+            admin = list(self._admin)
+            self._admin.clear()
+        for s, op in admin:
+            self._admit(s, op)
+        batch, prefill = self._plan()
+        if not batch and not prefill:
+            return
+        t0 = time.perf_counter()
+        items = [(s.slot, toks, want) for s, toks, want, _ in batch] + [(s.slot, toks, 0) for s, toks in prefill]
+        try:
+            rows = self.target.eval_batch(items)
+        except Exception as e:
+            # the model refused (context overflow, a runtime error): fail those blocks, keep the engine up;
+            # the slots are rebuilt from the committed prefix on the next request
+            log.exception("batched eval failed")
+            for s, _, _, op in batch:
+                s.ops.popleft()
+                op.fut.set_exception(e)
+            for s in {x[0] for x in batch} | {x[0] for x in prefill}:
+                self._evict(s)
+            return
+        done = time.perf_counter()
+        self.ticks += 1
+        self.tick_s += done - t0
+        self.max_batch_sessions = max(self.max_batch_sessions, len(items))
+        answers = []
+        for (s, _, _, op), r in zip(batch, rows):
+            s.ops.popleft()
+            self.max_wait_tokens = max(self.max_wait_tokens, self.evaluated - op.mark)
+            answers.append((op, s.verifier.finish(op.job, r, done - op.submitted)))
+            s.last_used = time.monotonic()
+        with self._cv:  # counted before anyone hears back, so a follow-up block is measured from here
+            self.evaluated += sum(len(t) for _, t, _ in items)
+            self.kv_peak = max(self.kv_peak, sum(self.target.held(sl) for sl in self._holder))
+            self.verdicts += len(answers)
+        for op, v in answers:
+            op.fut.set_result(v)
+
+    def _admit(self, s: _State, op: _Op) -> None:
+        slot = self._free_slot(exclude=None)
+        if slot is None:
+            self.refused += 1
+            op.fut.set_exception(EngineBusy(f"all {self.cfg.slots} KV sequences are held by active sessions; retry later"))
+            return
+        with self._cv:
+            self._sessions[s.id] = s
+        self._give_slot(s, slot)
+        s.last_used = time.monotonic()
+        op.fut.set_result(None)
+
+    def _free_slot(self, exclude: _State | None, *, waiting: bool = False) -> int | None:
+        """A slot for a newcomer (or a swapped-out session coming back): a free one, else the slot of the
+        parked or least recently used idle session, whose KV is dropped."""
+        for slot in range(self.cfg.slots):
+            if slot not in self._holder:
+                return slot
+        now = time.monotonic()
+        idle = [h for h in self._holder.values() if h is not exclude and not h.ops]
+        parked = [h for h in idle if h.parked]
+        if parked:
+            victim = min(parked, key=lambda h: h.last_used)
+        else:
+            # a returning session may take any idle slot; a newcomer only one idle for swap_idle_s
+            old = [h for h in idle if waiting or now - h.last_used >= self.cfg.swap_idle_s]
+            if not old:
+                return None
+            victim = min(old, key=lambda h: h.last_used)
+        slot = victim.slot
+        self._evict(victim)
+        self.swaps += 1
+        log.info("session %d swapped out of slot %d", victim.id, slot)
+        return slot
+
+    def _give_slot(self, s: _State, slot: int) -> None:
+        self._holder[slot] = s
+        s.slot = slot
+        self.target.open_slot(slot)
+
+    def _evict(self, s: _State) -> None:
+        if s.slot is not None and self._holder.get(s.slot) is s:
+            del self._holder[s.slot]
+            self.target.open_slot(s.slot)
+        s.slot = None
+
+    def _run_cheap_ops(self) -> None:
+        """Closes, rollbacks and stale blocks need no model pass: answer them now, in each session's order."""
+        for s in list(self._sessions.values()):
+            while s.ops:
+                op = s.ops[0]
+                if op.kind == "close":
+                    self._close(s)
+                    break
+                if op.kind == "rollback":
+                    s.ops.popleft()
+                    try:
+                        s.verifier.rollback(*op.args)
+                        op.fut.set_result(None)
+                    except Exception as e:
+                        op.fut.set_exception(e)
+                    continue
+                if op.job is None:
+                    args = (0, s.verifier.committed, []) if op.kind == "step" else op.args
+                    try:
+                        job = s.verifier.prepare(*args[:3], args[3] if len(args) > 3 else None)
+                    except Exception as e:
+                        s.ops.popleft()
+                        op.fut.set_exception(e)
+                        continue
+                    if isinstance(job, Verdict):  # stale, or the session has finished
+                        s.ops.popleft()
+                        self.verdicts += 1
+                        op.fut.set_result(job)
+                        continue
+                    op.job = job
+                break
+
+    def _close(self, s: _State) -> None:
+        with self._cv:
+            s.closed = True
+            self._sessions.pop(s.id, None)
+            ops = list(s.ops)
+            s.ops.clear()
+        self._evict(s)
+        for op in ops:
+            if op.kind == "close":
+                op.fut.set_result(None)
+            else:
+                op.fut.cancel()
+
+    def _plan(self) -> tuple[list, list]:
+        """This tick's work: ready blocks (oldest request first), then prompt chunks, under the token budget."""
+        budget = self.cfg.tick_tokens
+        batch: list[tuple[_State, list[int], int, _Op]] = []
+        taken: set[int] = set()
+        waiting = sorted((s for s in self._sessions.values() if s.ops and s.ops[0].job is not None),
+                         key=lambda s: s.ops[0].submitted)
+        catch_up: list[_State] = []
+        for s in waiting:
+            if s.slot is None:
+                slot = self._free_slot(exclude=s, waiting=True)
+                if slot is None:
+                    continue  # every slot is busy: wait for one to go idle
+                self._give_slot(s, slot)
+            op = s.ops[0]
+            have = self._sync(s)
+            need = s.verifier.tokens[have:] + op.job.draft.tolist()
+            if len(need) > budget and (batch or have < s.verifier.committed - 1):
+                catch_up.append(s)  # prefill what it lacks (or wait a tick: the oldest block always fits)
+                continue
+            batch.append((s, need, op.job.k + 1, op))
+            taken.add(s.id)
+            budget -= len(need)
+        prefill: list[tuple[_State, list[int]]] = []
+        others = [s for s in self._sessions.values() if s.id not in taken and s not in catch_up and self._needs_prefill(s)]
+        for s in catch_up + sorted(others, key=lambda s: s.id):
+            if budget <= 0:
+                break
+            have = self._sync(s)
+            chunk = s.verifier.tokens[have : min(s.verifier.committed - 1, have + budget)]
+            if chunk:
+                prefill.append((s, chunk))
+                budget -= len(chunk)
+        return batch, prefill
+
+    def _sync(self, s: _State) -> int:
+        """Trim the session's slot to what it shares with the committed prefix (minus the last token,
+        which every verify evaluates); returns how many tokens it keeps."""
+        m = self.target
+        prev = m.slot
+        try:
+            m.activate(s.slot)
+            return m.sync(s.verifier.tokens[:-1])
+        finally:
+            m.activate(prev)
+
+    def _fail_in_flight(self) -> None:
+        err = RuntimeError("the verify engine failed on this tick; see the server log")
+        for s in list(self._sessions.values()):
+            if s.ops and s.ops[0].job is not None:
+                op = s.ops.popleft()
+                if not op.fut.done():
+                    op.fut.set_exception(err)
+            self._evict(s)
+
+    def _cancel_everything(self) -> None:
+        with self._cv:
+            pending = [op for _, op in self._admin] + [op for s in self._sessions.values() for op in s.ops]
+            self._admin.clear()
+            for s in self._sessions.values():
+                s.ops.clear()
+        for op in pending:
+            if not op.fut.done():
+                op.fut.set_exception(EngineStopped("the verify engine stopped"))

@@ -1,0 +1,408 @@
+"""The batching verify engine: many sessions share one model, and none can tell.
+
+- Batched verdicts equal solo verdicts, block for block: exact toy models (any rule) and the real
+  target (greedy and coupled), where llama.cpp must compute a row the same whatever shares its batch.
+- No cross-talk: 16 concurrent edges over real sockets each produce their solo output.
+- KV memory is bounded: a newcomer with no slot gets BUSY and a later retry works; a swapped-out
+  session rebuilds its KV and carries on exactly; an edge that disconnects frees its slot and can
+  still RESUME.
+- Chunked prefill: a 2,000-token prompt never holds another session's block back by more than one
+  tick's token budget (counted in tokens the model evaluated, not in seconds).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import socket
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from acespec import wire
+from acespec.cloud.batched import BatchConfig, BatchedEngine
+from acespec.cloud.engine import EngineBusy, SerialEngine, SessionSpec
+from acespec.cloud.server import CloudServerThread, ServerConfig
+from acespec.edge.client import ConnectConfig
+from acespec.edge.runtime import EdgeConfig, run_edge
+from acespec.engine.verifier import TargetVerifier
+from acespec.models.toy import ToyModel
+from acespec.verify import RuleSpec, SamplingParams
+
+V = 48
+HOST = "127.0.0.1"
+
+
+def toy_target(**kw) -> ToyModel:
+    return ToyModel(vocab=V, seed=1, **kw)
+
+
+def spec(prompt, rule="coupled", temperature=0.8, seed=0, max_tokens=40) -> SessionSpec:
+    return SessionSpec(tuple(prompt), SamplingParams(temperature), RuleSpec.parse(rule), seed, max_tokens)
+
+
+def make_draft(seed: int):
+    """A deterministic 'drafter' for engine-level tests: the block drafted at a committed prefix is a
+    function of that prefix only, sometimes the target's continuation (so blocks get accepted),
+    sometimes noise (so they get rejected), and sometimes a block on a stale base."""
+    oracle = ToyModel(vocab=V, seed=1, noise=0.6, noise_seed=seed)
+
+    def draft(tokens: list[int], k: int) -> list[int]:
+        ctx = list(tokens)
+        out = []
+        for _ in range(k):
+            t = int(np.argmax(oracle.logits_for_context(ctx)))
+            out.append(t)
+            ctx.append(t)
+        return out
+
+    return draft
+
+
+def drive(verify, committed, done, draft, k: int, rounds: int, q_for=None):
+    """The session loop shared by the solo and the batched side: returns every verdict's fields."""
+    out = []
+    for r in range(rounds):
+        if done():
+            break
+        toks = committed()
+        x = draft(toks, k)
+        q = q_for(toks, x) if q_for else None
+        base = len(toks)
+        if r % 7 == 5:  # now and then a block built on a prefix that never happened: dropped
+            base += 1
+        out.append((yield verify(r, base, x, q)))
+    return out
+
+
+def solo_run(target, s: SessionSpec, draft, k, rounds, q_for=None):
+    v = TargetVerifier(target, list(s.prompt), sampling=s.sampling, rule=s.rule, seed=s.seed, max_tokens=s.max_tokens)
+    gen = drive(lambda *a: v.verify(*a), lambda: list(v.tokens), lambda: v.finished, draft, k, rounds, q_for)
+    verdicts = []
+    try:
+        res = next(gen)
+        while True:
+            verdicts.append(strip(res))
+            res = gen.send(res)
+    except StopIteration:
+        pass
+    return verdicts, v.generated
+
+
+def strip(v):
+    return (v.seq, v.accepted, v.next_token, v.committed, v.dropped, v.finished)
+
+
+async def engine_run(engine, s: SessionSpec, draft, k, rounds, q_for=None):
+    h = await engine.open(s)
+    # the generator yields the verify arguments through a tiny trampoline
+    verdicts = []
+    gen = drive(lambda *a: a, lambda: list(h.verifier.tokens), lambda: h.verifier.finished, draft, k, rounds, q_for)
+    try:
+        args = next(gen)
+        while True:
+            v = await engine.verify(h, *args)
+            verdicts.append(strip(v))
+            args = gen.send(v)
+    except StopIteration:
+        pass
+    out = h.verifier.generated
+    engine.close(h)
+    return verdicts, out
+
+
+def q_rows(tokens, x):
+    """Dense drafter rows for rules that need q: a fixed noisy table, so the test is exact."""
+    d = ToyModel(vocab=V, seed=1, noise=0.5, noise_seed=11)
+    rows = []
+    ctx = list(tokens)
+    for t in x:
+        z = d.logits_for_context(ctx)
+        p = np.exp(z - z.max())
+        rows.append(p / p.sum())
+        ctx.append(t)
+    return np.asarray(rows)
+
+
+async def with_engine(engine, coro):
+    await engine.start()
+    try:
+        return await coro
+    finally:
+        await engine.stop()
+
+
+@pytest.mark.parametrize("rule,temperature,needs_q", [("greedy", 0.0, False), ("coupled", 0.8, False), ("strict", 0.8, True),
+                                                      ("cactus:delta=0.3", 0.8, True)])
+@pytest.mark.parametrize("n", [1, 4, 16])
+def test_toy_batched_verdicts_equal_solo_verdicts(rule, temperature, needs_q, n):
+    rng = random.Random(n)
+    specs = [spec([rng.randrange(V) for _ in range(rng.randint(1, 30))], rule, temperature, seed=i, max_tokens=rng.randint(5, 40))
+             for i in range(n)]
+    ks = [rng.randint(0, 6) for _ in range(n)]
+    q_for = q_rows if needs_q else None
+    solo = [solo_run(toy_target(), s, make_draft(i), ks[i], 30, q_for) for i, s in enumerate(specs)]
+    engine = BatchedEngine(toy_target(), BatchConfig(tick_tokens=64))
+
+    async def all_at_once():
+        return await asyncio.gather(*(engine_run(engine, s, make_draft(i), ks[i], 30, q_for) for i, s in enumerate(specs)))
+
+    batched = asyncio.run(with_engine(engine, all_at_once()))
+    for i in range(n):
+        assert batched[i] == solo[i], f"session {i}: batched verdicts differ from solo"
+    if n > 1:
+        assert engine.max_batch_sessions > 1, "the sessions never shared a batch"
+
+
+def test_engine_rejects_bad_configs():
+    with pytest.raises(ValueError, match="KV sequences"):
+        BatchedEngine(ToyModel(vocab=V, n_slots=2), BatchConfig(slots=3))
+    for bad in (dict(slots=0), dict(tick_tokens=1), dict(swap_idle_s=-1), dict(swap_idle_s=float("nan"))):
+        with pytest.raises(ValueError):
+            BatchConfig(**bad)
+
+
+# ----------------------------------------------------------------------------------------- KV budget
+
+
+def test_kv_budget_busy_then_swap_out_and_exact_resume():
+    """Two slots. Two active sessions hold them: a third gets EngineBusy. Once they idle past
+    swap_idle_s, the third takes the older one's slot (its KV dropped); that session then comes back,
+    rebuilds its KV by prefill, and every session's verdicts equal its solo verdicts."""
+    engine = BatchedEngine(toy_target(n_slots=2), BatchConfig(slots=2, tick_tokens=16, swap_idle_s=0.3))
+    specs = [spec(list(range(1 + i, 30 + i)), seed=i, max_tokens=30) for i in range(3)]
+    solo = [solo_run(toy_target(), s, make_draft(i), 3, 12) for i, s in enumerate(specs)]
+
+    async def scenario():
+        a = await engine.open(specs[0])
+        b = await engine.open(specs[1])
+        with pytest.raises(EngineBusy):
+            await engine.open(specs[2])
+        assert engine.refused == 1
+        va, vb = [], []
+        drafts = [make_draft(0), make_draft(1)]
+
+        async def half(h, vs, draft, rounds):
+            for r in range(rounds):
+                if h.verifier.finished:
+                    return
+                toks = list(h.verifier.tokens)
+                base = len(toks) + (1 if r % 7 == 5 else 0)
+                vs.append(strip(await engine.verify(h, r, base, draft(toks, 3), None)))
+
+        await half(a, va, drafts[0], 6)
+        await half(b, vb, drafts[1], 6)
+        await asyncio.sleep(0.4)  # both idle past swap_idle_s
+        c_verdicts = await engine_run(engine, specs[2], make_draft(2), 3, 12)
+        assert engine.swaps >= 1, "the newcomer did not take an idle session's slot"
+        # a (the least recently used) lost its KV; it now rebuilds it and must carry on exactly
+        async def rest(h, vs, draft, start):
+            for r in range(start, 12):
+                if h.verifier.finished:
+                    return
+                toks = list(h.verifier.tokens)
+                base = len(toks) + (1 if r % 7 == 5 else 0)
+                vs.append(strip(await engine.verify(h, r, base, draft(toks, 3), None)))
+
+        await asyncio.gather(rest(a, va, drafts[0], 6), rest(b, vb, drafts[1], 6))
+        return va, vb, c_verdicts[0]
+
+    va, vb, vc = asyncio.run(with_engine(engine, scenario()))
+    assert va == solo[0][0]
+    assert vb == solo[1][0]
+    assert vc == solo[2][0]
+
+
+# ----------------------------------------------------------------------------------- chunked prefill
+
+
+class SlowToy(ToyModel):
+    """A toy target whose batched call costs time per token, so ticks overlap with new arrivals."""
+
+    def _eval_batch(self, items):
+        time.sleep(0.0004 * sum(len(t) for _, t, _ in items))
+        return super()._eval_batch(items)
+
+
+def test_a_long_prompt_never_holds_back_another_sessions_block_by_more_than_one_tick():
+    budget = 64
+    engine = BatchedEngine(SlowToy(vocab=V, seed=1), BatchConfig(tick_tokens=budget))
+    s_a = spec(list(range(20)), rule="greedy", temperature=0.0, max_tokens=400)
+    s_b = spec([i % V for i in range(2000)], rule="greedy", temperature=0.0, max_tokens=4)
+
+    async def scenario():
+        a = await engine.open(s_a)
+        await engine.step(a)
+        before = engine.evaluated
+        b = await engine.open(s_b)  # 2,000 prompt tokens to prefill, in chunks
+        verdicts = 0
+        while engine.evaluated - before < 1999 and verdicts < 400:
+            await engine.step(a)  # a keeps asking for tokens all along the prefill
+            verdicts += 1
+        vb = await engine.step(b)
+        return verdicts, vb
+
+    verdicts, vb = asyncio.run(with_engine(engine, scenario()))
+    assert verdicts >= 10, "the prefill finished before the other session got going: the test proves nothing"
+    assert engine.max_wait_tokens <= budget, f"a block waited behind {engine.max_wait_tokens} tokens of other work"
+    ref = TargetVerifier(toy_target(), list(s_b.prompt), rule="greedy", max_tokens=4).step()
+    assert (vb.accepted, vb.next_token) == (ref.accepted, ref.next_token)
+
+
+# ------------------------------------------------------------------------------ over real sockets
+
+
+def _edge(port: int, prompt, seed: int, mode: str, rule="coupled", temperature=0.8, max_tokens=30, k=3):
+    cfg = EdgeConfig(mode=mode, rule=rule, temperature=temperature, seed=seed, max_tokens=max_tokens, k=k,
+                     connect=ConnectConfig(host=HOST, port=port, reply_timeout_s=20.0))
+    drafter = None if mode == "cloud-only" else ToyModel(vocab=V, seed=1, noise=0.7, noise_seed=seed)
+    return run_edge(drafter, prompt, cfg, model_id=f"toy:vocab={V}").tokens
+
+
+def _solo(prompt, seed, max_tokens=30, rule="coupled", temperature=0.8):
+    v = TargetVerifier(toy_target(), prompt, sampling=SamplingParams(temperature), rule=rule, seed=seed, max_tokens=max_tokens)
+    while not v.finished:
+        v.step()
+    return v.generated
+
+
+def test_sixteen_concurrent_edges_each_get_their_solo_output():
+    rng = random.Random(7)
+    jobs = [([rng.randrange(V) for _ in range(rng.randint(2, 40))], 100 + i, ("pipelined", "sync", "cloud-only")[i % 3])
+            for i in range(16)]
+    results: dict[int, list[int]] = {}
+    errors: list[BaseException] = []
+    with CloudServerThread(toy_target(), ServerConfig(port=0, max_sessions=16)) as srv:
+        def one(i):
+            try:
+                prompt, seed, mode = jobs[i]
+                results[i] = _edge(srv.port, prompt, seed, mode)
+            except BaseException as e:  # surfaced below
+                errors.append(e)
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(16)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        engine = srv.server.engine
+    assert not errors, errors
+    for i, (prompt, seed, _) in enumerate(jobs):
+        assert results[i] == _solo(prompt, seed), f"edge {i} got another output than alone"
+    assert engine.max_batch_sessions > 1
+
+
+def test_serial_and_batched_engines_give_the_same_text():
+    prompt = [5, 7, 11, 13]
+    outs = []
+    for kind in ("serial", "batched"):
+        with CloudServerThread(toy_target(), ServerConfig(port=0, engine=kind)) as srv:
+            outs.append(_edge(srv.port, prompt, 3, "pipelined"))
+    assert outs[0] == outs[1] == _solo(prompt, 3)
+
+
+def _hello(prompt, max_tokens=20) -> wire.Hello:
+    return wire.Hello(model_id=f"toy:vocab={V}", max_tokens=max_tokens, prompt=tuple(prompt), auth=b"", temperature=0.0,
+                      top_k=0, top_p=1.0, rule="greedy", seed=0, mode=wire.Mode.SPECULATIVE)
+
+
+def _recv(sock, dec):
+    sock.settimeout(10)
+    while True:
+        frames = dec.feed(sock.recv(65536))
+        if frames:
+            return frames[0]
+
+
+def test_a_client_that_disconnects_mid_batch_frees_its_slot_and_can_still_resume():
+    """One KV slot. Edge A opens and verifies a block, then its connection dies with a block in flight.
+    A newcomer B is then admitted at once (A's slot is reclaimed, not held for the resume grace), runs
+    to the end, and A RESUMEs and finishes with exactly its solo output."""
+    prompt_a, prompt_b = [1, 2, 3, 4], [9, 8, 7]
+    with CloudServerThread(toy_target(n_slots=1), ServerConfig(port=0, engine="batched")) as srv:
+        sock = socket.create_connection((HOST, srv.port))
+        dec = wire.FrameDecoder()
+        sock.sendall(wire.encode(_hello(prompt_a)))
+        w = _recv(sock, dec)
+        assert isinstance(w, wire.Welcome)
+        sock.sendall(wire.encode(wire.Draft(session=w.session, seq=0, base=w.committed, tokens=(1, 2, 3))))
+        v = _recv(sock, dec)
+        committed = v.committed
+        sock.sendall(wire.encode(wire.Draft(session=w.session, seq=1, base=committed, tokens=(4, 5))))
+        sock.close()  # gone with a block in flight
+        deadline = time.monotonic() + 5
+        while srv.server.sessions[w.session].connected and time.monotonic() < deadline:
+            time.sleep(0.01)
+        out_b = _edge(srv.port, prompt_b, 0, "sync", rule="greedy", temperature=0.0, max_tokens=20)
+        assert out_b == _solo(prompt_b, 0, 20, "greedy", 0.0)
+        assert srv.server.engine.swaps >= 1
+        # A comes back where it left off and finishes with plain steps
+        sock = socket.create_connection((HOST, srv.port))
+        dec = wire.FrameDecoder()
+        sock.sendall(wire.encode(wire.Resume(session=w.session, committed=committed, auth=b"")))
+        w2 = _recv(sock, dec)
+        assert isinstance(w2, wire.Welcome) and w2.committed == committed
+        c, seq, finished = committed, 10, False
+        while not finished:
+            sock.sendall(wire.encode(wire.Draft(session=w.session, seq=seq, base=c, tokens=())))
+            v = _recv(sock, dec)
+            c, finished, seq = v.committed, v.finished, seq + 1
+        sock.close()
+        tokens = srv.server.sessions[w.session].verifier.generated
+    assert tokens == _solo(prompt_a, 0, 20, "greedy", 0.0)
+
+
+# -------------------------------------------------------------------------------------- real target
+
+
+@pytest.mark.real
+def test_real_batched_verdicts_equal_solo_verdicts():
+    """The real target, 4 sessions at once in one llama.cpp context (one KV stream each), greedy and
+    coupled: every verdict equals the one the same session gets alone, bit for bit in effect."""
+    from acespec.models.llama import LlamaCppModel
+    from acespec.models.registry import DEFAULT_TARGET, installed_path
+
+    path = installed_path(DEFAULT_TARGET)
+    if path is None:
+        pytest.skip("the default target is not installed")
+    m = LlamaCppModel(path, n_ctx=512, n_slots=4, batch_invariant=True, name=DEFAULT_TARGET)
+    try:
+        tok = m.tokenizer
+        prompts = [tok.encode(t) for t in ("def fib(n):", "import numpy as np\n# mean of a list", "class Stack:", "SELECT name FROM")]
+        rules = (("greedy", 0.0), ("coupled", 0.9))
+        specs = [spec(p, *rules[i % 2], seed=i, max_tokens=12) for i, p in enumerate(prompts)]
+
+        def draft_for(i):
+            r = random.Random(i)
+            # drafts that are sometimes right: the solo output, with a wrong token now and then
+            def draft(tokens, k):
+                sol = solo_out[i]
+                n = len(tokens) - len(specs[i].prompt)
+                out = list(sol[n : n + k])
+                if out and r.random() < 0.4:
+                    out[r.randrange(len(out))] = 17
+                return out
+            return draft
+
+        solo_out = {}
+        engine_solo = BatchedEngine(m, BatchConfig(slots=4))
+
+        async def one_at_a_time():
+            for i, s in enumerate(specs):  # the plain output first: the drafts are built from it
+                solo_out[i] = (await engine_run(engine_solo, s, lambda t, k: [], 0, 12))[1]
+            return [await engine_run(engine_solo, s, draft_for(i), 4, 12) for i, s in enumerate(specs)]
+
+        solo = asyncio.run(with_engine(engine_solo, one_at_a_time()))
+        engine = BatchedEngine(m, BatchConfig(slots=4))
+
+        async def together():
+            return await asyncio.gather(*(engine_run(engine, s, draft_for(i), 4, 12) for i, s in enumerate(specs)))
+
+        batched = asyncio.run(with_engine(engine, together()))
+    finally:
+        m.close()
+    assert engine.max_batch_sessions > 1
+    for i in range(len(specs)):
+        assert batched[i] == solo[i], f"session {i} ({specs[i].rule}): batched verdicts differ from solo"
