@@ -193,6 +193,20 @@ def _run(args: argparse.Namespace, children: ChildProcesses) -> int:
                 sys.stdout.write(stream.flush() + "\n")
             results[name] = res
         print_table(results, args, link)
+        if not args.quick:
+            from acespec.bench.tenants import demo_capacity
+
+            print("\n[demo] the cloud's side: several edges at once (a short live run of `acespec bench tenants`) ...",
+                  file=sys.stderr, flush=True)
+            traces = None
+            if args.target.startswith("toy"):  # the committed traces are the default pair's: record toy ones
+                from acespec.sim.trace import TraceSet, record_prompt
+
+                target = load_model(args.target)
+                traces = TraceSet([record_prompt(target, drafter, prompt, max_tokens=args.max_tokens, pid=f"toy/{i}")[0]
+                                   for i in range(4)])
+            print("\n" + demo_capacity(cloud_port, model_id=tok.fingerprint, vocab=drafter.vocab_size, auth=token,
+                                        traces=traces))
         if args.json:
             import json
 

@@ -393,6 +393,7 @@ def test_demo_runs_end_to_end_and_leaves_no_process_behind():
     assert p.returncode == 0, p.stderr[-2000:]
     assert "AceSpec" in p.stdout and "cloud-only" in p.stdout and "tokens/s" in p.stdout
     assert "losslessness: AceSpec text == cloud-only text" in p.stdout
+    assert "edges at once" in p.stdout and "errors" not in p.stdout  # the cloud's side, from replayed edges
     time.sleep(0.2)
     assert _children_with_tag(tag) == []
 

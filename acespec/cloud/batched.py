@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import itertools
 import logging
 import threading
@@ -54,6 +55,7 @@ log = logging.getLogger("acespec.cloud.batched")
 class BatchConfig:
     slots: int | None = None  # KV sequences: sessions resident at once (None = every sequence the model holds)
     tick_tokens: int = 256  # most tokens evaluated in one tick (ready blocks first, then prompt chunks)
+    prefill_chunk: int | None = None  # prompts are prefilled in chunks this long, at fixed positions (None: min(64, tick_tokens))
     swap_idle_s: float = 2.0  # a session idle this long may lose its KV to a newcomer
 
     def __post_init__(self) -> None:
@@ -61,6 +63,10 @@ class BatchConfig:
             raise ValueError(f"slots must be >= 1, got {self.slots}")
         if self.tick_tokens < 2:
             raise ValueError(f"tick_tokens must be >= 2, got {self.tick_tokens}")
+        if self.prefill_chunk is None:
+            self.prefill_chunk = min(64, self.tick_tokens)
+        if not 1 <= self.prefill_chunk <= self.tick_tokens:
+            raise ValueError(f"prefill_chunk must be in 1..tick_tokens, got {self.prefill_chunk}")
         if not self.swap_idle_s >= 0:
             raise ValueError(f"swap_idle_s must be >= 0, got {self.swap_idle_s}")
 
@@ -81,6 +87,7 @@ class _State(EngineSession):
     slot: int | None = None  # its KV sequence, None while swapped out
     last_used: float = field(default_factory=time.monotonic)
     parked: bool = False  # its edge went away: first to lose its slot
+    history: dict = field(default_factory=dict)  # start position -> tokens of each pass that built its KV
     closed: bool = False
 
 
@@ -91,7 +98,7 @@ class BatchedEngine(VerifyEngine):
         self.target = target
         cfg = config or BatchConfig()
         if cfg.slots is None:
-            cfg = BatchConfig(slots=target.n_slots, tick_tokens=cfg.tick_tokens, swap_idle_s=cfg.swap_idle_s)
+            cfg = dataclasses.replace(cfg, slots=target.n_slots)
         if target.n_slots < cfg.slots:
             raise ValueError(f"the target holds {target.n_slots} KV sequences; the engine wants {cfg.slots}")
         self.cfg = cfg
@@ -343,10 +350,9 @@ class BatchedEngine(VerifyEngine):
                 op.fut.cancel()
 
     def _plan(self) -> tuple[list, list]:
-        """This tick's work: ready blocks (oldest request first), then prompt chunks, under the token budget."""
+        """This tick's work: ready blocks (oldest request first), then catch-up chunks, under the token budget."""
         budget = self.cfg.tick_tokens
         batch: list[tuple[_State, list[int], int, _Op]] = []
-        taken: set[int] = set()
         waiting = sorted((s for s in self._sessions.values() if s.ops and s.ops[0].job is not None),
                          key=lambda s: s.ops[0].submitted)
         catch_up: list[_State] = []
@@ -358,24 +364,46 @@ class BatchedEngine(VerifyEngine):
                 self._give_slot(s, slot)
             op = s.ops[0]
             have = self._sync(s)
-            need = s.verifier.tokens[have:] + op.job.draft.tolist()
-            if len(need) > budget and (batch or have < s.verifier.committed - 1):
-                catch_up.append(s)  # prefill what it lacks (or wait a tick: the oldest block always fits)
+            if have < s.verifier.committed - 1:
+                catch_up.append(s)  # its KV lacks committed tokens: rebuild first
                 continue
+            need = s.verifier.tokens[have:] + op.job.draft.tolist()
+            if len(need) > budget and batch:
+                continue  # next tick: it is the oldest request then, and the oldest block always goes
             batch.append((s, need, op.job.k + 1, op))
-            taken.add(s.id)
+            self._record(s, have, need)
             budget -= len(need)
         prefill: list[tuple[_State, list[int]]] = []
-        others = [s for s in self._sessions.values() if s.id not in taken and s not in catch_up and self._needs_prefill(s)]
+        others = [s for s in self._sessions.values() if s not in catch_up and not any(b[0] is s for b in batch)
+                  and self._needs_prefill(s)]
         for s in catch_up + sorted(others, key=lambda s: s.id):
-            if budget <= 0:
-                break
             have = self._sync(s)
-            chunk = s.verifier.tokens[have : min(s.verifier.committed - 1, have + budget)]
-            if chunk:
-                prefill.append((s, chunk))
-                budget -= len(chunk)
+            chunk, replay = self._next_chunk(s, have)
+            if not chunk or (len(chunk) > budget and (batch or prefill)):
+                continue
+            prefill.append((s, chunk))
+            if not replay:
+                self._record(s, have, chunk)
+            budget -= len(chunk)
         return batch, prefill
+
+    def _next_chunk(self, s: _State, have: int) -> tuple[list[int], bool]:
+        """What to evaluate next for a session whose KV holds `have` < committed - 1 tokens: the pass
+        that first built position `have` again, with the very same tokens (a swapped-out session, so its
+        KV comes back bit for bit), else the next canonical prompt chunk (chunks start at multiples of
+        prefill_chunk, whatever the load, so a prompt's KV is the same alone or among others)."""
+        again = s.history.get(have)
+        if again is not None:
+            return list(again), True
+        c = self.cfg.prefill_chunk
+        return s.verifier.tokens[have : min(s.verifier.committed - 1, (have // c + 1) * c)], False
+
+    @staticmethod
+    def _record(s: _State, start: int, tokens: list[int]) -> None:
+        """Remember each pass that built the session's KV (from position `start`); later passes are void."""
+        for k in [k for k in s.history if k >= start]:
+            del s.history[k]
+        s.history[start] = list(tokens)
 
     def _sync(self, s: _State) -> int:
         """Trim the session's slot to what it shares with the committed prefix (minus the last token,

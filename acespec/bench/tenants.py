@@ -1,0 +1,493 @@
+"""`acespec bench tenants`: N concurrent edges against one cloud, the capacity benchmark.
+
+    acespec bench tenants --n 1,2,4,8,16 --max-tokens 48 --json docs/results/bench-tenants.json
+
+What a cloud does with many edges is a property of the cloud, so the edges here are replay clients,
+not drafters: each replays the real drafter's blocks from an acceptance trace (`acespec bench sim
+--record`), speaking the real wire protocol over loopback, and sleeps each block's recorded drafting
+time before sending it, so the cores go to the cloud as they would with real devices.
+
+Replaying a greedy trace is exact (see `sim/trace.py`): the drafter's greedy chain from committed
+position s is the trace's target output `y` for the first `a_s` positions and wrong after that, so a
+replayed block is accepted exactly as the real drafter's would be; a pipelined block carries its
+guessed bonus as the first token, right iff the chain still holds there.
+
+Modes: `acespec` (pipelined, 2 blocks in flight, K = 4), `sync` (stop-and-wait), `cloud-only` (the
+cloud generates and streams). Engines: `batched` (the default `acespec serve`) and `serial` (the old
+one-session-at-a-time server, the baseline). Per cell it reports aggregate committed tokens/s, mean
+per-session tokens/s, verdict latency p50/p99 (DRAFT sent -> VERDICT in; for cloud-only the gap
+between streamed tokens), target passes per token, and the KV memory the engine held.
+
+Same text whatever the load: `--invariance` runs each session alone and then all of them at once,
+greedy and coupled, on the batch-invariant engine and on the plain one (one unified KV cache, the
+"before"), and counts the tokens that differ.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import random
+import socket
+import statistics
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from acespec import wire
+from acespec.argtypes import pos_int
+
+MODES = ("acespec", "sync", "cloud-only")
+ENGINES = ("batched", "serial")
+K = 4  # draft depth of the replayed blocks (the trace's recording depth)
+WINDOW = 2  # acespec mode: blocks in flight
+DEFAULT_TRACES = "docs/results/traces/humaneval-n16-t64.json"
+_REPO = Path(__file__).resolve().parents[2]
+
+
+def bundled_traces(path: str = DEFAULT_TRACES):
+    """The committed acceptance traces (relative to the working directory, else to the repository)."""
+    from acespec.sim.trace import TraceSet
+
+    p = Path(path)
+    if not p.is_file() and not p.is_absolute():
+        p = _REPO / path
+    if not p.is_file():
+        raise ValueError(f"no trace file {path}; record one with `acespec bench sim --record --n-prompts 16 --max-tokens 64 --out {path}`")
+    return TraceSet.load(p)
+
+
+@dataclass
+class EdgeRun:
+    prompt_id: str
+    tokens: list[int] = field(default_factory=list)  # committed output
+    wall_s: float = 0.0
+    rounds: int = 0  # verdicts that verified a block (not dropped)
+    dropped: int = 0
+    latencies: list[float] = field(default_factory=list)
+    error: str = ""
+    finished: bool = False
+
+
+class ReplayEdge:
+    """One edge: HELLO, then replayed blocks (or a cloud-only stream), over a real socket."""
+
+    def __init__(self, port: int, trace, mode: str, *, rule: str, temperature: float, seed: int, max_tokens: int,
+                 draft_s: float, model_id: str, vocab: int, deadline: float, auth: bytes = b"") -> None:
+        self.port, self.tr, self.mode = port, trace, mode
+        self.rule, self.temperature, self.seed = rule, temperature, seed
+        self.max_tokens = max_tokens
+        self.draft_s = draft_s
+        self.model_id, self.vocab = model_id, vocab
+        self.deadline = deadline
+        self.auth = auth
+        self.y = list(trace.tokens)
+        self.P = len(trace.prompt_tokens)
+        self.run = EdgeRun(trace.id)
+
+    # the drafter's greedy chain from committed position s (absolute): right for a_s tokens, then wrong
+    def chain(self, s: int, q: int) -> int:
+        j, i = s - self.P, q - self.P
+        if 0 <= j < len(self.y) and 0 <= i < len(self.y) and i - j < self.tr.accept[j]:
+            return self.y[i]
+        right = self.y[i] if 0 <= i < len(self.y) else 0
+        return (right + 1) % self.vocab
+
+    def go(self) -> EdgeRun:
+        t0 = time.perf_counter()
+        try:
+            self._go()
+        except Exception as e:  # reported in the table, never hidden
+            self.run.error = f"{type(e).__name__}: {e}"
+        self.run.wall_s = time.perf_counter() - t0
+        return self.run
+
+    def _go(self) -> None:
+        sock = socket.create_connection(("127.0.0.1", self.port), timeout=30)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        inbox: queue.Queue = queue.Queue()
+
+        def reader():
+            dec = wire.FrameDecoder()
+            try:
+                while True:
+                    data = sock.recv(65536)
+                    if not data:
+                        break
+                    for f in dec.feed(data):
+                        inbox.put((time.perf_counter(), f))
+            except (OSError, wire.WireError) as e:
+                inbox.put((time.perf_counter(), e))
+            inbox.put((time.perf_counter(), None))
+
+        sock.settimeout(None)
+        threading.Thread(target=reader, daemon=True).start()
+        cloud_only = self.mode == "cloud-only"
+        hello = wire.Hello(model_id=self.model_id, max_tokens=self.max_tokens, prompt=tuple(self.tr.prompt_tokens), auth=self.auth,
+                           temperature=self.temperature, top_k=0, top_p=1.0, rule=self.rule, seed=self.seed,
+                           mode=wire.Mode.CLOUD_ONLY if cloud_only else wire.Mode.SPECULATIVE)
+        sock.sendall(wire.encode(hello))
+
+        def next_frame():
+            left = self.deadline - time.perf_counter()
+            if left <= 0:
+                raise TimeoutError("the run's time cap passed")
+            try:
+                t, f = inbox.get(timeout=left)
+            except queue.Empty:
+                raise TimeoutError("the run's time cap passed") from None
+            if isinstance(f, wire.Error):
+                raise RuntimeError(f"cloud error {f.code.name}: {f.message}")
+            if f is None or isinstance(f, Exception):
+                raise ConnectionError(f"connection lost: {f}")
+            return t, f
+
+        try:
+            _, w = next_frame()
+            if not isinstance(w, wire.Welcome):
+                raise RuntimeError(f"expected WELCOME, got {type(w).__name__}")
+            if cloud_only:
+                self._stream(next_frame)
+            else:
+                self._speculate(sock, w.session, w.committed, next_frame)
+            sock.sendall(wire.encode(wire.Close(reason=wire.CloseReason.NORMAL)))
+        except TimeoutError:
+            pass  # capped: what was committed so far counts
+        finally:
+            sock.close()
+
+    def _stream(self, next_frame) -> None:
+        last = time.perf_counter()
+        while True:
+            t, f = next_frame()
+            if isinstance(f, wire.Tokens):
+                self.run.tokens.extend(f.tokens)
+                self.run.latencies.append(t - last)
+                self.run.rounds += len(f.tokens)
+                last = t
+                if f.finished:
+                    self.run.finished = True
+                    return
+
+    def _speculate(self, sock, sid: int, committed: int, next_frame) -> None:
+        window = WINDOW if self.mode == "acespec" else 1
+        C = committed
+        s = tip = C  # chain start (the last resync) and the next position to draft
+        seq = 0
+        inflight: dict[int, tuple[int, list[int], float]] = {}  # seq -> (base, tokens, sent at), in order
+        while True:
+            while len(inflight) < window:
+                if inflight:  # pipelined: the guessed bonus at `tip`, then K fresh tokens
+                    base, toks = tip, [self.chain(s, q) for q in range(tip, tip + 1 + K)]
+                else:
+                    base, toks = C, [self.chain(s, q) for q in range(C, C + K)]
+                time.sleep(self.draft_s * (base + len(toks) - tip))  # the drafter's time for its new tokens
+                tip = base + len(toks)
+                sock.sendall(wire.encode(wire.Draft(session=sid, seq=seq, base=base, tokens=tuple(toks))))
+                inflight[seq] = (base, toks, time.perf_counter())
+                seq += 1
+            t, f = next_frame()
+            if not isinstance(f, wire.Verdict) or f.seq not in inflight:
+                continue
+            base, toks, sent = inflight.pop(f.seq)
+            self.run.latencies.append(t - sent)
+            if f.dropped:
+                self.run.dropped += 1
+            else:
+                self.run.rounds += 1
+                o = C - base  # the block's leading tokens that were already committed
+                self.run.tokens.extend(toks[o : o + f.accepted] + [f.next_token])
+                all_in = o + f.accepted == len(toks)
+                C = f.committed
+                nxt = next(iter(inflight.values()), None)
+                # the speculation holds iff the whole block went in and the next block starts with the
+                # bonus the cloud chose; otherwise redraft from the committed prefix (stale blocks drop)
+                if not (all_in and nxt is not None and nxt[0] == C - 1 and nxt[1][0] == f.next_token):
+                    s = tip = C
+            if f.finished:
+                self.run.finished = True
+                return
+
+
+def _target(engine: str, n_slots: int, n_ctx: int, invariant: bool = True):
+    from acespec.models.llama import LlamaCppModel
+    from acespec.models.registry import DEFAULT_TARGET, installed_path, resolve
+
+    path = installed_path(DEFAULT_TARGET) or resolve(DEFAULT_TARGET, auto_install=True).path
+    if engine == "serial":
+        return LlamaCppModel(path, n_ctx=n_ctx, name=DEFAULT_TARGET)
+    return LlamaCppModel(path, n_ctx=n_ctx, n_slots=n_slots, batch_invariant=invariant, name=DEFAULT_TARGET)
+
+
+def _percentile(xs: list[float], q: float) -> float:
+    if not xs:
+        return float("nan")
+    xs = sorted(xs)
+    i = min(len(xs) - 1, max(0, round(q * (len(xs) - 1))))
+    return xs[i]
+
+
+def run_edges(port: int, traces, mode: str, n: int, *, model_id: str, vocab: int, rule: str = "greedy",
+              temperature: float = 0.0, max_tokens: int = 48, draft_s: float = 0.03, cap_s: float = 120.0,
+              seed: int = 0, auth: bytes = b"") -> dict:
+    """N replay edges at once against the cloud listening on `port`; one table row (no engine figures)."""
+    deadline = time.perf_counter() + cap_s
+    edges = [ReplayEdge(port, traces[i % len(traces)], mode, rule=rule, temperature=temperature, seed=seed + i,
+                        max_tokens=max_tokens, draft_s=draft_s, model_id=model_id, vocab=vocab, deadline=deadline,
+                        auth=auth) for i in range(n)]
+    out: list[EdgeRun | None] = [None] * n
+    threads = [threading.Thread(target=lambda i=i: out.__setitem__(i, edges[i].go())) for i in range(n)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(cap_s + 60)
+    wall = time.perf_counter() - t0
+    runs = [r for r in out if r is not None]
+    emitted = sum(len(r.tokens) for r in runs)
+    lat = [x for r in runs for x in r.latencies]
+    return {
+        "mode": mode, "n": n, "rule": rule, "wall_s": round(wall, 3), "tokens": emitted,
+        "agg_tok_s": emitted / wall if wall > 0 else 0.0,
+        "per_session_tok_s": statistics.mean(len(r.tokens) / r.wall_s for r in runs if r.wall_s > 0) if runs else 0.0,
+        "lat_p50_s": _percentile(lat, 0.5), "lat_p99_s": _percentile(lat, 0.99),
+        "passes_per_token": (sum(r.rounds for r in runs) / emitted) if emitted else float("nan"),
+        "dropped": sum(r.dropped for r in runs),
+        "finished": sum(r.finished for r in runs), "capped": sum(not r.finished for r in runs),
+        "errors": [r.error for r in runs if r.error], "outputs": {r.prompt_id: r.tokens for r in runs},
+    }
+
+
+def run_cell(engine, traces, mode: str, n: int, *, cap_s: float = 120.0, max_tokens: int = 48, **kw) -> dict:
+    """`run_edges` against a fresh in-process server on `engine`, plus the engine's own figures."""
+    from acespec.cloud.server import CloudServerThread, ServerConfig
+
+    target = engine.target
+    cfg = ServerConfig(port=0, max_sessions=max(n, 1), max_new_tokens=max_tokens, idle_timeout_s=cap_s + 60)
+    with CloudServerThread(engine, cfg) as srv:
+        row = run_edges(srv.port, traces, mode, n, model_id=target.tokenizer.fingerprint, vocab=target.vocab_size,
+                        cap_s=cap_s, max_tokens=max_tokens, **kw)
+        m = engine.metrics()
+    kv_b = m.get("kv_bytes_per_token", 0)
+    return {"engine": engine.name, **row, "kv_peak_mb": m.get("kv_peak", 0) * kv_b / 2**20,
+            "kv_alloc_mb": m.get("kv_tokens_allocated", 0) * kv_b / 2**20, "engine_metrics": m}
+
+
+def invariance(model, traces, n: int, *, max_tokens: int, draft_s: float, cap_s: float, slots: int) -> list[dict]:
+    """Each of n sessions alone, then all n at once, greedy and coupled: tokens that differ."""
+    from acespec.cloud.engine import make_engine
+
+    rows = []
+    for rule, temp in (("greedy", 0.0), ("coupled", 0.8)):
+        alone = {}
+        for i in range(n):
+            r = run_cell(make_engine("batched", model, slots=slots), [traces[i % len(traces)]], "acespec", 1, rule=rule,
+                         temperature=temp, max_tokens=max_tokens, draft_s=draft_s, cap_s=cap_s, seed=i)
+            alone[traces[i % len(traces)].id] = next(iter(r["outputs"].values()))
+        together = run_cell(make_engine("batched", model, slots=slots), traces[:n], "acespec", n, rule=rule,
+                            temperature=temp, max_tokens=max_tokens, draft_s=draft_s, cap_s=cap_s, seed=0)
+        differ = total = sessions_differ = 0
+        for pid, toks in together["outputs"].items():
+            ref = alone[pid]
+            d = sum(a != b for a, b in zip(toks, ref)) + abs(len(toks) - len(ref))
+            differ += d
+            total += max(len(toks), len(ref))
+            sessions_differ += d > 0
+        rows.append({"rule": rule, "temperature": temp, "n": n, "tokens": total, "tokens_differ": differ,
+                     "sessions_differ": sessions_differ, "errors": together["errors"]})
+    return rows
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("tenants", help="N concurrent edges against one cloud: aggregate tok/s, latency, passes, KV")
+    p.add_argument("--n", default="1,2,4,8,16", help="concurrent edges per cell (default 1,2,4,8,16)")
+    p.add_argument("--modes", default=",".join(MODES), help=f"batched-engine modes (default {','.join(MODES)})")
+    p.add_argument("--serial-modes", default="acespec", help="modes run on the old serial server too ('' = none; default acespec)")
+    p.add_argument("--serial-n", default="1,2,4,8", help="N for the serial server (default 1,2,4,8)")
+    p.add_argument("--max-tokens", type=pos_int, default=48, help="tokens per session (default 48)")
+    p.add_argument("--traces", default=DEFAULT_TRACES, help=f"acceptance traces to replay (default {DEFAULT_TRACES})")
+    p.add_argument("--draft-ms", type=float, help="drafting time per token (default: the trace file's measured figure)")
+    p.add_argument("--cap", type=float, default=120.0, help="seconds per cell; a capped cell counts what it committed (default 120)")
+    p.add_argument("--tick-tokens", type=pos_int, default=256, help="batched engine's token budget per tick (default 256)")
+    p.add_argument("--invariance", type=int, default=8, metavar="N",
+                   help="also count tokens that differ between N sessions alone and together (0 = skip; default 8)")
+    p.add_argument("--json", metavar="OUT", help="write every figure (and the outputs) here")
+    p.add_argument("--plot", metavar="PNG", help="plot aggregate tok/s and p99 latency against N")
+    p.set_defaults(func=cmd_tenants)
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        out = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"expected comma-separated integers, got {text!r}") from None
+    if any(v < 1 for v in out):
+        raise ValueError(f"every N must be >= 1, got {text!r}")
+    return out
+
+
+def _modes(text: str) -> list[str]:
+    out = [m.strip() for m in text.split(",") if m.strip()]
+    bad = [m for m in out if m not in MODES]
+    if bad:
+        raise ValueError(f"unknown mode(s) {', '.join(bad)}; use {', '.join(MODES)}")
+    return out
+
+
+def cmd_tenants(args) -> int:
+    from acespec.cloud.engine import make_engine
+
+    ns, modes, serial_modes, serial_ns = _ints(args.n), _modes(args.modes), _modes(args.serial_modes), _ints(args.serial_n)
+    if not args.cap > 0:
+        raise ValueError("--cap must be > 0")
+    path = Path(args.traces)
+    ts = bundled_traces(args.traces)
+    traces = ts.prompts
+    draft_s = args.draft_ms / 1e3 if args.draft_ms is not None else float(ts.timings.get("draft_s_per_token", 0.03))
+    if not draft_s >= 0:
+        raise ValueError("--draft-ms must be >= 0")
+    n_ctx = max(len(t.prompt_tokens) for t in traces) + args.max_tokens + 2 * K + 16
+    n_ctx = (n_ctx + 255) // 256 * 256
+    say = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
+    rows: list[dict] = []
+    slots = max(ns + [args.invariance])
+    result = {"command": "acespec bench tenants " + " ".join(sys.argv[3:]), "traces": str(path), "draft_s_per_token": draft_s,
+              "max_tokens": args.max_tokens, "k": K, "window": WINDOW, "tick_tokens": args.tick_tokens}
+
+    model = _target("batched", slots, n_ctx)
+    try:
+        run_cell(make_engine("batched", model, slots=slots, tick_tokens=args.tick_tokens), traces, "acespec", 1,
+                 max_tokens=8, draft_s=draft_s, cap_s=args.cap)  # warm-up
+        for n in ns:
+            for mode in modes:
+                r = run_cell(make_engine("batched", model, slots=slots, tick_tokens=args.tick_tokens), traces, mode, n,
+                             max_tokens=args.max_tokens, draft_s=draft_s, cap_s=args.cap)
+                rows.append(r)
+                say(_line(r))
+        if args.invariance:
+            result["invariance"] = {"after": invariance(model, traces, args.invariance, max_tokens=args.max_tokens,
+                                                        draft_s=draft_s, cap_s=args.cap, slots=slots)}
+    finally:
+        model.close()
+    if args.invariance:
+        before = _target("batched", slots, n_ctx, invariant=False)
+        try:
+            result["invariance"]["before"] = invariance(before, traces, args.invariance, max_tokens=args.max_tokens,
+                                                        draft_s=draft_s, cap_s=args.cap, slots=slots)
+        finally:
+            before.close()
+    if serial_modes:
+        model = _target("serial", 1, n_ctx)
+        try:
+            for n in serial_ns:
+                for mode in serial_modes:
+                    r = run_cell(make_engine("serial", model), traces, mode, n, max_tokens=args.max_tokens,
+                                 draft_s=draft_s, cap_s=args.cap)
+                    rows.append(r)
+                    say(_line(r))
+        finally:
+            model.close()
+    result["rows"] = rows
+    print(report(result))
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(result, indent=1, default=float))
+    if args.plot:
+        plot(result, args.plot)
+    return 0
+
+
+def _line(r: dict) -> str:
+    return (f"{r['engine']:8s} {r['mode']:10s} N={r['n']:<3d} {r['agg_tok_s']:7.2f} tok/s agg, {r['per_session_tok_s']:6.2f}/session, "
+            f"p50 {r['lat_p50_s']:.3f} s, p99 {r['lat_p99_s']:.3f} s, {r['passes_per_token']:.3f} passes/token"
+            + (f", {r['capped']} capped" if r["capped"] else "") + (f", errors {r['errors'][:2]}" if r["errors"] else ""))
+
+
+def report(result: dict) -> str:
+    rows = result["rows"]
+    out = [f"=== acespec bench tenants: {len(rows)} cells; {result['max_tokens']} tokens per session, K = {K}, "
+           f"drafting {1e3 * result['draft_s_per_token']:.1f} ms/token (replayed), tick budget {result['tick_tokens']} tokens ===",
+           f"{'engine':8s} {'mode':10s} {'N':>3s} {'agg tok/s':>10s} {'tok/s/sess':>10s} {'p50 s':>7s} {'p99 s':>7s} "
+           f"{'passes/tok':>10s} {'KV peak MB':>10s} {'KV alloc MB':>11s} {'capped':>6s}"]
+    for r in rows:
+        out.append(f"{r['engine']:8s} {r['mode']:10s} {r['n']:3d} {r['agg_tok_s']:10.2f} {r['per_session_tok_s']:10.2f} "
+                   f"{r['lat_p50_s']:7.3f} {r['lat_p99_s']:7.3f} {r['passes_per_token']:10.3f} {r['kv_peak_mb']:10.1f} "
+                   f"{r['kv_alloc_mb']:11.1f} {r['capped']:6d}")
+    by = {(r["engine"], r["mode"], r["n"]): r for r in rows}
+    ratios = []
+    for n in sorted({r["n"] for r in rows}):
+        a, s, c = by.get(("batched", "acespec", n)), by.get(("serial", "acespec", n)), by.get(("batched", "cloud-only", n))
+        parts = []
+        if a and s:
+            parts.append(f"AceSpec batched / serial server {a['agg_tok_s'] / max(s['agg_tok_s'], 1e-9):.2f}x")
+        if a and c:
+            parts.append(f"AceSpec / cloud-only (same engine) {a['agg_tok_s'] / max(c['agg_tok_s'], 1e-9):.2f}x")
+        one = by.get(("batched", "acespec", 1))
+        if a and one:
+            parts.append(f"agg vs N=1 {a['agg_tok_s'] / max(one['agg_tok_s'], 1e-9):.2f}x, p99 vs N=1 {a['lat_p99_s'] / max(one['lat_p99_s'], 1e-9):.2f}x")
+        if parts:
+            ratios.append(f"N={n}: " + "; ".join(parts))
+    if ratios:
+        out.append("ratios (same run):")
+        out.extend("  " + x for x in ratios)
+    inv = result.get("invariance")
+    if inv:
+        out.append("same text whatever the load (each session alone vs all together):")
+        for label, key in (("batch-invariant engine (one KV stream per session)", "after"),
+                           ("plain batching (one unified KV cache), before", "before")):
+            for r in inv.get(key, []):
+                out.append(f"  {label}: {r['rule']}: {r['tokens_differ']} of {r['tokens']} tokens differ "
+                           f"({r['sessions_differ']} of {r['n']} sessions)" + (f", errors {r['errors'][:2]}" if r["errors"] else ""))
+    return "\n".join(out)
+
+
+def plot(result: dict, png: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for r in result["rows"]:
+        groups.setdefault((r["engine"], r["mode"]), []).append(r)
+    for (eng, mode), rs in groups.items():
+        rs = sorted(rs, key=lambda r: r["n"])
+        label = f"{mode} ({eng})"
+        style = "--" if eng == "serial" else "-"
+        ax1.plot([r["n"] for r in rs], [r["agg_tok_s"] for r in rs], style, marker="o", label=label)
+        ax2.plot([r["n"] for r in rs], [r["lat_p99_s"] for r in rs], style, marker="o", label=label)
+    for ax, title in ((ax1, "aggregate committed tokens/s"), (ax2, "verdict latency p99 (s)")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrent edges N")
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+    ax2.set_yscale("log")
+    ax1.legend(fontsize=8)
+    fig.suptitle("acespec bench tenants: one cloud (Qwen2.5-Coder-1.5B, 2 CPU cores), N replayed edges", fontsize=10)
+    fig.tight_layout()
+    Path(png).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png, dpi=110)
+
+
+def demo_capacity(port: int, *, model_id: str, vocab: int, auth: bytes, n: int = 4, max_tokens: int = 24, traces=None) -> str:
+    """For `acespec demo`: N replayed edges against the demo's running cloud, AceSpec then cloud-only.
+    `traces` (a TraceSet) defaults to the committed traces of the default model pair."""
+    ts = traces or bundled_traces()
+    draft_s = float(ts.timings.get("draft_s_per_token", 0.03))
+    rows = {mode: run_edges(port, ts.prompts, mode, n, model_id=model_id, vocab=vocab, auth=auth, max_tokens=max_tokens,
+                            draft_s=draft_s, cap_s=300.0) for mode in ("acespec", "cloud-only")}
+    a, c = rows["acespec"], rows["cloud-only"]
+    out = [f"=== one cloud, {n} edges at once ({max_tokens} tokens each, HumanEval prompts, drafts replayed from the real drafter) ===",
+           f"{'':24s}{'AceSpec':>12s}{'cloud-only':>14s}",
+           f"{'aggregate tokens/s':24s}{a['agg_tok_s']:12.2f}{c['agg_tok_s']:14.2f}",
+           f"{'target passes / token':24s}{a['passes_per_token']:12.3f}{c['passes_per_token']:14.3f}",
+           f"{'verdict latency p99 (s)':24s}{a['lat_p99_s']:12.3f}{c['lat_p99_s']:14.3f}",
+           f"{'AceSpec vs cloud-only':24s}{a['agg_tok_s'] / max(c['agg_tok_s'], 1e-9):11.2f}x",
+           "note: full figures for N = 1..16 and the old serial server: `acespec bench tenants` (docs/results/bench-tenants.txt)"]
+    for r in (a, c):
+        if r["errors"]:
+            out.append(f"errors ({r['mode']}): {r['errors'][:2]}")
+    return "\n".join(out)
