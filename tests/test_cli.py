@@ -231,3 +231,38 @@ def test_edge_cli_runs_the_full_acespec_system_losslessly():
         assert_usage_error(run("edge", *where, *common, "--acespec", "--pass-budget", bad), "--pass-budget")
     # only the controller keeps a pass budget: asking a fixed depth for one is an error, not a no-op
     assert_usage_error(run("edge", *where, *common, "--pass-budget", "0.5"), "--policy controller")
+
+
+@pytest.mark.parametrize(
+    "args,needles",
+    [
+        (["--engine", "warp"], ["--engine"]),
+        (["--engine", "serial", "--slots", "2"], ["--slots and --kv-budget are for the batched engine"]),
+        (["--slots", "4", "--kv-budget", "100"], ["--kv-budget 100 leaves 25 tokens per slot"]),
+        (["--batching", "loose"], ["--batching"]),
+        (["--swap-idle", "-1"], ["--swap-idle must be >= 0"]),
+        (["--tick-tokens", "0"], ["--tick-tokens"]),
+    ],
+)
+def test_serve_refuses_bad_engine_options(args, needles):
+    assert_usage_error(run("serve", "--target", "toy:vocab=64,seed=1", "--port", "0", *args), *needles)
+
+
+def test_serve_batched_engine_serves_an_edge_over_the_cli():
+    """`acespec serve` (batched engine, 2 slots of a small KV budget) answers a real `acespec edge`."""
+    srv = subprocess.Popen([*CMD, "serve", "--target", "toy:vocab=64,seed=1", "--port", "0", "--slots", "2",
+                            "--kv-budget", "1024", "--tick-tokens", "32"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = srv.stdout.readline()
+        assert "batched engine, 2 KV slot(s) of 512 tokens" in line, line
+        port = line.split("listening on ")[1].split()[0].split(":")[1]
+        outs = []
+        for mode in ("pipelined", "cloud-only"):
+            p = run("edge", "--cloud", f"127.0.0.1:{port}", "--draft", "toy:vocab=64,seed=1,noise=0.5", "--mode", mode,
+                    "--prompt", "hello", "--max-tokens", "20", "--rule", "coupled", "--temperature", "0.8", "--json")
+            assert p.returncode == 0, p.stderr
+            outs.append(json.loads(p.stdout)["tokens"])
+        assert outs[0] == outs[1] and len(outs[0]) == 20
+    finally:
+        srv.terminate()
+        srv.wait(30)

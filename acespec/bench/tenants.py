@@ -128,6 +128,7 @@ class ReplayEdge:
         hello = wire.Hello(model_id=self.model_id, max_tokens=self.max_tokens, prompt=tuple(self.tr.prompt_tokens), auth=self.auth,
                            temperature=self.temperature, top_k=0, top_p=1.0, rule=self.rule, seed=self.seed,
                            mode=wire.Mode.CLOUD_ONLY if cloud_only else wire.Mode.SPECULATIVE)
+        self.hello_at = time.perf_counter()
         sock.sendall(wire.encode(hello))
 
         def next_frame():
@@ -159,7 +160,7 @@ class ReplayEdge:
             sock.close()
 
     def _stream(self, next_frame) -> None:
-        last = time.perf_counter()
+        last = self.hello_at
         while True:
             t, f = next_frame()
             if isinstance(f, wire.Tokens):
@@ -211,14 +212,16 @@ class ReplayEdge:
                 return
 
 
-def _target(engine: str, n_slots: int, n_ctx: int, invariant: bool = True):
+def _target(engine: str, n_slots: int, n_ctx: int):
+    """The default target as each engine runs it: `batched` (exact: one KV stream per session),
+    `shared` (one unified KV cache, one pass for every session), `serial` (one sequence)."""
     from acespec.models.llama import LlamaCppModel
     from acespec.models.registry import DEFAULT_TARGET, installed_path, resolve
 
     path = installed_path(DEFAULT_TARGET) or resolve(DEFAULT_TARGET, auto_install=True).path
     if engine == "serial":
         return LlamaCppModel(path, n_ctx=n_ctx, name=DEFAULT_TARGET)
-    return LlamaCppModel(path, n_ctx=n_ctx, n_slots=n_slots, batch_invariant=invariant, name=DEFAULT_TARGET)
+    return LlamaCppModel(path, n_ctx=n_ctx, n_slots=n_slots, batch_invariant=engine == "batched", name=DEFAULT_TARGET)
 
 
 def _percentile(xs: list[float], q: float) -> float:
@@ -247,9 +250,12 @@ def run_edges(port: int, traces, mode: str, n: int, *, model_id: str, vocab: int
     wall = time.perf_counter() - t0
     runs = [r for r in out if r is not None]
     emitted = sum(len(r.tokens) for r in runs)
-    lat = [x for r in runs for x in r.latencies]
+    # a session's first verdict waits for its own prompt's prefill: reported apart, as time to first verdict
+    first = [r.latencies[0] for r in runs if r.latencies]
+    lat = [x for r in runs for x in r.latencies[1:]]
     return {
         "mode": mode, "n": n, "rule": rule, "wall_s": round(wall, 3), "tokens": emitted,
+        "first_p50_s": _percentile(first, 0.5), "first_max_s": max(first) if first else float("nan"),
         "agg_tok_s": emitted / wall if wall > 0 else 0.0,
         "per_session_tok_s": statistics.mean(len(r.tokens) / r.wall_s for r in runs if r.wall_s > 0) if runs else 0.0,
         "lat_p50_s": _percentile(lat, 0.5), "lat_p99_s": _percentile(lat, 0.99),
@@ -271,7 +277,8 @@ def run_cell(engine, traces, mode: str, n: int, *, cap_s: float = 120.0, max_tok
                         cap_s=cap_s, max_tokens=max_tokens, **kw)
         m = engine.metrics()
     kv_b = m.get("kv_bytes_per_token", 0)
-    return {"engine": engine.name, **row, "kv_peak_mb": m.get("kv_peak", 0) * kv_b / 2**20,
+    name = "shared" if engine.name == "batched" and not getattr(engine.target, "batch_invariant", True) else engine.name
+    return {"engine": name, **row, "kv_peak_mb": m.get("kv_peak", 0) * kv_b / 2**20,
             "kv_alloc_mb": m.get("kv_tokens_allocated", 0) * kv_b / 2**20, "engine_metrics": m}
 
 
@@ -306,6 +313,8 @@ def add_parser(sub) -> None:
     p.add_argument("--modes", default=",".join(MODES), help=f"batched-engine modes (default {','.join(MODES)})")
     p.add_argument("--serial-modes", default="acespec", help="modes run on the old serial server too ('' = none; default acespec)")
     p.add_argument("--serial-n", default="1,2,4,8", help="N for the serial server (default 1,2,4,8)")
+    p.add_argument("--shared-n", default="1,8",
+                   help="N for the shared-pass engine (one unified KV cache; not batch-invariant), acespec mode ('' = none)")
     p.add_argument("--max-tokens", type=pos_int, default=48, help="tokens per session (default 48)")
     p.add_argument("--traces", default=DEFAULT_TRACES, help=f"acceptance traces to replay (default {DEFAULT_TRACES})")
     p.add_argument("--draft-ms", type=float, help="drafting time per token (default: the trace file's measured figure)")
@@ -340,6 +349,9 @@ def cmd_tenants(args) -> int:
     from acespec.cloud.engine import make_engine
 
     ns, modes, serial_modes, serial_ns = _ints(args.n), _modes(args.modes), _modes(args.serial_modes), _ints(args.serial_n)
+    shared_ns = _ints(args.shared_n)
+    if args.invariance < 0:
+        raise ValueError("--invariance must be >= 0")
     if not args.cap > 0:
         raise ValueError("--cap must be > 0")
     path = Path(args.traces)
@@ -352,43 +364,33 @@ def cmd_tenants(args) -> int:
     n_ctx = (n_ctx + 255) // 256 * 256
     say = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
     rows: list[dict] = []
-    slots = max(ns + [args.invariance])
+    slots = max(ns + shared_ns + [args.invariance])
     result = {"command": "acespec bench tenants " + " ".join(sys.argv[3:]), "traces": str(path), "draft_s_per_token": draft_s,
               "max_tokens": args.max_tokens, "k": K, "window": WINDOW, "tick_tokens": args.tick_tokens}
 
-    model = _target("batched", slots, n_ctx)
-    try:
-        run_cell(make_engine("batched", model, slots=slots, tick_tokens=args.tick_tokens), traces, "acespec", 1,
-                 max_tokens=8, draft_s=draft_s, cap_s=args.cap)  # warm-up
-        for n in ns:
-            for mode in modes:
-                r = run_cell(make_engine("batched", model, slots=slots, tick_tokens=args.tick_tokens), traces, mode, n,
-                             max_tokens=args.max_tokens, draft_s=draft_s, cap_s=args.cap)
-                rows.append(r)
-                say(_line(r))
-        if args.invariance:
-            result["invariance"] = {"after": invariance(model, traces, args.invariance, max_tokens=args.max_tokens,
-                                                        draft_s=draft_s, cap_s=args.cap, slots=slots)}
-    finally:
-        model.close()
-    if args.invariance:
-        before = _target("batched", slots, n_ctx, invariant=False)
+    def cells(kind: str, cell_ns: list[int], cell_modes: list[str]) -> None:
+        if not cell_ns or not cell_modes:
+            return
+        model = _target(kind, slots, n_ctx)
+        engine = (lambda: make_engine("serial", model)) if kind == "serial" else \
+            (lambda: make_engine("batched", model, slots=slots, tick_tokens=args.tick_tokens))
         try:
-            result["invariance"]["before"] = invariance(before, traces, args.invariance, max_tokens=args.max_tokens,
-                                                        draft_s=draft_s, cap_s=args.cap, slots=slots)
-        finally:
-            before.close()
-    if serial_modes:
-        model = _target("serial", 1, n_ctx)
-        try:
-            for n in serial_ns:
-                for mode in serial_modes:
-                    r = run_cell(make_engine("serial", model), traces, mode, n, max_tokens=args.max_tokens,
-                                 draft_s=draft_s, cap_s=args.cap)
+            run_cell(engine(), traces, cell_modes[0], 1, max_tokens=8, draft_s=draft_s, cap_s=args.cap)  # warm-up
+            for n in cell_ns:
+                for mode in cell_modes:
+                    r = run_cell(engine(), traces, mode, n, max_tokens=args.max_tokens, draft_s=draft_s, cap_s=args.cap)
                     rows.append(r)
                     say(_line(r))
+            if args.invariance and kind != "serial":
+                key = "after" if kind == "batched" else "before"
+                result.setdefault("invariance", {})[key] = invariance(
+                    model, traces, args.invariance, max_tokens=args.max_tokens, draft_s=draft_s, cap_s=args.cap, slots=slots)
         finally:
             model.close()
+
+    cells("batched", ns, modes)
+    cells("shared", shared_ns, ["acespec"])
+    cells("serial", serial_ns, serial_modes)
     result["rows"] = rows
     print(report(result))
     if args.json:
@@ -409,12 +411,14 @@ def report(result: dict) -> str:
     rows = result["rows"]
     out = [f"=== acespec bench tenants: {len(rows)} cells; {result['max_tokens']} tokens per session, K = {K}, "
            f"drafting {1e3 * result['draft_s_per_token']:.1f} ms/token (replayed), tick budget {result['tick_tokens']} tokens ===",
-           f"{'engine':8s} {'mode':10s} {'N':>3s} {'agg tok/s':>10s} {'tok/s/sess':>10s} {'p50 s':>7s} {'p99 s':>7s} "
+           f"{'engine':8s} {'mode':10s} {'N':>3s} {'agg tok/s':>10s} {'tok/s/sess':>10s} {'first s':>8s} {'p50 s':>7s} {'p99 s':>7s} "
            f"{'passes/tok':>10s} {'KV peak MB':>10s} {'KV alloc MB':>11s} {'capped':>6s}"]
     for r in rows:
         out.append(f"{r['engine']:8s} {r['mode']:10s} {r['n']:3d} {r['agg_tok_s']:10.2f} {r['per_session_tok_s']:10.2f} "
-                   f"{r['lat_p50_s']:7.3f} {r['lat_p99_s']:7.3f} {r['passes_per_token']:10.3f} {r['kv_peak_mb']:10.1f} "
+                   f"{r['first_p50_s']:8.2f} {r['lat_p50_s']:7.3f} {r['lat_p99_s']:7.3f} {r['passes_per_token']:10.3f} {r['kv_peak_mb']:10.1f} "
                    f"{r['kv_alloc_mb']:11.1f} {r['capped']:6d}")
+    out.append("first s: median over sessions of the wait for the session's first verdict (cloud-only: first token), "
+               "prompt prefill included; p50/p99: every later verdict (cloud-only: every later token)")
     by = {(r["engine"], r["mode"], r["n"]): r for r in rows}
     ratios = []
     for n in sorted({r["n"] for r in rows}):
@@ -435,8 +439,8 @@ def report(result: dict) -> str:
     inv = result.get("invariance")
     if inv:
         out.append("same text whatever the load (each session alone vs all together):")
-        for label, key in (("batch-invariant engine (one KV stream per session)", "after"),
-                           ("plain batching (one unified KV cache), before", "before")):
+        for label, key in (("batched, exact (one KV stream and one pass per session)", "after"),
+                           ("shared pass (one unified KV cache), before", "before")):
             for r in inv.get(key, []):
                 out.append(f"  {label}: {r['rule']}: {r['tokens_differ']} of {r['tokens']} tokens differ "
                            f"({r['sessions_differ']} of {r['n']} sessions)" + (f", errors {r['errors'][:2]}" if r["errors"] else ""))

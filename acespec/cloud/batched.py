@@ -2,31 +2,28 @@
 
 One model context holds one KV sequence ("slot") per resident session. A worker thread runs ticks:
 
-1. Admin requests first, in arrival order: admit new sessions (a free slot, or one taken from the
-   least recently used idle session), roll back, close.
+1. Closes and rollbacks, then admissions (a free slot, or the slot of a parked or idle session).
 2. Each session with a pending block is prepared (`TargetVerifier.prepare`: stale blocks are
-   answered at once, with no model work). Its slot is trimmed to the committed prefix.
-3. One batch is filled under a token budget (`tick_tokens`): first every ready block (oldest request
-   first), each as the committed tokens its slot lacks (usually one) plus the draft, asking for the
-   k + 1 rows its rule needs; then, with what is left of the budget, chunks of prompts still being
-   prefilled (a new session, or a swapped-out one rebuilding its KV). So a long prompt never holds
-   back another session's verdict by more than one tick.
+   answered at once, with no model work), and its slot is trimmed to the committed prefix.
+3. One batch is filled under a token budget (`tick_tokens`): every ready block first, oldest request
+   first, one per session (its next block's fate hangs on this verdict), as the committed token its
+   slot lacks plus the draft, asking for the k + 1 rows its rule needs; then chunks of prompts still
+   being prefilled, at most `busy_prefill_chunks` of them while blocks are waiting, so a long prompt
+   never holds another session's verdict back by more than that.
 4. One `Model.eval_batch` call evaluates it all; each session's rows go through its own rule
-   (`TargetVerifier.finish`), and its verdict is handed back to the server's event loop.
+   (`TargetVerifier.finish`) and its verdict goes back to the server's event loop.
 
-Like llama-server's slots and vLLM's scheduler, a session's block joins whatever batch is forming; a
-session contributes at most one block per tick, since its next block's fate depends on this verdict.
+KV memory is explicit: `slots` sequences of `max_context` tokens (the model's context per sequence).
+A newcomer gets a free slot, else the slot of a parked session (its edge went away) or of the least
+recently used one idle for `swap_idle_s`; with none, `open` raises EngineBusy (the server answers
+BUSY, retryable). A swapped-out session gets a slot back on its next request.
 
-KV memory is explicit: `slots` sequences of `max_context` tokens each (the model's context per
-sequence). A newcomer gets a free slot, else the slot of the least recently used session that has been
-idle for `swap_idle_s` (or whose edge has gone: `park`); that session's KV is dropped and rebuilt by
-chunked prefill on its next request, which is correct because a verdict depends only on the committed
-tokens. With no slot to be had, `open` raises EngineBusy (the server answers BUSY, retryable).
-
-Same text whatever the load: a session's rows must not depend on who shares its batch. The engine
-cannot ensure that alone; the runtime must compute each row the same way whatever else is in the
-batch (for llama.cpp: `LlamaCppModel(batch_invariant=True)`, see its docstring). The toy model is
-batch-invariant by construction.
+Same text whatever the load. A session's rows are the same bits alone or in any company, as long as
+the runtime computes each sequence of a batch on its own (llama.cpp: `LlamaCppModel(batch_invariant=
+True)`; the toy model always does) and the engine never changes the shapes a session's KV is built
+with: prompts are prefilled in chunks at fixed positions (multiples of `prefill_chunk`) whatever the
+budget leaves, and a swapped-out session's KV is rebuilt by replaying the very passes that first
+built it (`history`), not by a prefill in other chunk sizes. docs/design-notes.md has the measurements.
 """
 
 from __future__ import annotations
@@ -57,6 +54,7 @@ class BatchConfig:
     tick_tokens: int = 256  # most tokens evaluated in one tick (ready blocks first, then prompt chunks)
     prefill_chunk: int | None = None  # prompts are prefilled in chunks this long, at fixed positions (None: min(64, tick_tokens))
     swap_idle_s: float = 2.0  # a session idle this long may lose its KV to a newcomer
+    busy_prefill_chunks: int = 1  # prompt chunks a tick may take while blocks wait on it (the rest of the budget otherwise)
 
     def __post_init__(self) -> None:
         if self.slots is not None and self.slots < 1:
@@ -67,6 +65,8 @@ class BatchConfig:
             self.prefill_chunk = min(64, self.tick_tokens)
         if not 1 <= self.prefill_chunk <= self.tick_tokens:
             raise ValueError(f"prefill_chunk must be in 1..tick_tokens, got {self.prefill_chunk}")
+        if self.busy_prefill_chunks < 1:
+            raise ValueError(f"busy_prefill_chunks must be >= 1, got {self.busy_prefill_chunks}")
         if not self.swap_idle_s >= 0:
             raise ValueError(f"swap_idle_s must be >= 0, got {self.swap_idle_s}")
 
@@ -78,6 +78,7 @@ class _Op:
     args: tuple = ()
     submitted: float = field(default_factory=time.perf_counter)
     mark: int = 0  # the engine's evaluated-token count when submitted (for the wait figures)
+    own_mark: int = 0  # the session's own evaluated tokens then (its own prefill is no one else's delay)
     job: VerifyJob | None = None  # a prepared verify, waiting for its rows
 
 
@@ -88,7 +89,18 @@ class _State(EngineSession):
     last_used: float = field(default_factory=time.monotonic)
     parked: bool = False  # its edge went away: first to lose its slot
     history: dict = field(default_factory=dict)  # start position -> tokens of each pass that built its KV
+    own: int = 0  # tokens evaluated for this session
     closed: bool = False
+
+
+def _resolve(fut: concurrent.futures.Future, value=None) -> None:
+    if not fut.done():  # a caller that gave up (cancelled) no longer hears the answer; the work stands
+        fut.set_result(value)
+
+
+def _fail(fut: concurrent.futures.Future, exc: BaseException) -> None:
+    if not fut.done():
+        fut.set_exception(exc)
 
 
 class BatchedEngine(VerifyEngine):
@@ -116,7 +128,7 @@ class BatchedEngine(VerifyEngine):
         self.swaps = 0  # sessions whose KV was dropped to make room
         self.refused = 0  # opens answered EngineBusy
         self.max_batch_sessions = 0  # most sessions in one tick
-        self.max_wait_tokens = 0  # most tokens other work evaluated between a block's arrival and its tick
+        self.max_wait_tokens = 0  # most tokens evaluated for other sessions between a block's arrival and its verdict
         self.kv_peak = 0  # most KV tokens resident at once
         self.tick_s = 0.0
 
@@ -140,7 +152,11 @@ class BatchedEngine(VerifyEngine):
     async def open(self, spec: SessionSpec) -> EngineSession:
         s = _State(next(self._ids), self._make_verifier(spec))
         op = self._submit(s, "open", admin=True)
-        await asyncio.wrap_future(op.fut)
+        try:
+            await asyncio.wrap_future(op.fut)
+        except asyncio.CancelledError:
+            self.close(s)  # admitted meanwhile or not, nobody will use it: free its slot
+            raise
         return s
 
     async def verify(self, s, seq, base, tokens, q):
@@ -183,7 +199,7 @@ class BatchedEngine(VerifyEngine):
                 raise EngineStopped("the verify engine is shutting down")
             if s.closed and not admin:
                 raise EngineStopped(f"session {s.id} is closed")
-            op.mark = self.evaluated
+            op.mark, op.own_mark = self.evaluated, s.own
             (self._admin.append((s, op)) if admin else s.ops.append(op))
             self._cv.notify_all()
         return op
@@ -237,7 +253,7 @@ class BatchedEngine(VerifyEngine):
             log.exception("batched eval failed")
             for s, _, _, op in batch:
                 s.ops.popleft()
-                op.fut.set_exception(e)
+                _fail(op.fut, e)
             for s in {x[0] for x in batch} | {x[0] for x in prefill}:
                 self._evict(s)
             return
@@ -248,27 +264,33 @@ class BatchedEngine(VerifyEngine):
         answers = []
         for (s, _, _, op), r in zip(batch, rows):
             s.ops.popleft()
-            self.max_wait_tokens = max(self.max_wait_tokens, self.evaluated - op.mark)
+            self.max_wait_tokens = max(self.max_wait_tokens, self.evaluated - op.mark - (s.own - op.own_mark))
             answers.append((op, s.verifier.finish(op.job, r, done - op.submitted)))
             s.last_used = time.monotonic()
+        for s, toks, _, _ in batch:
+            s.own += len(toks)
+        for s, toks in prefill:
+            s.own += len(toks)
         with self._cv:  # counted before anyone hears back, so a follow-up block is measured from here
             self.evaluated += sum(len(t) for _, t, _ in items)
             self.kv_peak = max(self.kv_peak, sum(self.target.held(sl) for sl in self._holder))
             self.verdicts += len(answers)
         for op, v in answers:
-            op.fut.set_result(v)
+            _resolve(op.fut, v)
 
     def _admit(self, s: _State, op: _Op) -> None:
+        if not op.fut.set_running_or_notify_cancel():
+            return  # the newcomer gave up waiting: admit nobody
         slot = self._free_slot(exclude=None)
         if slot is None:
             self.refused += 1
-            op.fut.set_exception(EngineBusy(f"all {self.cfg.slots} KV sequences are held by active sessions; retry later"))
+            _fail(op.fut, EngineBusy(f"all {self.cfg.slots} KV sequences are held by active sessions; retry later"))
             return
         with self._cv:
             self._sessions[s.id] = s
         self._give_slot(s, slot)
         s.last_used = time.monotonic()
-        op.fut.set_result(None)
+        _resolve(op.fut, None)
 
     def _free_slot(self, exclude: _State | None, *, waiting: bool = False) -> int | None:
         """A slot for a newcomer (or a swapped-out session coming back): a free one, else the slot of the
@@ -316,9 +338,9 @@ class BatchedEngine(VerifyEngine):
                     s.ops.popleft()
                     try:
                         s.verifier.rollback(*op.args)
-                        op.fut.set_result(None)
+                        _resolve(op.fut, None)
                     except Exception as e:
-                        op.fut.set_exception(e)
+                        _fail(op.fut, e)
                     continue
                 if op.job is None:
                     args = (0, s.verifier.committed, []) if op.kind == "step" else op.args
@@ -326,12 +348,12 @@ class BatchedEngine(VerifyEngine):
                         job = s.verifier.prepare(*args[:3], args[3] if len(args) > 3 else None)
                     except Exception as e:
                         s.ops.popleft()
-                        op.fut.set_exception(e)
+                        _fail(op.fut, e)
                         continue
                     if isinstance(job, Verdict):  # stale, or the session has finished
                         s.ops.popleft()
                         self.verdicts += 1
-                        op.fut.set_result(job)
+                        _resolve(op.fut, job)
                         continue
                     op.job = job
                 break
@@ -345,7 +367,7 @@ class BatchedEngine(VerifyEngine):
         self._evict(s)
         for op in ops:
             if op.kind == "close":
-                op.fut.set_result(None)
+                _resolve(op.fut, None)
             else:
                 op.fut.cancel()
 
@@ -377,6 +399,8 @@ class BatchedEngine(VerifyEngine):
         others = [s for s in self._sessions.values() if s not in catch_up and not any(b[0] is s for b in batch)
                   and self._needs_prefill(s)]
         for s in catch_up + sorted(others, key=lambda s: s.id):
+            if batch and len(prefill) >= self.cfg.busy_prefill_chunks:
+                break  # sessions are waiting on verdicts: their tick stays short
             have = self._sync(s)
             chunk, replay = self._next_chunk(s, have)
             if not chunk or (len(chunk) > budget and (batch or prefill)):
@@ -422,7 +446,7 @@ class BatchedEngine(VerifyEngine):
             if s.ops and s.ops[0].job is not None:
                 op = s.ops.popleft()
                 if not op.fut.done():
-                    op.fut.set_exception(err)
+                    _fail(op.fut, err)
             self._evict(s)
 
     def _cancel_everything(self) -> None:
@@ -433,4 +457,4 @@ class BatchedEngine(VerifyEngine):
                 s.ops.clear()
         for op in pending:
             if not op.fut.done():
-                op.fut.set_exception(EngineStopped("the verify engine stopped"))
+                _fail(op.fut, EngineStopped("the verify engine stopped"))

@@ -50,6 +50,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--n-ctx", type=_positive_int, default=4096, help="tokens one session may hold (prompt + output; default 4096)")
     p.add_argument("--kv-budget", type=_positive_int,
                    help="batched: total KV tokens for all slots (default slots x n-ctx); sets n-ctx to kv-budget / slots")
+    p.add_argument("--batching", choices=("exact", "shared"), default="exact",
+                   help="batched, llama.cpp: exact (default) computes each session's rows as if it were alone; "
+                        "shared puts every session in one pass over one unified KV cache (reads the weights once, "
+                        "but a session's text can depend on who shares its batches)")
     p.add_argument("--tick-tokens", type=_positive_int, default=256,
                    help="batched: most tokens one batch evaluates; prompt prefill is chunked to fit (default 256)")
     p.add_argument("--swap-idle", type=float, default=2.0, metavar="S",
@@ -83,8 +87,11 @@ def engine_from_args(args: argparse.Namespace, target_spec: str):
     # llama.cpp: one KV stream per slot, batch-invariant (see LlamaCppModel); toy models hold 64
     # sequences already; other runtimes hold one, so they need --slots 1 (or --engine serial)
     kind = resolve(target_spec).kind
-    extra = {"n_slots": slots, "batch_invariant": True} if kind == "gguf" else {}
+    extra = {"n_slots": slots, "batch_invariant": args.batching == "exact"} if kind == "gguf" else {}
     target = load_model(target_spec, n_ctx=n_ctx, **extra)
+    if kind == "toy":  # a toy's context and sequences are plain attributes: give it the budget asked for
+        target.n_ctx = n_ctx
+        target.n_slots = max(target.n_slots, slots)
     return make_engine("batched", target, slots=slots, tick_tokens=args.tick_tokens, swap_idle_s=args.swap_idle)
 
 

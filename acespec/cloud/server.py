@@ -82,7 +82,7 @@ class CloudServer:
         self._ids = itertools.count(1)
         self._server: asyncio.base_events.Server | None = None
         self._sweeper: asyncio.Task | None = None
-        self._conns: set[asyncio.Task] = set()
+        self._conns: dict[asyncio.Task, asyncio.StreamWriter] = {}  # live connections
         self.errors_sent: dict[str, int] = {}  # ErrorCode name -> count, for tests and logs
         self.port = self.cfg.port
 
@@ -100,9 +100,19 @@ class CloudServer:
             await self._server.wait_closed()
         if self._sweeper:
             self._sweeper.cancel()
-        for t in list(self._conns):
-            t.cancel()
-        await asyncio.gather(*self._conns, return_exceptions=True)
+        # tell every edge we are going away (it may RESUME elsewhere or later), then close its
+        # connection so its handler ends by itself; cancel only a handler that does not
+        for w in list(self._conns.values()):
+            try:
+                w.write(wire.encode(wire.Close(reason=wire.CloseReason.GOING_AWAY)))
+            except (ConnectionError, OSError, RuntimeError):
+                pass
+            w.close()
+        if self._conns:
+            _, late = await asyncio.wait(set(self._conns), timeout=5.0)
+            for t in late:
+                t.cancel()
+            await asyncio.gather(*late, return_exceptions=True)
         await self.engine.stop()
 
     async def serve_forever(self) -> None:
@@ -132,7 +142,7 @@ class CloudServer:
     async def _on_connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         if task:
-            self._conns.add(task)
+            self._conns[task] = writer
         session: Session | None = None
         decoder = wire.FrameDecoder(self.cfg.limits)
         try:
@@ -170,7 +180,7 @@ class CloudServer:
             except (ConnectionError, OSError):
                 pass
             if task:
-                self._conns.discard(task)
+                self._conns.pop(task, None)
 
     async def _next_frame(self, reader: asyncio.StreamReader, decoder: wire.FrameDecoder) -> list | None:
         """The next non-empty batch of whole frames, or None on a clean end of stream."""
@@ -293,40 +303,60 @@ class CloudServer:
 
     # -- speculative mode -------------------------------------------------------------------------
     async def _serve_drafts(self, s: Session, reader, writer, decoder: wire.FrameDecoder) -> None:
+        """Read blocks and hand each to the engine at once: a pipelined edge has several in flight, and
+        the engine takes a session's next block into the very next tick only if it already has it.
+        The verdicts go back in order from a writer task."""
         V = self.target.vocab_size
-        while True:
-            frames = await self._next_frame(reader, decoder)
-            if frames is None:
-                return
-            for f in frames:
-                if s.owner is not asyncio.current_task():
-                    return  # a RESUME on a new connection took the session over
-                s.last_active = time.monotonic()
-                if isinstance(f, wire.Draft):
-                    if f.session != s.sid:
-                        raise ProtocolError(wire.ErrorCode.UNKNOWN_SESSION, f"DRAFT names session {f.session}, this connection holds {s.sid}")
-                    if any(t >= V for t in f.tokens):
-                        raise ProtocolError(wire.ErrorCode.OVER_LIMIT, "draft token id outside the target vocabulary")
-                    q = None
-                    if f.q is not None:
-                        q = np.stack([dense_row([i for i, _ in row], [p for _, p in row], V) for row in f.q]) if f.q else None
-                    elif s.verifier.rule.info.needs_q and f.tokens:
-                        raise ProtocolError(wire.ErrorCode.BAD_REQUEST, f"rule {s.verifier.rule} needs q rows with each DRAFT")
-                    v = await self.engine.verify(s.handle, f.seq, f.base, f.tokens, q)
-                    out = wire.Verdict(
-                        seq=f.seq, accepted=v.accepted, next_token=max(v.next_token, 0), verify_us=v.verify_us,
-                        committed=v.committed, dropped=v.dropped, finished=v.finished,
-                    )
-                    writer.write(wire.encode(out))
-                elif isinstance(f, wire.Ping):
-                    writer.write(wire.encode(wire.Pong(nonce=f.nonce, sent_us=f.sent_us)))
-                elif isinstance(f, wire.Close):
-                    self._end(s)
+        verdicts: asyncio.Queue = asyncio.Queue()
+        out = asyncio.create_task(self._write_verdicts(s, verdicts, writer))
+        try:
+            while True:
+                frames = await self._next_frame(reader, decoder)
+                if frames is None:
                     return
-                elif isinstance(f, wire.Pong):
-                    pass
-                else:
-                    raise ProtocolError(wire.ErrorCode.BAD_REQUEST, f"unexpected {type(f).__name__.upper()} in a speculative session")
+                for f in frames:
+                    if s.owner is not asyncio.current_task():
+                        return  # a RESUME on a new connection took the session over
+                    if out.done():
+                        out.result()  # the writer failed: surface its error here
+                        return
+                    s.last_active = time.monotonic()
+                    if isinstance(f, wire.Draft):
+                        if f.session != s.sid:
+                            raise ProtocolError(wire.ErrorCode.UNKNOWN_SESSION, f"DRAFT names session {f.session}, this connection holds {s.sid}")
+                        if any(t >= V for t in f.tokens):
+                            raise ProtocolError(wire.ErrorCode.OVER_LIMIT, "draft token id outside the target vocabulary")
+                        q = None
+                        if f.q is not None:
+                            q = np.stack([dense_row([i for i, _ in row], [p for _, p in row], V) for row in f.q]) if f.q else None
+                        elif s.verifier.rule.info.needs_q and f.tokens:
+                            raise ProtocolError(wire.ErrorCode.BAD_REQUEST, f"rule {s.verifier.rule} needs q rows with each DRAFT")
+                        # submitted now (tasks start in creation order, so the engine sees the blocks in order)
+                        verdicts.put_nowait((f.seq, asyncio.ensure_future(self.engine.verify(s.handle, f.seq, f.base, f.tokens, q))))
+                    elif isinstance(f, wire.Ping):
+                        writer.write(wire.encode(wire.Pong(nonce=f.nonce, sent_us=f.sent_us)))
+                    elif isinstance(f, wire.Close):
+                        self._end(s)
+                        return
+                    elif isinstance(f, wire.Pong):
+                        pass
+                    else:
+                        raise ProtocolError(wire.ErrorCode.BAD_REQUEST, f"unexpected {type(f).__name__.upper()} in a speculative session")
+                await writer.drain()
+        finally:
+            out.cancel()
+            await asyncio.gather(out, return_exceptions=True)
+
+    async def _write_verdicts(self, s: Session, verdicts: asyncio.Queue, writer) -> None:
+        while True:
+            seq, job = await verdicts.get()
+            v = await job
+            if s.writer is not writer:
+                return  # the session moved to another connection: this one's verdicts are void
+            writer.write(wire.encode(wire.Verdict(
+                seq=seq, accepted=v.accepted, next_token=max(v.next_token, 0), verify_us=v.verify_us,
+                committed=v.committed, dropped=v.dropped, finished=v.finished,
+            )))
             await writer.drain()
 
     # -- cloud-only mode --------------------------------------------------------------------------

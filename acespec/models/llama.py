@@ -82,16 +82,23 @@ class LlamaCppModel(Model):
         batch_invariant: bool = False,  # one KV stream per slot: see below
         extra_bufts: bool = False,  # llama.cpp's extra weight buffers (AMX, repacked Q4_K): see below
     ) -> None:
-        """`batch_invariant=True` is for the cloud's batching engine, where slots are sessions: every
-        logits row must be the same bits whatever else shares its batch (DESIGN.md: the same text
-        whatever the load). Two things in llama.cpp's CPU path break that, found by measurement
-        (`tests/test_batched.py`, docs/design-notes.md "Batch invariance"): the repacked Q4_K weights
-        compute rows in groups of four with another kernel for the leftover rows, so a row's bits
-        depend on where it falls in the batch; and a unified KV cache interleaves the sessions' cells,
-        so a session's attention sums run over its cells in another order. So each slot gets a KV
-        stream of its own (`n_ctx` tokens each) and the weights are used as stored (llama.cpp's
-        `use_extra_bufts = false`). Flash attention stays off, as everywhere here: its CPU kernel
-        switches to tiled and split-KV paths by batch shape."""
+        """`batch_invariant=True` is for the cloud's batching engine, where slots are sessions: a session's
+        logits rows must be the same bits whatever else shares its llama_decode call (DESIGN.md: the
+        same text whatever the load). Measured on this llama.cpp build (tests/test_batched.py compares
+        every row): a K-quant matmul switches to a tiled kernel once a pass has 8 or more rows, and a
+        pass over several adjacent KV streams attends through one strided view of the cache; both
+        change a row's bits, and a unified KV cache interleaves the sessions' cells, which changes the
+        order of every attention sum. So each slot gets a KV stream of its own (`n_ctx` tokens each),
+        and a batch lists its sequences in descending slot order, which llama.cpp's sequential split
+        turns into one pass per sequence: a session's rows are computed exactly as if it were alone.
+        The batch still saves the per-call overheads and the re-prefill a shared one-sequence cache
+        pays on every switch; it does not share weight reads between sessions (that is what
+        `batch_invariant=False` with several slots does: one unified cache, one pass, and rows that
+        depend on the company they keep).
+
+        `extra_bufts` is off by default: llama.cpp's extra weight buffers (AMX tiles, repacked Q4_K)
+        crash this build on AMX CPUs (a segfault in ggml_backend_amx_mul_mat on any batch of 4+
+        tokens), and repacked rows are computed by batch-shape-dependent kernels."""
         super().__init__()
         path = Path(path)
         if not path.is_file():
@@ -201,9 +208,9 @@ class LlamaCppModel(Model):
             finally:
                 self.activate(main)
         if self.batch_invariant:
-            # sequences in descending slot order: llama.cpp computes the attention of sequences that
-            # sit in ascending adjacent streams through one strided view of the cache, whose sums
-            # round differently from a sequence evaluated alone (measured: tests/test_batched.py)
+            # descending slot order: llama.cpp's sequential split only joins ascending adjacent
+            # sequences into one pass, so each sequence gets a pass of its own, computed exactly as
+            # alone (see the class docstring)
             order = sorted(range(len(items)), key=lambda i: -items[i][0])
             rows = self._eval_sequences([items[i] for i in order])
             out: list[np.ndarray] = [None] * len(items)  # type: ignore[list-item]
