@@ -499,3 +499,32 @@ def test_bench_tenants_cli_refuses_bad_arguments(tmp_path, capsys):
         rc = main(["bench", "tenants", *argv])
         assert rc == 2
         assert msg in capsys.readouterr().err
+
+
+class PoisonToy(ToyModel):
+    """A toy target whose runtime fails any pass holding the tokens 47, 46 in a row: a model error."""
+
+    def _eval_batch(self, items):
+        if any((47, 46) in zip(toks, toks[1:]) for _, toks, _ in items):
+            from acespec.models.base import ModelError
+
+            raise ModelError("poisoned pass")
+        return super()._eval_batch(items)
+
+
+def test_a_failing_model_pass_fails_only_its_requests_and_the_engine_carries_on():
+    engine = BatchedEngine(PoisonToy(vocab=V, seed=1), BatchConfig(tick_tokens=64))
+    good, bad = spec([5, 6, 7], rule="greedy", temperature=0.0), spec([1, 2, 3], rule="greedy", temperature=0.0)
+
+    async def scenario():
+        g, b = await engine.open(good), await engine.open(bad)
+        with pytest.raises(Exception, match="poisoned"):
+            await engine.verify(b, 0, b.verifier.committed, [47, 46], None)  # a block the model refuses
+        out = [await engine.step(g) for _ in range(5)]  # the other session is unharmed
+        again = await engine.verify(b, 1, b.verifier.committed, [4], None)  # and the failed one can go on
+        return out, again
+
+    out, again = asyncio.run(with_engine(engine, scenario()))
+    assert [v.committed for v in out] == [4, 5, 6, 7, 8]
+    assert not again.dropped and again.committed == 4 + again.accepted
+    assert engine.ticks < 50  # no spinning on the failure

@@ -36,6 +36,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from acespec import wire
 from acespec.argtypes import pos_int
 
@@ -66,7 +68,8 @@ class EdgeRun:
     wall_s: float = 0.0
     rounds: int = 0  # verdicts that verified a block (not dropped)
     dropped: int = 0
-    latencies: list[float] = field(default_factory=list)
+    latencies: list[float] = field(default_factory=list)  # blocks sent after the first verdict (steady state)
+    first_s: float = float("nan")  # HELLO -> first verdict (cloud-only: first token), prompt prefill included
     error: str = ""
     finished: bool = False
 
@@ -165,7 +168,10 @@ class ReplayEdge:
             t, f = next_frame()
             if isinstance(f, wire.Tokens):
                 self.run.tokens.extend(f.tokens)
-                self.run.latencies.append(t - last)
+                if self.run.first_s != self.run.first_s:
+                    self.run.first_s = t - last
+                else:
+                    self.run.latencies.append(t - last)
                 self.run.rounds += len(f.tokens)
                 last = t
                 if f.finished:
@@ -178,6 +184,7 @@ class ReplayEdge:
         s = tip = C  # chain start (the last resync) and the next position to draft
         seq = 0
         inflight: dict[int, tuple[int, list[int], float]] = {}  # seq -> (base, tokens, sent at), in order
+        started = float("inf")  # when the first verdict came
         while True:
             while len(inflight) < window:
                 if inflight:  # pipelined: the guessed bonus at `tip`, then K fresh tokens
@@ -193,7 +200,10 @@ class ReplayEdge:
             if not isinstance(f, wire.Verdict) or f.seq not in inflight:
                 continue
             base, toks, sent = inflight.pop(f.seq)
-            self.run.latencies.append(t - sent)
+            if self.run.first_s != self.run.first_s:  # nan: this is the first verdict
+                self.run.first_s, started = t - self.hello_at, t
+            elif sent >= started:  # blocks sent before the first verdict waited on the prompt's prefill
+                self.run.latencies.append(t - sent)
             if f.dropped:
                 self.run.dropped += 1
             else:
@@ -221,7 +231,9 @@ def _target(engine: str, n_slots: int, n_ctx: int):
     path = installed_path(DEFAULT_TARGET) or resolve(DEFAULT_TARGET, auto_install=True).path
     if engine == "serial":
         return LlamaCppModel(path, n_ctx=n_ctx, name=DEFAULT_TARGET)
-    return LlamaCppModel(path, n_ctx=n_ctx, n_slots=n_slots, batch_invariant=engine == "batched", name=DEFAULT_TARGET)
+    if engine == "shared":  # one unified cache holds every session: give it room for all of them
+        return LlamaCppModel(path, n_ctx=n_ctx * n_slots, n_slots=n_slots, batch_invariant=False, name=DEFAULT_TARGET)
+    return LlamaCppModel(path, n_ctx=n_ctx, n_slots=n_slots, batch_invariant=True, name=DEFAULT_TARGET)
 
 
 def _percentile(xs: list[float], q: float) -> float:
@@ -251,8 +263,8 @@ def run_edges(port: int, traces, mode: str, n: int, *, model_id: str, vocab: int
     runs = [r for r in out if r is not None]
     emitted = sum(len(r.tokens) for r in runs)
     # a session's first verdict waits for its own prompt's prefill: reported apart, as time to first verdict
-    first = [r.latencies[0] for r in runs if r.latencies]
-    lat = [x for r in runs for x in r.latencies[1:]]
+    first = [r.first_s for r in runs if r.first_s == r.first_s]
+    lat = [x for r in runs for x in r.latencies]
     return {
         "mode": mode, "n": n, "rule": rule, "wall_s": round(wall, 3), "tokens": emitted,
         "first_p50_s": _percentile(first, 0.5), "first_max_s": max(first) if first else float("nan"),
@@ -282,19 +294,48 @@ def run_cell(engine, traces, mode: str, n: int, *, cap_s: float = 120.0, max_tok
             "kv_alloc_mb": m.get("kv_tokens_allocated", 0) * kv_b / 2**20, "engine_metrics": m}
 
 
+class _RowLog:
+    """Digests of every target row block the rules see, per session (keyed by prompt), while active:
+    a changed row flips a verdict only at a near-tie, so rows are the sensitive witness."""
+
+    def __init__(self) -> None:
+        self.rows: dict[tuple, list[str]] = {}
+
+    def __enter__(self) -> "_RowLog":
+        import hashlib
+
+        from acespec.engine.verifier import TargetVerifier
+
+        self._cls, self._real = TargetVerifier, TargetVerifier.finish
+        real, rows = self._real, self.rows
+
+        def finish(v, job, logits, seconds):
+            rows.setdefault(tuple(v.tokens[: v.prompt_len]), []).append(
+                hashlib.sha1(np.ascontiguousarray(logits, dtype=np.float32).tobytes()).hexdigest())
+            return real(v, job, logits, seconds)
+
+        TargetVerifier.finish = finish
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._cls.finish = self._real
+
+
 def invariance(model, traces, n: int, *, max_tokens: int, draft_s: float, cap_s: float, slots: int) -> list[dict]:
-    """Each of n sessions alone, then all n at once, greedy and coupled: tokens that differ."""
+    """Each of n sessions alone, then all n at once, greedy and coupled: tokens, and target rows, that differ."""
     from acespec.cloud.engine import make_engine
 
     rows = []
     for rule, temp in (("greedy", 0.0), ("coupled", 0.8)):
         alone = {}
-        for i in range(n):
-            r = run_cell(make_engine("batched", model, slots=slots), [traces[i % len(traces)]], "acespec", 1, rule=rule,
-                         temperature=temp, max_tokens=max_tokens, draft_s=draft_s, cap_s=cap_s, seed=i)
-            alone[traces[i % len(traces)].id] = next(iter(r["outputs"].values()))
-        together = run_cell(make_engine("batched", model, slots=slots), traces[:n], "acespec", n, rule=rule,
-                            temperature=temp, max_tokens=max_tokens, draft_s=draft_s, cap_s=cap_s, seed=0)
+        with _RowLog() as solo_rows:
+            for i in range(n):
+                r = run_cell(make_engine("batched", model, slots=slots), [traces[i % len(traces)]], "acespec", 1, rule=rule,
+                             temperature=temp, max_tokens=max_tokens, draft_s=draft_s, cap_s=cap_s, seed=i)
+                alone[traces[i % len(traces)].id] = next(iter(r["outputs"].values()))
+        with _RowLog() as together_rows:
+            together = run_cell(make_engine("batched", model, slots=slots), traces[:n], "acespec", n, rule=rule,
+                                temperature=temp, max_tokens=max_tokens, draft_s=draft_s, cap_s=cap_s, seed=0)
         differ = total = sessions_differ = 0
         for pid, toks in together["outputs"].items():
             ref = alone[pid]
@@ -302,8 +343,14 @@ def invariance(model, traces, n: int, *, max_tokens: int, draft_s: float, cap_s:
             differ += d
             total += max(len(toks), len(ref))
             sessions_differ += d > 0
+        row_total = row_differ = 0
+        for key, got in together_rows.rows.items():
+            ref = solo_rows.rows.get(key, [])
+            row_total += len(got)
+            row_differ += sum(a != b for a, b in zip(got, ref)) + max(0, len(got) - len(ref))
         rows.append({"rule": rule, "temperature": temp, "n": n, "tokens": total, "tokens_differ": differ,
-                     "sessions_differ": sessions_differ, "errors": together["errors"]})
+                     "sessions_differ": sessions_differ, "row_blocks": row_total, "row_blocks_differ": row_differ,
+                     "errors": together["errors"]})
     return rows
 
 
@@ -417,8 +464,8 @@ def report(result: dict) -> str:
         out.append(f"{r['engine']:8s} {r['mode']:10s} {r['n']:3d} {r['agg_tok_s']:10.2f} {r['per_session_tok_s']:10.2f} "
                    f"{r['first_p50_s']:8.2f} {r['lat_p50_s']:7.3f} {r['lat_p99_s']:7.3f} {r['passes_per_token']:10.3f} {r['kv_peak_mb']:10.1f} "
                    f"{r['kv_alloc_mb']:11.1f} {r['capped']:6d}")
-    out.append("first s: median over sessions of the wait for the session's first verdict (cloud-only: first token), "
-               "prompt prefill included; p50/p99: every later verdict (cloud-only: every later token)")
+    out.append("first s: median over sessions of HELLO -> first verdict (cloud-only: first token), prompt prefill "
+               "included; p50/p99: blocks sent after it, DRAFT -> VERDICT (cloud-only: gap between later tokens)")
     by = {(r["engine"], r["mode"], r["n"]): r for r in rows}
     ratios = []
     for n in sorted({r["n"] for r in rows}):
@@ -431,6 +478,9 @@ def report(result: dict) -> str:
         one = by.get(("batched", "acespec", 1))
         if a and one:
             parts.append(f"agg vs N=1 {a['agg_tok_s'] / max(one['agg_tok_s'], 1e-9):.2f}x, p99 vs N=1 {a['lat_p99_s'] / max(one['lat_p99_s'], 1e-9):.2f}x")
+        sh = by.get(("shared", "acespec", n))
+        if a and sh:
+            parts.append(f"shared pass / exact {sh['agg_tok_s'] / max(a['agg_tok_s'], 1e-9):.2f}x")
         if parts:
             ratios.append(f"N={n}: " + "; ".join(parts))
     if ratios:
@@ -443,7 +493,8 @@ def report(result: dict) -> str:
                            ("shared pass (one unified KV cache), before", "before")):
             for r in inv.get(key, []):
                 out.append(f"  {label}: {r['rule']}: {r['tokens_differ']} of {r['tokens']} tokens differ "
-                           f"({r['sessions_differ']} of {r['n']} sessions)" + (f", errors {r['errors'][:2]}" if r["errors"] else ""))
+                           f"({r['sessions_differ']} of {r['n']} sessions); {r['row_blocks_differ']} of {r['row_blocks']} "
+                           f"verified row blocks not bit-identical" + (f", errors {r['errors'][:2]}" if r["errors"] else ""))
     return "\n".join(out)
 
 

@@ -200,6 +200,7 @@ class BatchedEngine(VerifyEngine):
             if s.closed and not admin:
                 raise EngineStopped(f"session {s.id} is closed")
             op.mark, op.own_mark = self.evaluated, s.own
+            s.parked = False  # it is back
             (self._admin.append((s, op)) if admin else s.ops.append(op))
             self._cv.notify_all()
         return op
@@ -250,11 +251,13 @@ class BatchedEngine(VerifyEngine):
         except Exception as e:
             # the model refused (context overflow, a runtime error): fail those blocks, keep the engine up;
             # the slots are rebuilt from the committed prefix on the next request
-            log.exception("batched eval failed")
-            for s, _, _, op in batch:
-                s.ops.popleft()
-                _fail(op.fut, e)
+            log.error("batched eval failed: %s", e)
+            # every session in the tick hears it (a prompt chunk fails the request waiting on it), so
+            # a model that keeps refusing cannot spin the engine; their KV is rebuilt on a retry
             for s in {x[0] for x in batch} | {x[0] for x in prefill}:
+                if s.ops and s.ops[0].job is not None:
+                    _fail(s.ops.popleft().fut, e)
+                s.history.clear()
                 self._evict(s)
             return
         done = time.perf_counter()

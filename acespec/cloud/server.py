@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from acespec import wire
-from acespec.cloud.engine import EngineBusy, EngineSession, SessionSpec, VerifyEngine, make_engine
+from acespec.cloud.engine import EngineBusy, EngineSession, EngineStopped, SessionSpec, VerifyEngine, make_engine
 from acespec.engine.verifier import TargetVerifier
 from acespec.models.base import Model
 from acespec.verify import RuleSpec, RuleSpecError, SamplingParams
@@ -350,7 +350,14 @@ class CloudServer:
     async def _write_verdicts(self, s: Session, verdicts: asyncio.Queue, writer) -> None:
         while True:
             seq, job = await verdicts.get()
-            v = await job
+            try:
+                v = await job
+            except Exception as e:  # the engine could not verify (it is stopping, or a model error): say so
+                log.warning("session %d: block %d failed: %s", s.sid, seq, e)
+                code = wire.ErrorCode.BUSY if isinstance(e, EngineStopped) else wire.ErrorCode.INTERNAL
+                await self._refuse(writer, code, f"verify failed: {type(e).__name__}")
+                writer.close()
+                return
             if s.writer is not writer:
                 return  # the session moved to another connection: this one's verdicts are void
             writer.write(wire.encode(wire.Verdict(
