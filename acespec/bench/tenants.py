@@ -535,7 +535,7 @@ def demo_capacity(port: int, *, model_id: str, vocab: int, auth: bytes, n: int =
     rows = {mode: run_edges(port, ts.prompts, mode, n, model_id=model_id, vocab=vocab, auth=auth, max_tokens=max_tokens,
                             draft_s=draft_s, cap_s=300.0) for mode in ("acespec", "cloud-only")}
     a, c = rows["acespec"], rows["cloud-only"]
-    out = [f"=== one cloud, {n} edges at once ({max_tokens} tokens each, HumanEval prompts, drafts replayed from the real drafter) ===",
+    out = [f"=== one cloud, {n} edges at once ({max_tokens} tokens each, drafts replayed from recorded drafter traces) ===",
            f"{'':24s}{'AceSpec':>12s}{'cloud-only':>14s}",
            f"{'aggregate tokens/s':24s}{a['agg_tok_s']:12.2f}{c['agg_tok_s']:14.2f}",
            f"{'target passes / token':24s}{a['passes_per_token']:12.3f}{c['passes_per_token']:14.3f}",
