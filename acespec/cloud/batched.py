@@ -185,7 +185,7 @@ class BatchedEngine(VerifyEngine):
             return {
                 "engine": self.name, "slots": self.cfg.slots, "tick_tokens": self.cfg.tick_tokens,
                 "sessions": len(self._sessions), "resident": len(resident), "kv_tokens": kv, "kv_peak": self.kv_peak,
-                "kv_tokens_allocated": self.cfg.slots * self.target.n_ctx,
+                "kv_tokens_allocated": self.target.kv_cells or self.cfg.slots * self.target.n_ctx,
                 "kv_bytes_per_token": int(getattr(self.target, "kv_bytes_per_token", 0)),
                 "ticks": self.ticks, "evaluated": self.evaluated, "verdicts": self.verdicts, "swaps": self.swaps,
                 "refused": self.refused, "max_batch_sessions": self.max_batch_sessions,

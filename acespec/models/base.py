@@ -70,6 +70,7 @@ class Model(ABC):
     tokenizer: Tokenizer
 
     n_slots: int = 1  # KV sequences this model can hold at once (forks for the state cache)
+    kv_cells: int | None = None  # KV tokens the runtime allocated for all sequences together (None: n_slots x n_ctx)
 
     def __init__(self) -> None:
         self.tokens: list[int] = []  # what the active KV sequence holds, in order

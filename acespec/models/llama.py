@@ -160,6 +160,8 @@ class LlamaCppModel(Model):
             self._ctx = _internals.LlamaContext(model=self._llm._model, params=params, verbose=False)
             self._llm._ctx.close()
             self._llm._ctx = self._ctx
+        # one stream of n_ctx per sequence, or one cache of n_ctx that every sequence (fork) shares
+        self.kv_cells = n_ctx * self.n_slots if self.batch_invariant else n_ctx
         self.kv_bytes_per_token = self._kv_bytes_per_token()
         self.passes = 0  # llama_decode calls that produced logits
 
