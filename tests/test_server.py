@@ -777,3 +777,133 @@ def test_failed_auth_is_rate_limited_per_address():
         wire.send_frame(other, hello())
         assert isinstance(recv_one(other), wire.Welcome)
         other.close()
+
+
+# ------------------------------------------------------------------------------------------ restarts
+
+
+class SlowToy(ToyModel):
+    """~10 ms per target pass, so a generation lasts long enough to interrupt."""
+
+    def _eval(self, new, want):
+        time.sleep(0.01)
+        return super()._eval(new, want)
+
+
+def reference_for(rule: str, temperature: float, max_tokens: int) -> list[int]:
+    cfg = SpecConfig(rule=rule, temperature=temperature, seed=SEED, max_tokens=max_tokens, spec=False)
+    return generate(toy_target(), list(PROMPT), cfg).tokens
+
+
+@pytest.mark.parametrize("mode,rule,temperature", [
+    ("pipelined", "coupled", TEMP), ("sync", "greedy", 0.0), ("pipelined", "greedy", 0.0), ("cloud-only", "coupled", TEMP),
+])
+def test_the_edge_recovers_from_a_cloud_restart_with_the_identical_text(mode, rule, temperature):
+    """Mid-generation the cloud stops (CLOSE(GOING_AWAY) after the verdicts it owes) and a new one starts
+    on the same port, knowing nothing of the session. The edge's RESUME gets UNKNOWN_SESSION, so it
+    opens a new session whose prompt is its prompt plus everything committed, with the budget that is
+    left, and carries on: greedy and coupled give exactly the undisturbed text, streamed once."""
+    n = 80
+    first = CloudServerThread(SlowToy(vocab=V, seed=1), server_config()).start()
+    port = first.port
+    second = None
+    try:
+        cfg = EdgeConfig(mode=mode, rule=rule, k=3, temperature=temperature, seed=SEED, max_tokens=n,
+                         connect=ConnectConfig(host=HOST, port=port, token=TOKEN, reply_timeout_s=10.0, backoff_max_s=0.5))
+        streamed: list[int] = []
+        some = threading.Event()
+        out: dict = {}
+
+        def on_tokens(toks):
+            streamed.extend(toks)
+            if len(streamed) >= 5:
+                some.set()
+
+        def body():
+            try:
+                out["res"] = run_edge(None if mode == "cloud-only" else toy_drafter(), list(PROMPT), cfg,
+                                      model_id=MODEL_ID, on_tokens=on_tokens)
+            except BaseException as e:  # noqa: BLE001
+                out["error"] = e
+
+        t = threading.Thread(target=body, daemon=True)
+        t.start()
+        assert some.wait(10)
+        first.stop()
+        assert len(streamed) < n, "the generation ended before the restart; nothing was tested"
+        second = CloudServerThread(SlowToy(vocab=V, seed=1), server_config(port=port)).start()
+        t.join(60)
+        assert not t.is_alive()
+        if "error" in out:
+            raise out["error"]
+        res = out["res"]
+        assert res.tokens == reference_for(rule, temperature, n)
+        assert streamed == res.tokens
+        assert res.stats.cache["recoveries"] == 1
+        assert len(second.server.errors_sent) == 1 and second.server.errors_sent["UNKNOWN_SESSION"] == 1
+    finally:
+        first.stop()
+        if second is not None:
+            second.stop()
+
+
+def test_a_reset_during_the_first_handshake_is_retried():
+    """The first connection is reset right after its HELLO arrives (the cloud was not there yet: a
+    bare listener), then the real cloud comes up on that port: the edge retries the whole handshake
+    and produces the reference text."""
+    lst = socket.create_server((HOST, 0))
+    port = lst.getsockname()[1]
+    cfg = EdgeConfig(mode="pipelined", rule="coupled", k=3, temperature=TEMP, seed=SEED, max_tokens=20,
+                     connect=ConnectConfig(host=HOST, port=port, token=TOKEN, backoff_max_s=0.3))
+    out: dict = {}
+    t = threading.Thread(target=lambda: out.setdefault("res", run_edge(toy_drafter(), list(PROMPT), cfg, model_id=MODEL_ID)),
+                         daemon=True)
+    t.start()
+    lst.settimeout(IO_TIMEOUT_S)
+    conn, _ = lst.accept()
+    conn.settimeout(IO_TIMEOUT_S)
+    assert isinstance(recv_one(conn), wire.Hello)
+    _reset(conn)
+    lst.close()
+    with CloudServerThread(toy_target(), server_config(port=port)):
+        t.join(30)
+    assert not t.is_alive()
+    assert out["res"].tokens == reference(20)
+
+
+def test_edge_json_reports_the_text_so_far_on_failure(capsys):
+    """`acespec edge --json` prints the committed text even when the run fails: here the cloud goes
+    away mid-generation and never comes back."""
+    import json
+
+    from acespec.cli import main
+
+    srv = CloudServerThread(SlowToy(vocab=V, seed=1), server_config()).start()
+    port = srv.port
+    result: dict = {}
+    t = threading.Thread(target=lambda: result.setdefault("rc", main([
+        "edge", "--draft", f"toy:vocab={V},seed=1", "--cloud", f"{HOST}:{port}", "--prompt", "hello", "--json",
+        "--rule", "greedy", "--max-tokens", str(MAX_NEW), "--mode", "sync", "--k", "2"] + ["--token-file", _token_file()])),
+        daemon=True)
+    try:
+        t.start()
+        deadline = time.monotonic() + 10
+        while not any(s.verifier.generated for s in list(srv.server.sessions.values())) and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        srv.stop()
+    t.join(60)
+    assert not t.is_alive()
+    assert result["rc"] == 2
+    obj = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert obj["error"]["type"] == "EdgeError" and obj["tokens"] and obj["text"], obj
+    assert len(obj["tokens"]) < MAX_NEW
+
+
+def _token_file() -> str:
+    import tempfile
+
+    f = tempfile.NamedTemporaryFile("wb", suffix=".token", delete=False)
+    f.write(TOKEN + b"\n")
+    f.close()
+    return f.name
