@@ -588,6 +588,26 @@ def test_after_8_abandoned_hellos_a_new_client_is_served_within_the_resume_grace
         assert res.stats.cache["busy_waits"] >= 1  # it was refused BUSY first and waited, not failed
 
 
+def test_hellos_reset_before_their_welcome_leave_no_session_behind():
+    """8 clients send HELLO and reset at once, before their WELCOME can be written. A session whose
+    WELCOME never went out must not stay "connected" (it would hold its slot until the idle timeout,
+    300 s here): every one is ended, and a newcomer is served at once."""
+    with CloudServerThread(toy_target(), server_config(max_sessions=8, idle_timeout_s=300.0, resume_grace_s=300.0)) as srv:
+        for _ in range(8):
+            s = connect(srv.port)
+            s.sendall(wire.encode(hello()))
+            _reset(s)
+        deadline = time.monotonic() + IO_TIMEOUT_S
+        while (srv.server.sessions or srv.server._conns) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        stuck = [x for x in srv.server.sessions.values() if x.connected]
+        assert not stuck, f"{len(stuck)} sessions still count as connected with no connection"
+        # (a HELLO read after its RST may also have been dropped unread; either way no slot is held)
+        cfg = EdgeConfig(mode="sync", rule="coupled", k=3, temperature=TEMP, seed=SEED, max_tokens=10,
+                         connect=ConnectConfig(host=HOST, port=srv.port, token=TOKEN, busy_retry_s=0.0))
+        assert run_edge(toy_drafter(), list(PROMPT), cfg, model_id=MODEL_ID).tokens == reference(10)
+
+
 def test_the_edge_gives_up_on_busy_after_busy_retry_s():
     with CloudServerThread(toy_target(), server_config(max_sessions=1)) as srv:
         held, _w = open_session(srv.port)
