@@ -927,3 +927,70 @@ def _token_file() -> str:
     f.write(TOKEN + b"\n")
     f.close()
     return f.name
+
+
+def test_an_edge_keeps_bounded_state_over_a_long_generation():
+    """Hundreds of rounds through a real cloud: the transport keeps only its recent round-trip samples
+    and the loop's set of cache-planned blocks holds blocks in flight only (both grew by one per
+    round before)."""
+    from acespec.control.depth import FixedDepth
+    from acespec.draft.cache import CacheConfig, StateCache
+    from acespec.draft.chain import ChainDrafter
+    from acespec.edge.client import RTT_SAMPLES_KEPT, CloudSession, TcpTransport
+    from acespec.engine.loop import LoopConfig, SpecLoop
+    from acespec.verify import RuleSpec, SamplingParams
+
+    n = 400
+    with CloudServerThread(toy_target(), server_config(max_new_tokens=n)) as srv:
+        sp = SamplingParams(TEMP, 0, 1.0)
+        drafter = ChainDrafter(toy_drafter(), sampling=sp, rule=RuleSpec.parse("coupled"), seed=SEED)
+        session = CloudSession(ConnectConfig(host=HOST, port=srv.port, token=TOKEN),
+                               hello(max_tokens=n))
+        transport = TcpTransport(session, send_q=False)
+        cache = StateCache(drafter, CacheConfig(), coupled=True)
+        loop = SpecLoop(transport, PROMPT, drafter=drafter, policy=FixedDepth(1), cache=cache,
+                        config=LoopConfig(mode="pipelined", window=2, max_tokens=n))
+        drafter.prefill(list(PROMPT))
+        res = loop.run()
+        session.close()
+    assert res.tokens == reference_for("coupled", TEMP, n)
+    assert transport.rtt_count > RTT_SAMPLES_KEPT  # more rounds than samples kept
+    assert len(transport.rtt_samples) == RTT_SAMPLES_KEPT
+    assert len(loop._planned) <= 4
+    assert not transport.sent_at or len(transport.sent_at) <= 4
+
+
+def test_stop_sends_the_verdicts_owed_then_going_away():
+    """A block is being verified when the server is told to stop: its verdict still goes out, then
+    CLOSE(GOING_AWAY), then the connection ends."""
+    gate, entered = threading.Event(), threading.Event()
+    gate.set()
+
+    class GatedToy(ToyModel):
+        def _eval(self, new, want):
+            if not gate.is_set():
+                entered.set()
+            assert gate.wait(30), "the gate never opened"
+            return super()._eval(new, want)
+
+    srv = CloudServerThread(GatedToy(vocab=V, seed=1), server_config()).start()
+    try:
+        s, w = open_session(srv.port)
+        step(s, w.session, 0, P)
+        gate.clear()
+        wire.send_frame(s, wire.Draft(session=w.session, seq=1, base=P + 1, tokens=()))
+        assert entered.wait(IO_TIMEOUT_S)  # the block is being verified
+        stopper = threading.Thread(target=srv.stop, daemon=True)
+        stopper.start()
+        deadline = time.monotonic() + IO_TIMEOUT_S
+        while not srv.server._stopping and time.monotonic() < deadline:
+            time.sleep(0.005)
+        gate.set()
+        frames, _ = drain(s)
+        assert [type(f) for f in frames] == [wire.Verdict, wire.Close], frames
+        assert frames[0].seq == 1 and not frames[0].dropped and frames[0].committed == P + 2
+        assert frames[1] == wire.Close(reason=wire.CloseReason.GOING_AWAY)
+        stopper.join(30)
+    finally:
+        gate.set()
+        srv.stop()
