@@ -9,6 +9,12 @@ answered with an ERROR frame (and a CLOSE) and that connection is closed; the se
 session carry on. A session outlives its connection for `resume_grace_s` so an edge can RESUME;
 idle sessions expire.
 
+Trust (docs/design-notes.md, "Trust model"): a HELLO's token names its tenant; WELCOME gives the
+session a random id and a 32-byte secret, and only a RESUME with that secret, the same tenant's token
+and a digest of the same committed tokens reattaches it (anything else is UNKNOWN_SESSION, counted
+as a failed auth against the peer address). Every read after the handshake has a deadline once a
+frame has begun; connections are limited per address and in total; TLS with `ServerConfig.tls`.
+
 The server owns the protocol only. Every session's target work goes through a verify engine
 (`engine.py`): by default the continuous-batching engine (`batched.py`), which keeps one KV sequence
 per session and verifies every session's pending block in one model pass per tick; `SerialEngine`
@@ -20,9 +26,9 @@ from __future__ import annotations
 import asyncio
 import collections
 import hmac
+import logging
 import secrets
 import ssl
-import logging
 import time
 from dataclasses import dataclass, field
 
