@@ -114,11 +114,14 @@ class TextOutput:
             sys.stdout.write(text)
             sys.stdout.flush()
 
-    def finish(self, tokens: list[int], summary: dict, *, as_json: bool) -> None:
+    def finish(self, tokens: list[int], summary: dict, *, as_json: bool, error: dict | None = None) -> None:
         tail = self.stream.flush()
         self.pieces.append(tail)
         if as_json:
-            print(json.dumps({"text": "".join(self.pieces), "tokens": tokens, "stats": summary}))
+            obj = {"text": "".join(self.pieces), "tokens": tokens, "stats": summary}
+            if error is not None:
+                obj["error"] = error  # the run failed; text and tokens are what was committed before it did
+            print(json.dumps(obj), flush=True)
         else:
             sys.stdout.write(tail + "\n")
             print_stats(summary, sys.stderr)

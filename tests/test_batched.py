@@ -330,6 +330,7 @@ def test_a_client_that_disconnects_mid_batch_frees_its_slot_and_can_still_resume
         sock.sendall(wire.encode(wire.Draft(session=w.session, seq=0, base=w.committed, tokens=(1, 2, 3))))
         v = _recv(sock, dec)
         committed = v.committed
+        seen = list(prompt_a) + [1, 2, 3][: v.accepted] + [v.next_token]  # what this edge has committed
         sock.sendall(wire.encode(wire.Draft(session=w.session, seq=1, base=committed, tokens=(4, 5))))
         sock.close()  # gone with a block in flight
         deadline = time.monotonic() + 5
@@ -341,7 +342,8 @@ def test_a_client_that_disconnects_mid_batch_frees_its_slot_and_can_still_resume
         # A comes back where it left off and finishes with plain steps
         sock = socket.create_connection((HOST, srv.port))
         dec = wire.FrameDecoder()
-        sock.sendall(wire.encode(wire.Resume(session=w.session, committed=committed, auth=b"")))
+        sock.sendall(wire.encode(wire.Resume(session=w.session, committed=committed, auth=b"", secret=w.secret,
+                                             digest=wire.committed_digest(seen))))
         w2 = _recv(sock, dec)
         assert isinstance(w2, wire.Welcome) and w2.committed == committed
         c, seq, finished = committed, 10, False

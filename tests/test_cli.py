@@ -266,3 +266,67 @@ def test_serve_batched_engine_serves_an_edge_over_the_cli():
     finally:
         srv.terminate()
         srv.wait(30)
+
+
+@pytest.mark.parametrize(
+    "args,needles",
+    [
+        (["--resume-grace", "0"], ["--resume-grace must be a positive number"]),
+        (["--frame-timeout", "nan"], ["--frame-timeout must be a positive number"]),
+        (["--tls-cert", "x.pem"], ["TLS needs both --tls-cert and --tls-key"]),
+        (["--auth-failures-per-min", "-1"], ["--auth-failures-per-min"]),
+    ],
+)
+def test_serve_refuses_bad_trust_options(args, needles):
+    assert_usage_error(run("serve", "--target", "toy:vocab=64,seed=1", "--port", "0", *args), *needles)
+
+
+def test_serve_with_tenants_and_tls_serves_an_edge_and_drains_on_sigterm(tmp_path):
+    """`acespec serve --token-file (two tenants) --tls-cert/--tls-key` answers `acespec edge --token-file
+    --tls-ca`; a wrong token is refused; SIGTERM sends CLOSE(GOING_AWAY) to a connected session and
+    the server exits 0."""
+    import signal
+    import socket
+    import ssl
+
+    trustme = pytest.importorskip("trustme")
+    from acespec import wire
+
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1")
+    ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+    cert.private_key_pem.write_to_path(str(tmp_path / "key.pem"))
+    cert.cert_chain_pems[0].write_to_path(str(tmp_path / "cert.pem"))
+    (tmp_path / "tenants.txt").write_text("# who may connect\nalice:alice-key\nbob:bob-key\n")
+    (tmp_path / "alice.txt").write_text("alice-key\n")
+    (tmp_path / "mallory.txt").write_text("guess\n")
+    srv = subprocess.Popen([*CMD, "serve", "--target", "toy:vocab=64,seed=1", "--port", "0", "--token-file",
+                            str(tmp_path / "tenants.txt"), "--tls-cert", str(tmp_path / "cert.pem"), "--tls-key",
+                            str(tmp_path / "key.pem"), "--resume-grace", "5"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = srv.stdout.readline()
+        assert "(TLS)" in line, line
+        port = int(line.split("listening on ")[1].split()[0].split(":")[1])
+        edge = ["edge", "--cloud", f"127.0.0.1:{port}", "--draft", "toy:vocab=64,seed=1,noise=0.5", "--prompt", "hello",
+                "--max-tokens", "12", "--rule", "coupled", "--temperature", "0.8", "--json", "--tls-ca", str(tmp_path / "ca.pem")]
+        ok = run(*edge, "--token-file", str(tmp_path / "alice.txt"))
+        assert ok.returncode == 0, ok.stderr
+        assert len(json.loads(ok.stdout)["tokens"]) == 12
+        bad = run(*edge, "--token-file", str(tmp_path / "mallory.txt"))
+        assert bad.returncode == 2 and "BAD_AUTH" in bad.stderr
+        assert json.loads(bad.stdout)["error"]["code"] == "BAD_AUTH"
+        # a session held open over TLS is told GOING_AWAY when the server is stopped
+        ctx = ssl.create_default_context(cafile=str(tmp_path / "ca.pem"))
+        raw = socket.create_connection(("127.0.0.1", port), timeout=10)
+        s = ctx.wrap_socket(raw, server_hostname="127.0.0.1")
+        s.sendall(wire.encode(wire.Hello(model_id="toy:vocab=64", max_tokens=5, prompt=(1, 2, 3), auth=b"bob-key")))
+        assert isinstance(wire.recv_frame(s), wire.Welcome)
+        srv.send_signal(signal.SIGTERM)
+        assert wire.recv_frame(s) == wire.Close(reason=wire.CloseReason.GOING_AWAY)
+        s.close()
+        assert srv.wait(30) == 0
+    finally:
+        if srv.poll() is None:
+            srv.terminate()
+            srv.wait(30)

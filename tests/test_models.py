@@ -322,3 +322,30 @@ def test_prefill_holds_exactly_the_prefix_and_reuses_what_is_cached():
     assert m.tokens == [3, 1, 9]
     ref = ToyModel(vocab=32, seed=1)
     assert (m.eval([2], last=1) == ref.eval([3, 1, 9, 2], last=1)).all()
+
+
+def test_gguf_fingerprint_hashes_every_token():
+    """Two vocabularies that differ in a single token, anywhere, must not share a fingerprint: the cloud
+    takes equal fingerprints to mean the edge's token ids are its own. (The old fingerprint sampled
+    every n/997-th token and missed this.)"""
+    from acespec.models.llama import vocab_fingerprint
+
+    class FakeVocab:  # the two llama_cpp.Llama calls the fingerprint uses
+        def __init__(self, pieces):
+            self.pieces = pieces
+
+        def n_vocab(self):
+            return len(self.pieces)
+
+        def detokenize(self, ids, special=False):
+            return b"".join(self.pieces[i] for i in ids)
+
+    base = [f"tok{i}".encode() for i in range(5000)]
+    changed = list(base)
+    changed[1234] = b"other"  # 1234 is not a multiple of 5000 // 997 = 5
+    split = list(base)
+    split[10], split[11] = b"tok10t", b"ok11"  # same bytes overall, split differently
+    fps = {vocab_fingerprint(FakeVocab(v)) for v in (base, changed, split)}
+    assert len(fps) == 3
+    assert vocab_fingerprint(FakeVocab(base)) == vocab_fingerprint(FakeVocab(list(base)))
+    assert vocab_fingerprint(FakeVocab(base)).startswith("gguf:5000:")

@@ -216,11 +216,11 @@ def test_parse_mode():
 
 # ------------------------------------------------------------------------------------------ wire sizes
 def test_frame_sizes_match_the_wire_format():
-    """DRAFT = 11 bytes of framing (session < 128, seq and base < 2**21) + ~3 bytes per token; VERDICT ~15."""
+    """DRAFT = 13 bytes of framing (a random session id, seq and base < 2**21) + ~3 bytes per token; VERDICT ~15."""
     fs = FrameSizer()
     toks = (100000, 100001, 100002, 100003)
-    assert fs.draft(20000, 1 << 20, ()) == 11
-    assert fs.draft(20000, 1 << 20, toks) == 11 + 4 * 3
+    assert fs.draft(20000, 1 << 20, ()) == 13
+    assert fs.draft(20000, 1 << 20, toks) == 13 + 4 * 3
     assert fs.draft(5, 300, toks) - fs.draft(5, 300, ()) == 12
     assert fs.verdict(5000, 3, 100000, 20000, 1 << 20, False, False) == 15
 

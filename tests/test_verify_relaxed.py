@@ -441,3 +441,25 @@ def test_identical_p_q_never_rejects_and_rng_is_the_only_randomness():
             outs.append([verify_block(rule, [1, 2, 3], p[:3], p, rng) for _ in range(30)])
             assert all(acc == 3 for acc, _ in outs[-1])
         assert outs[0] == outs[1]  # same seed, same results
+
+
+# ------------------------------------------------------------------------------------------ parameter ranges
+
+
+@pytest.mark.parametrize("spec", [
+    "cactus:delta=nan", "cactus:delta=inf", "cactus:delta=-inf", "cactus:delta=-0.1",
+    "typical:eps=-5,delta=-1", "typical:eps=0.09,delta=-1", "typical:eps=1.5", "mentored:alpha=-0.2",
+    "fuzzy:T=nan", "casc_opt:alpha=inf", "r_fuzzy:alpha=-inf",
+])
+def test_rule_parameters_out_of_range_are_refused(spec):
+    """A spec arrives from the wire (HELLO.rule): nan, inf or a value outside a rule's range would make
+    it accept anything (typical with eps < 0 accepts every token) or compare false everywhere."""
+    with pytest.raises(RuleSpecError) as e:
+        RuleSpec.parse(spec)
+    assert "finite" in str(e.value) or "must be in" in str(e.value)
+
+
+@pytest.mark.parametrize("spec", ["cactus:delta=0", "typical:eps=0,delta=0", "typical:eps=1", "mentored:alpha=1.5",
+                                  "fuzzy:T=-0.1", "casc_opt:alpha=-1e9", "casc_tok:alpha=-2"])
+def test_rule_parameters_in_range_still_parse(spec):
+    RuleSpec.parse(spec)

@@ -7,6 +7,7 @@ so a change to the format has to change this file too.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import math
 import socket
 import struct
@@ -37,6 +38,7 @@ from acespec.wire import (
     Verdict,
     Welcome,
     WireError,
+    committed_digest,
     decode,
     decode_uvarint,
     encode,
@@ -93,7 +95,7 @@ def frame(kind: int, payload: bytes) -> bytes:
     return uv(1 + len(payload)) + bytes([kind]) + payload
 
 
-def hello_payload(version=1, auth=b"k", model=b"qwen", temp=f32(0.5), top_k=uv(20), top_p=f32(0.9),
+def hello_payload(version=2, auth=b"k", model=b"qwen", temp=f32(0.5), top_k=uv(20), top_p=f32(0.9),
                   rule=b"strict", seed=u64(7), mode=0, max_tokens=uv(100), prompt=(1, 2, 3)) -> bytes:
     return (bytes([version]) + blob(auth) + blob(model) + temp + top_k + top_p + blob(rule) + seed
             + bytes([mode]) + max_tokens + toks(prompt))
@@ -158,8 +160,9 @@ def verdicts(draw):
     )
 
 
-welcomes = st.builds(Welcome, session=uint64, committed=uint64, max_draft_tokens=uint64)
-resumes = st.builds(Resume, auth=st.binary(max_size=40), session=uint64, committed=uint64)
+welcomes = st.builds(Welcome, session=uint64, committed=uint64, max_draft_tokens=uint64, secret=st.binary(max_size=64))
+resumes = st.builds(Resume, auth=st.binary(max_size=40), session=uint64, committed=uint64,
+                    secret=st.binary(max_size=64), digest=st.binary(max_size=64))
 pings = st.builds(Ping, nonce=uint64, sent_us=uint64)
 pongs = st.builds(Pong, nonce=uint64, sent_us=uint64)
 errors = st.builds(Error, code=st.sampled_from(ErrorCode), message=st.text(max_size=100))
@@ -253,7 +256,7 @@ GOLDEN = [
               mode=Mode.SPECULATIVE, max_tokens=100, prompt=[1, 2, 3]),
         frame(1, hello_payload(top_p=f32(0.5))),
     ),
-    (Welcome(session=5, committed=300, max_draft_tokens=32), frame(2, uv(5) + uv(300) + uv(32))),
+    (Welcome(session=5, committed=300, max_draft_tokens=32, secret=b"s3"), frame(2, uv(5) + uv(300) + uv(32) + blob(b"s3"))),
     (Draft(session=1, seq=2, base=3, tokens=[5, 6]), frame(3, draft_payload())),
     (
         Draft(session=1, seq=2, base=3, tokens=[5, 6], q=[[(5, 0.5)], [(6, 0.25), (7, 0.125)]], parents=[0, 0]),
@@ -268,7 +271,8 @@ GOLDEN = [
                 p=[(9, 0.75)], path=[1]),
         frame(4, verdict_payload(flags=0x0F, extra=row([(9, 0.75)]) + uv(1) + uv(1))),
     ),
-    (Resume(auth=b"k", session=5, committed=300), frame(5, b"\x01" + blob(b"k") + uv(5) + uv(300))),
+    (Resume(auth=b"k", session=5, secret=b"s3", committed=300, digest=b"d"),
+     frame(5, b"\x02" + blob(b"k") + uv(5) + blob(b"s3") + uv(300) + blob(b"d"))),
     (Ping(nonce=2**64 - 1, sent_us=123), frame(6, u64(2**64 - 1) + u64(123))),
     (Pong(nonce=1, sent_us=2), frame(7, u64(1) + u64(2))),
     (Error(code=ErrorCode.BUSY, message="é"), frame(8, b"\x00\x06" + blob("é".encode()))),
@@ -360,7 +364,14 @@ def test_floats_travel_as_f32():
 
 def test_hello_repr_hides_auth():
     assert "secret" not in repr(Hello(model_id="m", max_tokens=1, prompt=[], auth=b"secret"))
-    assert "secret" not in repr(Resume(session=1, committed=2, auth=b"secret"))
+    assert "secret" not in repr(Resume(session=1, committed=2, auth=b"secret", secret=b"secret"))
+    assert "secret" not in repr(Welcome(session=1, committed=2, max_draft_tokens=4, secret=b"secret"))
+
+
+def test_committed_digest_is_sha256_of_the_tokens_encoding():
+    assert committed_digest([1, 300]) == hashlib.sha256(toks([1, 300])).digest()
+    assert len(committed_digest([])) == 32
+    assert committed_digest([1, 2]) != committed_digest([2, 1]) != committed_digest([1, 2, 0])
 
 
 def test_error_message_is_truncated_at_a_character_boundary():
@@ -558,10 +569,18 @@ MALFORMED = [
     ("bad UTF-8", frame(1, hello_payload(model=b"\xff\xfe")), BAD_FRAME, None),
     ("overlong UTF-8", frame(1, hello_payload(rule=b"\xc0\x80")), BAD_FRAME, None),
     ("UTF-8 surrogate", frame(8, b"\x00\x01" + blob(b"\xed\xa0\x80")), BAD_FRAME, None),
-    ("HELLO version 2", frame(1, hello_payload(version=2)), BAD_VERSION, None),
+    ("HELLO version 3", frame(1, hello_payload(version=3)), BAD_VERSION, None),
+    ("HELLO version 1", frame(1, hello_payload(version=1)), BAD_VERSION, None),
     ("HELLO version 0", frame(1, hello_payload(version=0)), BAD_VERSION, None),
-    ("HELLO version 2, unknown layout", frame(1, b"\x02\xff\xff"), BAD_VERSION, None),
-    ("RESUME version 2", frame(5, b"\x02" + blob(b"") + uv(1) + uv(1)), BAD_VERSION, None),
+    ("HELLO version 3, unknown layout", frame(1, b"\x03\xff\xff"), BAD_VERSION, None),
+    ("RESUME version 3", frame(5, b"\x03" + blob(b"") + uv(1) + blob(b"") + uv(1) + blob(b"")), BAD_VERSION, None),
+    ("RESUME version 1 (its layout)", frame(5, b"\x01" + blob(b"") + uv(1) + uv(1)), BAD_VERSION, None),
+    ("RESUME secret too long", frame(5, b"\x02" + blob(b"") + uv(1) + blob(b"s" * 65) + uv(1) + blob(b"")),
+     OVER_LIMIT, None),
+    ("RESUME digest too long", frame(5, b"\x02" + blob(b"") + uv(1) + blob(b"") + uv(1) + blob(b"d" * 65)),
+     OVER_LIMIT, None),
+    ("WELCOME secret too long", frame(2, uv(1) + uv(1) + uv(1) + blob(b"s" * 65)), OVER_LIMIT, None),
+    ("WELCOME without its secret (v1 layout)", frame(2, uv(1) + uv(1) + uv(1)), BAD_FRAME, None),
     ("HELLO mode 2", frame(1, hello_payload(mode=2)), BAD_FRAME, None),
     ("HELLO temperature NaN", frame(1, hello_payload(temp=f32(math.nan))), BAD_FRAME, None),
     ("HELLO temperature inf", frame(1, hello_payload(temp=f32(math.inf))), BAD_FRAME, None),
@@ -627,14 +646,18 @@ def test_well_formed_versions_of_the_malformed_examples_decode():
     decode(frame(3, draft_payload(flags=3, tokens=[1, 2], extra=row([(1, 0.5)]) + row([]) + uv(0) + uv(1))))
     decode(frame(4, verdict_payload(flags=6, accepted=2, extra=row([(1, 0.5)]) + toks([1, 3]))))
     decode(frame(8, b"\x00\x09" + blob(b"x" * 512)))
-    decode(frame(5, b"\x01" + blob(b"") + uv(1) + uv(1)))
+    decode(frame(5, b"\x02" + blob(b"") + uv(1) + blob(b"s" * 64) + uv(1) + blob(b"d" * 64)))
+    decode(frame(2, uv(1) + uv(1) + uv(1) + blob(b"s" * 64)))
 
 
 def test_version_is_checked_before_the_rest_of_the_payload():
     assert decode(frame(1, hello_payload())).version == PROTOCOL_VERSION
     with pytest.raises(WireError) as info:
-        decode(frame(1, b"\x02"))
-    assert info.value.code == BAD_VERSION and "version 2" in str(info.value)
+        decode(frame(1, b"\x03"))
+    assert info.value.code == BAD_VERSION and "version 3" in str(info.value)
+    with pytest.raises(WireError) as info:
+        decode(frame(5, b"\x01"))  # a version 1 RESUME: refused on its version, not its layout
+    assert info.value.code == BAD_VERSION and "version 1" in str(info.value)
 
 
 # Encoding refuses what decoding would.
@@ -655,7 +678,9 @@ NOT_ENCODABLE = [
     ("parents forward", Draft(session=1, seq=1, base=0, tokens=[1, 2], parents=[0, 2]), BAD_FRAME),
     ("parents != tokens", Draft(session=1, seq=1, base=0, tokens=[1, 2], parents=[0]), BAD_FRAME),
     ("seq over 2**64", Draft(session=1, seq=2**64, base=0, tokens=[]), BAD_FRAME),
-    ("HELLO version 2", Hello(model_id="m", max_tokens=1, prompt=[], version=2), BAD_VERSION),
+    ("HELLO version 3", Hello(model_id="m", max_tokens=1, prompt=[], version=3), BAD_VERSION),
+    ("HELLO version 1", Hello(model_id="m", max_tokens=1, prompt=[], version=1), BAD_VERSION),
+    ("RESUME secret too long", Resume(session=1, committed=1, secret=b"s" * 65), OVER_LIMIT),
     ("HELLO temperature NaN", Hello(model_id="m", max_tokens=1, prompt=[], temperature=math.nan), BAD_FRAME),
     ("HELLO temperature inf", Hello(model_id="m", max_tokens=1, prompt=[], temperature=math.inf), BAD_FRAME),
     ("HELLO temperature 1e39", Hello(model_id="m", max_tokens=1, prompt=[], temperature=1e39), BAD_FRAME),

@@ -2,6 +2,11 @@
 
     acespec serve --target qwen2.5-coder-1.5b --port 7070 --token-file token.txt
     acespec serve --slots 16 --kv-budget 32768 --tick-tokens 256     # 16 sessions of 2,048 tokens each
+    acespec serve --token-file tenants.txt --tls-cert cloud.pem --tls-key cloud.key   # tenants, TLS
+
+A token file holds one token per tenant, `name:token` on each line (blank lines and `#` comments are
+skipped); a session belongs to the tenant that opened it, and no other tenant can RESUME it. A file
+of one line with no `:` is a single shared token (the tenant `default`).
 
 The default engine batches every session's blocks into one model pass per tick, with one KV sequence
 per resident session (`--slots`); `--kv-budget` is the KV memory they share, in tokens, so each
@@ -36,6 +41,38 @@ def read_token(path: str | None) -> bytes | None:
     return tok
 
 
+def read_tenants(path: str | None) -> dict[str, bytes] | None:
+    """`name:token` lines -> {name: token}; a one-line file without `:` -> {"default": token}."""
+    if not path:
+        return None
+    try:
+        raw = Path(path).read_bytes()
+    except OSError as e:
+        raise ValueError(f"cannot read the token file {path}: {e.strerror}") from None
+    lines = [ln.strip() for ln in raw.splitlines()]
+    lines = [ln for ln in lines if ln and not ln.startswith(b"#")]
+    if not lines:
+        raise ValueError(f"the token file {path} is empty")
+    if len(lines) == 1 and b":" not in lines[0]:
+        return {"default": lines[0]}
+    tenants: dict[str, bytes] = {}
+    for i, ln in enumerate(lines, 1):
+        name, sep, tok = ln.partition(b":")
+        name, tok = name.strip(), tok.strip()
+        if not sep or not name or not tok:
+            raise ValueError(f"the token file {path}: entry {i} must look like name:token")
+        try:
+            key = name.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ValueError(f"the token file {path}: entry {i} has a tenant name that is not UTF-8") from None
+        if key in tenants:
+            raise ValueError(f"the token file {path}: tenant {key!r} is listed twice")
+        if tok in tenants.values():
+            raise ValueError(f"the token file {path}: tenant {key!r} shares its token with another tenant")
+        tenants[key] = tok
+    return tenants
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     from acespec.cli import _positive_int
 
@@ -43,7 +80,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--target", default=DEFAULT_TARGET, help=f"target model (default {DEFAULT_TARGET})")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=_positive_int, default=7070, help="0 = any free port (printed at start)")
-    p.add_argument("--token-file", help="file holding the shared auth token (default: no auth)")
+    p.add_argument("--token-file", help="tenants' auth tokens, `name:token` per line, or one shared token (default: no auth)")
     p.add_argument("--max-sessions", type=_positive_int, default=8, help="live sessions at once, resident or swapped out")
     p.add_argument("--engine", choices=ENGINES, default="batched", help="verify engine (default batched)")
     p.add_argument("--slots", type=_positive_int, help="batched: KV sequences, i.e. sessions resident at once (default --max-sessions)")
@@ -59,6 +96,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--swap-idle", type=float, default=2.0, metavar="S",
                    help="batched: a session idle this long may lose its KV to a newcomer (default 2 s)")
     p.add_argument("--idle-timeout", type=float, default=300.0, help="seconds before an idle session is dropped")
+    p.add_argument("--resume-grace", type=float, default=120.0, metavar="S",
+                   help="a session whose connection dropped waits this long for RESUME, holding its slot (default 120)")
+    p.add_argument("--handshake-timeout", type=float, default=10.0, metavar="S",
+                   help="a new connection must send HELLO/RESUME within this (default 10)")
+    p.add_argument("--frame-timeout", type=float, default=30.0, metavar="S",
+                   help="a frame once begun must be complete within this (default 30)")
+    p.add_argument("--max-connections", type=_positive_int, default=256, help="open connections at once (default 256)")
+    p.add_argument("--max-connections-per-addr", type=_positive_int, default=32,
+                   help="open connections at once from one address (default 32)")
+    p.add_argument("--auth-failures-per-min", type=int, default=10,
+                   help="failed auths one address may make per minute before it is refused unheard (0 = no limit; default 10)")
+    p.add_argument("--tls-cert", help="TLS: the server's certificate chain (PEM); with --tls-key, the server speaks TLS only")
+    p.add_argument("--tls-key", help="TLS: the server's private key (PEM)")
+    p.add_argument("--tls-client-ca", help="TLS: require client certificates signed by this CA (PEM)")
     p.add_argument("--verbose", action="store_true")
     p.set_defaults(func=cmd_serve)
 
@@ -101,16 +152,34 @@ def cmd_serve(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     if args.max_sessions < 1:
         raise ValueError("--max-sessions must be >= 1")
-    token = read_token(args.token_file)
+    for name in ("idle_timeout", "resume_grace", "handshake_timeout", "frame_timeout"):
+        value = getattr(args, name)
+        if not 0 < value < float("inf"):  # also refuses nan
+            raise ValueError(f"--{name.replace('_', '-')} must be a positive number of seconds, got {value}")
+    if args.auth_failures_per_min < 0:
+        raise ValueError("--auth-failures-per-min must be >= 0")
+    tls = None
+    if args.tls_cert or args.tls_key or args.tls_client_ca:
+        if not (args.tls_cert and args.tls_key):
+            raise ValueError("TLS needs both --tls-cert and --tls-key")
+        from acespec.tls import server_context
+
+        tls = server_context(args.tls_cert, args.tls_key, args.tls_client_ca)
+    tenants = read_tenants(args.token_file)
     engine = engine_from_args(args, args.target)
     target = engine.target
-    cfg = ServerConfig(host=args.host, port=args.port, token=token, max_sessions=args.max_sessions, idle_timeout_s=args.idle_timeout)
+    cfg = ServerConfig(
+        host=args.host, port=args.port, tenants=tenants, max_sessions=args.max_sessions, idle_timeout_s=args.idle_timeout,
+        resume_grace_s=args.resume_grace, handshake_timeout_s=args.handshake_timeout, frame_timeout_s=args.frame_timeout,
+        max_connections=args.max_connections, max_connections_per_addr=args.max_connections_per_addr,
+        auth_failures_per_min=args.auth_failures_per_min, tls=tls,
+    )
     server = CloudServer(engine, cfg)
 
     async def main() -> None:
         await server.start()
         m = engine.metrics()
-        print(f"acespec serve: listening on {cfg.host}:{server.port} (target {target.name}, {engine.name} engine, "
+        print(f"acespec serve: listening on {cfg.host}:{server.port}{' (TLS)' if tls else ''} (target {target.name}, {engine.name} engine, "
               f"{m.get('slots', 1)} KV slot(s) of {engine.max_context} tokens)", flush=True)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()

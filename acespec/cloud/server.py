@@ -9,6 +9,12 @@ answered with an ERROR frame (and a CLOSE) and that connection is closed; the se
 session carry on. A session outlives its connection for `resume_grace_s` so an edge can RESUME;
 idle sessions expire.
 
+Trust (docs/design-notes.md, "Trust model"): a HELLO's token names its tenant; WELCOME gives the
+session a random id and a 32-byte secret, and only a RESUME with that secret, the same tenant's token
+and a digest of the same committed tokens reattaches it (anything else is UNKNOWN_SESSION, counted
+as a failed auth against the peer address). Every read after the handshake has a deadline once a
+frame has begun; connections are limited per address and in total; TLS with `ServerConfig.tls`.
+
 The server owns the protocol only. Every session's target work goes through a verify engine
 (`engine.py`): by default the continuous-batching engine (`batched.py`), which keeps one KV sequence
 per session and verifies every session's pending block in one model pass per tick; `SerialEngine`
@@ -18,9 +24,11 @@ is the old one-session-at-a-time behaviour, kept as a baseline.
 from __future__ import annotations
 
 import asyncio
+import collections
 import hmac
-import itertools
 import logging
+import secrets
+import ssl
 import time
 from dataclasses import dataclass, field
 
@@ -40,14 +48,25 @@ log = logging.getLogger("acespec.cloud")
 class ServerConfig:
     host: str = "127.0.0.1"  # listen address
     port: int = 7070  # listen port (0 = any free port)
-    token: bytes | None = None  # shared auth token; None accepts any
+    token: bytes | None = None  # one auth token (the tenant "default"); with no token and no tenants, anyone may connect
+    tenants: dict[str, bytes] | None = None  # tenant name -> its auth token; a session belongs to the tenant that opened it
+    auth_failures_per_min: int = 10  # failed auths (token, session secret) one address may make per minute; then BAD_AUTH at once
     max_sessions: int = 8  # live sessions at once; more get BUSY
     max_new_tokens: int = 4096  # cap on a session's max_tokens
     idle_timeout_s: float = 300.0  # a session with no traffic for this long is dropped
-    resume_grace_s: float = 120.0  # a disconnected session waits this long for RESUME
-    handshake_timeout_s: float = 10.0  # a connection must send HELLO/RESUME within this
+    resume_grace_s: float = 120.0  # a disconnected session waits this long for RESUME (its slot is held meanwhile)
+    handshake_timeout_s: float = 10.0  # a connection must send HELLO/RESUME (and take its WELCOME) within this
+    frame_timeout_s: float = 30.0  # after the handshake, a frame once started must be complete within this
+    max_connections: int = 256  # open connections at once, all addresses; more get BUSY and are closed
+    max_connections_per_addr: int = 32  # open connections at once from one peer address
     limits: wire.Limits = field(default_factory=wire.Limits)  # frame limits we accept
+    tls: ssl.SSLContext | None = None  # TLS server context (acespec.tls.server_context); None = plain TCP
     engine: str = "batched"  # verify engine for a bare target model: batched | serial (see engine.py)
+
+
+def _peer_addr(writer: asyncio.StreamWriter) -> str:
+    peer = writer.get_extra_info("peername")
+    return str(peer[0]) if isinstance(peer, tuple) and peer else "?"
 
 
 class ProtocolError(Exception):
@@ -62,7 +81,10 @@ class Session:
     handle: EngineSession  # the session inside the verify engine
     mode: wire.Mode
     last_active: float
-    connected: bool = True
+    tenant: str = ""  # who opened it: only that tenant may RESUME it
+    secret: bytes = field(default=b"", repr=False)  # sent in WELCOME; RESUME must present it
+    connected: bool = False  # a connection holds it now (set once its WELCOME has gone out)
+    in_handshake: bool = False  # its HELLO or a RESUME is being answered: another RESUME is refused, the sweeper waits
     bytes_in: int = 0
     bytes_out: int = 0
     owner: asyncio.Task | None = None  # the connection handler serving this session now
@@ -79,17 +101,25 @@ class CloudServer:
         self.engine = target if isinstance(target, VerifyEngine) else make_engine(self.cfg.engine, target)
         self.target = self.engine.target
         self.sessions: dict[int, Session] = {}
-        self._ids = itertools.count(1)
+        self._auth_failures: dict[str, collections.deque] = {}  # peer address -> times of its recent failed auths
+        self._tokens: list[tuple[bytes, str]] = [(tok, name) for name, tok in (self.cfg.tenants or {}).items()]
+        if self.cfg.token is not None:
+            self._tokens.append((self.cfg.token, "default"))
         self._server: asyncio.base_events.Server | None = None
         self._sweeper: asyncio.Task | None = None
         self._conns: dict[asyncio.Task, asyncio.StreamWriter] = {}  # live connections
+        self._per_addr: dict[str, int] = {}  # peer address -> open connections
+        self._opening = 0  # sessions admitted by the engine whose WELCOME has not gone out yet
+        self._verdict_queues: dict[asyncio.Task, asyncio.Queue] = {}  # speculative connections -> their verdict queue
+        self._stopping = False
         self.errors_sent: dict[str, int] = {}  # ErrorCode name -> count, for tests and logs
         self.port = self.cfg.port
 
     # -- lifecycle --------------------------------------------------------------------------------
     async def start(self) -> None:
         await self.engine.start()
-        self._server = await asyncio.start_server(self._on_connect, self.cfg.host, self.cfg.port)
+        tls = {} if self.cfg.tls is None else {"ssl": self.cfg.tls, "ssl_handshake_timeout": self.cfg.handshake_timeout_s}
+        self._server = await asyncio.start_server(self._on_connect, self.cfg.host, self.cfg.port, **tls)
         self.port = self._server.sockets[0].getsockname()[1]
         self._sweeper = asyncio.create_task(self._sweep())
         log.info("cloud verifier listening on %s:%d (target %s)", self.cfg.host, self.port, self.target.name)
@@ -100,16 +130,25 @@ class CloudServer:
             await self._server.wait_closed()
         if self._sweeper:
             self._sweeper.cancel()
-        # tell every edge we are going away (it may RESUME elsewhere or later), then close its
-        # connection so its handler ends by itself; cancel only a handler that does not
-        for w in list(self._conns.values()):
+        # Drain: blocks already received are still verified and their verdicts sent, then every edge
+        # is told we are going away (CLOSE(GOING_AWAY): it reconnects, and if the cloud that answers
+        # has lost the session, opens a new one carrying its text) and its connection is closed, so
+        # its handler ends by itself. A speculative connection's verdict writer does this after the
+        # verdicts queued before it; blocks that arrive later are not taken. Cancel only a handler
+        # that does not end.
+        self._stopping = True
+        for task, w in list(self._conns.items()):
+            q = self._verdict_queues.get(task)
+            if q is not None:
+                q.put_nowait(None)
+                continue
             try:
                 w.write(wire.encode(wire.Close(reason=wire.CloseReason.GOING_AWAY)))
             except (ConnectionError, OSError, RuntimeError):
                 pass
             w.close()
         if self._conns:
-            _, late = await asyncio.wait(set(self._conns), timeout=5.0)
+            _, late = await asyncio.wait(set(self._conns), timeout=10.0)
             for t in late:
                 t.cancel()
             await asyncio.gather(*late, return_exceptions=True)
@@ -126,6 +165,8 @@ class CloudServer:
             await asyncio.sleep(min(5.0, self.cfg.idle_timeout_s / 4, self.cfg.resume_grace_s / 4))
             now = time.monotonic()
             for sid, s in list(self.sessions.items()):
+                if s.in_handshake:
+                    continue
                 limit = self.cfg.idle_timeout_s if s.connected else self.cfg.resume_grace_s
                 if now - s.last_active > limit:
                     log.info("session %d expired", sid)
@@ -141,12 +182,18 @@ class CloudServer:
     # -- one connection ---------------------------------------------------------------------------
     async def _on_connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
+        addr = _peer_addr(writer)
+        if len(self._conns) >= self.cfg.max_connections or self._per_addr.get(addr, 0) >= self.cfg.max_connections_per_addr:
+            await self._refuse(writer, wire.ErrorCode.BUSY, "too many open connections; retry later")
+            writer.close()
+            return
         if task:
             self._conns[task] = writer
+        self._per_addr[addr] = self._per_addr.get(addr, 0) + 1
         session: Session | None = None
         decoder = wire.FrameDecoder(self.cfg.limits)
         try:
-            first = await asyncio.wait_for(self._next_frame(reader, decoder), self.cfg.handshake_timeout_s)
+            first = await asyncio.wait_for(self._next_frame(reader, decoder, deadline=False), self.cfg.handshake_timeout_s)
             if first is None:
                 return
             session = await self._handshake(first, writer)
@@ -169,11 +216,7 @@ class CloudServer:
             await self._refuse(writer, wire.ErrorCode.INTERNAL, f"internal error: {type(e).__name__}")
         finally:
             if session is not None and session.owner is task:  # not if a RESUME took the session over
-                session.connected = False
-                session.owner = session.writer = None
-                session.last_active = time.monotonic()
-                if self.sessions.get(session.sid) is session:
-                    self.engine.park(session.handle)  # its KV may go to another session meanwhile
+                self._detach(session)
             writer.close()
             try:
                 await writer.wait_closed()
@@ -181,11 +224,36 @@ class CloudServer:
                 pass
             if task:
                 self._conns.pop(task, None)
+            left = self._per_addr.get(addr, 1) - 1
+            if left > 0:
+                self._per_addr[addr] = left
+            else:
+                self._per_addr.pop(addr, None)
 
-    async def _next_frame(self, reader: asyncio.StreamReader, decoder: wire.FrameDecoder) -> list | None:
-        """The next non-empty batch of whole frames, or None on a clean end of stream."""
+    def _detach(self, session: Session) -> None:
+        """The session's connection is gone: it waits `resume_grace_s` for a RESUME."""
+        session.connected = False
+        session.owner = session.writer = None
+        session.last_active = time.monotonic()
+        if self.sessions.get(session.sid) is session:
+            self.engine.park(session.handle)  # its KV may go to another session meanwhile
+
+    async def _next_frame(self, reader: asyncio.StreamReader, decoder: wire.FrameDecoder, *, deadline: bool = True) -> list | None:
+        """The next non-empty batch of whole frames, or None on a clean end of stream.
+
+        With `deadline`, a frame that has begun to arrive must be complete within `frame_timeout_s`: a
+        peer that sends half a frame and stalls is dropped then, not at the idle sweep. Silence between
+        frames is the idle sweep's business."""
         while True:
-            data = await reader.read(65536)
+            if deadline and decoder.pending:
+                try:
+                    data = await asyncio.wait_for(reader.read(65536), self.cfg.frame_timeout_s)
+                except asyncio.TimeoutError:
+                    raise ProtocolError(
+                        wire.ErrorCode.BAD_FRAME, f"a frame was begun and not completed within {self.cfg.frame_timeout_s:g} s"
+                    ) from None
+            else:
+                data = await reader.read(65536)
             if not data:
                 if decoder.pending:
                     raise wire.WireError(wire.ErrorCode.BAD_FRAME, "connection closed in the middle of a frame")
@@ -205,31 +273,89 @@ class CloudServer:
             pass
 
     async def _handshake(self, frames: list, writer: asyncio.StreamWriter) -> Session:
+        """Open or resume the session, send WELCOME, and only then count the session as held by this
+        connection: a connection that dies before its WELCOME is out leaves no session behind (a new
+        one is closed at once; a resumed one goes back to waiting for its RESUME). A new session is
+        listed before its WELCOME is written, so a RESUME that follows the WELCOME at once finds it."""
         first = frames[0]
         if len(frames) > 1:
             raise ProtocolError(wire.ErrorCode.BAD_REQUEST, "frames sent before WELCOME")
+        addr = _peer_addr(writer)
+        if isinstance(first, (wire.Hello, wire.Resume)) and self._auth_blocked(addr):
+            raise ProtocolError(wire.ErrorCode.BAD_AUTH, "too many failed authentications from this address; retry later")
         if isinstance(first, wire.Hello):
-            self._check_auth(first.auth)
-            session = await self._open(first)
+            tenant = self._check_auth(first.auth, addr)
+            self._opening += 1
+            try:
+                session = await self._open(first, tenant)
+                session.in_handshake = True
+                self.sessions[session.sid] = session
+            finally:
+                self._opening -= 1
+            try:
+                await self._welcome(session, writer)
+            except BaseException:
+                self._end(session)
+                raise
+            finally:
+                session.in_handshake = False
         elif isinstance(first, wire.Resume):
-            self._check_auth(first.auth)
-            session = await self._resume(first)
+            tenant = self._check_auth(first.auth, addr)
+            session = await self._resume(first, tenant, addr)
+            try:
+                await self._welcome(session, writer)
+            except BaseException:
+                session.last_active = time.monotonic()
+                raise
+            finally:
+                session.in_handshake = False
         else:
             raise ProtocolError(wire.ErrorCode.BAD_REQUEST, f"expected HELLO or RESUME, got {type(first).__name__.upper()}")
         session.owner, session.writer = asyncio.current_task(), writer
-        writer.write(
-            wire.encode(
-                wire.Welcome(session=session.sid, committed=session.verifier.committed, max_draft_tokens=self.cfg.limits.max_draft_tokens)
-            )
-        )
-        await writer.drain()
+        session.connected = True
+        session.last_active = time.monotonic()
+        log.info("session %d %s", session.sid, "opened" if isinstance(first, wire.Hello) else f"resumed at {first.committed}")
         return session
 
-    def _check_auth(self, auth: bytes) -> None:
-        if self.cfg.token is not None and not hmac.compare_digest(auth, self.cfg.token):
-            raise ProtocolError(wire.ErrorCode.BAD_AUTH, "authentication failed")
+    async def _welcome(self, session: Session, writer: asyncio.StreamWriter) -> None:
+        writer.write(
+            wire.encode(
+                wire.Welcome(session=session.sid, committed=session.verifier.committed,
+                             max_draft_tokens=self.cfg.limits.max_draft_tokens, secret=session.secret)
+            )
+        )
+        await asyncio.wait_for(writer.drain(), self.cfg.handshake_timeout_s)
 
-    async def _open(self, h: wire.Hello) -> Session:
+    def _check_auth(self, auth: bytes, addr: str) -> str:
+        """The tenant whose token `auth` is ("" when the server has no tokens); BAD_AUTH otherwise."""
+        if not self._tokens:
+            return ""
+        tenant = None
+        for token, name in self._tokens:  # compare with every token, so the time says nothing about which matched
+            if hmac.compare_digest(auth, token) and tenant is None:
+                tenant = name
+        if tenant is None:
+            self._auth_failed(addr)
+            raise ProtocolError(wire.ErrorCode.BAD_AUTH, "authentication failed")
+        return tenant
+
+    def _auth_failed(self, addr: str) -> None:
+        limit = self.cfg.auth_failures_per_min
+        if limit <= 0:
+            return
+        if len(self._auth_failures) > 4096:  # forget addresses whose failures are over a minute old
+            now = time.monotonic()
+            for a in [a for a, q in self._auth_failures.items() if now - q[-1] > 60.0]:
+                del self._auth_failures[a]
+        self._auth_failures.setdefault(addr, collections.deque(maxlen=limit)).append(time.monotonic())
+
+    def _auth_blocked(self, addr: str) -> bool:
+        """`auth_failures_per_min` failed auths from `addr` within the last minute: refuse it unheard."""
+        q = self._auth_failures.get(addr)
+        limit = self.cfg.auth_failures_per_min
+        return limit > 0 and q is not None and len(q) >= limit and time.monotonic() - q[0] < 60.0
+
+    async def _open(self, h: wire.Hello, tenant: str) -> Session:
         if h.model_id != self.target.tokenizer.fingerprint:
             raise ProtocolError(
                 wire.ErrorCode.MODEL_MISMATCH,
@@ -251,18 +377,24 @@ class CloudServer:
             )
         if any(t >= self.target.vocab_size for t in h.prompt):
             raise ProtocolError(wire.ErrorCode.OVER_LIMIT, "prompt token id outside the target vocabulary")
-        if len(self.sessions) >= self.cfg.max_sessions:
+        if len(self.sessions) + self._opening > self.cfg.max_sessions:  # _opening counts this one
             raise ProtocolError(wire.ErrorCode.BUSY, f"the server holds {self.cfg.max_sessions} sessions; retry later")
         spec = SessionSpec(tuple(h.prompt), sampling=sp, rule=rule, seed=h.seed, max_tokens=h.max_tokens)
         try:
             handle = await self.engine.open(spec)
         except EngineBusy as e:
             raise ProtocolError(wire.ErrorCode.BUSY, str(e)) from None
-        sid = next(self._ids)
-        s = Session(sid, handle, wire.Mode(h.mode), time.monotonic())
-        self.sessions[sid] = s
-        log.info("session %d opened: rule %s, %d prompt tokens, mode %s", sid, rule, len(h.prompt), s.mode.name)
-        return s
+        sid = self._new_sid()
+        log.info("session %d: rule %s, %d prompt tokens, mode %s", sid, rule, len(h.prompt), wire.Mode(h.mode).name)
+        return Session(sid, handle, wire.Mode(h.mode), time.monotonic(), tenant=tenant, secret=secrets.token_bytes(32))
+
+    def _new_sid(self) -> int:
+        """A random id below 2**21 (3 varint bytes on every DRAFT) that no live session holds: ids say
+        nothing about how many sessions came before, and the secret, not the id, guards a session."""
+        while True:
+            sid = 1 + secrets.randbelow((1 << 21) - 1)
+            if sid not in self.sessions:
+                return sid
 
     def _end(self, s: Session) -> None:
         """Forget a session (CLOSE, expiry): the engine frees its KV."""
@@ -270,35 +402,48 @@ class CloudServer:
             del self.sessions[s.sid]
             self.engine.close(s.handle)
 
-    async def _resume(self, r: wire.Resume) -> Session:
+    async def _resume(self, r: wire.Resume, tenant: str, addr: str) -> Session:
         s = self.sessions.get(r.session)
-        if s is None:
-            raise ProtocolError(wire.ErrorCode.UNKNOWN_SESSION, f"no session {r.session} (expired or never opened)")
-        if s.connected:
-            # The edge reconnected before this server noticed its old connection die (a reset or a
-            # dead path while the old handler waited on the model). The edge is the one that knows:
-            # close the old connection and wait for its handler to finish, so no verify of the old
-            # connection can land after the rollback below.
-            old = s.owner
-            if old is not None and not old.done():
-                if s.writer is not None:
-                    s.writer.transport.abort()
-                await asyncio.wait({old}, timeout=30.0)
-                if not old.done():
-                    raise ProtocolError(wire.ErrorCode.BUSY, f"session {r.session} is still busy on its old connection")
-            s.connected = False
-        v = s.verifier
-        if not v.prompt_len <= r.committed <= v.committed:
-            raise ProtocolError(
-                wire.ErrorCode.BAD_REQUEST,
-                f"RESUME at {r.committed}, but the session has committed {v.committed} (prompt {v.prompt_len})",
-            )
-        # continue from the shorter agreed prefix: verdicts the edge never saw are undone, so no
-        # token is lost or emitted twice (in coupled mode they are regenerated identically)
-        await self.engine.rollback(s.handle, r.committed)
-        s.connected = True
+        # an unknown id, another tenant's session and a wrong secret get the same answer, so RESUME
+        # tells a client nothing about sessions it does not hold; each counts as a failed auth
+        if s is None or s.tenant != tenant or not hmac.compare_digest(r.secret, s.secret):
+            self._auth_failed(addr)
+            raise ProtocolError(wire.ErrorCode.UNKNOWN_SESSION, f"no session {r.session} for these credentials (expired, never opened, or not yours)")
+        if s.in_handshake:
+            # two RESUMEs at once: the first one wins; this one must not also be told a committed
+            # length the winner may roll back
+            raise ProtocolError(wire.ErrorCode.BUSY, f"session {r.session} is being resumed on another connection")
+        s.in_handshake = True
+        s.last_active = time.monotonic()  # the sweeper must not expire it under the RESUME
+        try:
+            if s.connected:
+                # The edge reconnected before this server noticed its old connection die (a reset or a
+                # dead path while the old handler waited on the model). The edge is the one that knows:
+                # close the old connection and wait for its handler to finish, so no verify of the old
+                # connection can land after the rollback below.
+                old = s.owner
+                if old is not None and not old.done():
+                    if s.writer is not None:
+                        s.writer.transport.abort()
+                    await asyncio.wait({old}, timeout=30.0)
+                    if not old.done():
+                        raise ProtocolError(wire.ErrorCode.BUSY, f"session {r.session} is still busy on its old connection")
+                s.connected = False
+            v = s.verifier
+            if not v.prompt_len <= r.committed <= v.committed:
+                raise ProtocolError(
+                    wire.ErrorCode.BAD_REQUEST,
+                    f"RESUME at {r.committed}, but the session has committed {v.committed} (prompt {v.prompt_len})",
+                )
+            if not hmac.compare_digest(r.digest, wire.committed_digest(v.tokens[: r.committed])):
+                raise ProtocolError(wire.ErrorCode.BAD_REQUEST, f"RESUME at {r.committed}: the edge's committed tokens differ from the session's")
+            # continue from the shorter agreed prefix: verdicts the edge never saw are undone, so no
+            # token is lost or emitted twice (in coupled mode they are regenerated identically)
+            await self.engine.rollback(s.handle, r.committed)
+        except BaseException:
+            s.in_handshake = False
+            raise
         s.last_active = time.monotonic()
-        log.info("session %d resumed at %d", s.sid, r.committed)
         return s
 
     # -- speculative mode -------------------------------------------------------------------------
@@ -309,6 +454,10 @@ class CloudServer:
         V = self.target.vocab_size
         verdicts: asyncio.Queue = asyncio.Queue()
         out = asyncio.create_task(self._write_verdicts(s, verdicts, writer))
+        me = asyncio.current_task()
+        self._verdict_queues[me] = verdicts
+        if self._stopping:
+            verdicts.put_nowait(None)
         try:
             while True:
                 frames = await self._next_frame(reader, decoder)
@@ -322,12 +471,19 @@ class CloudServer:
                         return
                     s.last_active = time.monotonic()
                     if isinstance(f, wire.Draft):
+                        if self._stopping:
+                            continue  # draining: the edge will be told GOING_AWAY after the verdicts it is owed
                         if f.session != s.sid:
                             raise ProtocolError(wire.ErrorCode.UNKNOWN_SESSION, f"DRAFT names session {f.session}, this connection holds {s.sid}")
                         if any(t >= V for t in f.tokens):
                             raise ProtocolError(wire.ErrorCode.OVER_LIMIT, "draft token id outside the target vocabulary")
+                        if f.parents is not None:
+                            # verifying a tree as a chain would ignore its shape: refuse it until trees are verified
+                            raise ProtocolError(wire.ErrorCode.BAD_REQUEST, "this server verifies chains only: DRAFT with HAS_TREE refused")
                         q = None
                         if f.q is not None:
+                            if any(t >= V for row in f.q for t, _ in row):
+                                raise ProtocolError(wire.ErrorCode.OVER_LIMIT, "q row token id outside the target vocabulary")
                             q = np.stack([dense_row([i for i, _ in row], [p for _, p in row], V) for row in f.q]) if f.q else None
                         elif s.verifier.rule.info.needs_q and f.tokens:
                             raise ProtocolError(wire.ErrorCode.BAD_REQUEST, f"rule {s.verifier.rule} needs q rows with each DRAFT")
@@ -344,12 +500,19 @@ class CloudServer:
                         raise ProtocolError(wire.ErrorCode.BAD_REQUEST, f"unexpected {type(f).__name__.upper()} in a speculative session")
                 await writer.drain()
         finally:
+            self._verdict_queues.pop(me, None)
             out.cancel()
             await asyncio.gather(out, return_exceptions=True)
 
     async def _write_verdicts(self, s: Session, verdicts: asyncio.Queue, writer) -> None:
         while True:
-            seq, job = await verdicts.get()
+            item = await verdicts.get()
+            if item is None:  # the server is stopping: every verdict owed has gone out
+                writer.write(wire.encode(wire.Close(reason=wire.CloseReason.GOING_AWAY)))
+                await writer.drain()
+                writer.close()
+                return
+            seq, job = item
             try:
                 v = await job
             except Exception as e:  # the engine could not verify (it is stopping, or a model error): say so

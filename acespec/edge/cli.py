@@ -44,11 +44,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--branches", action="store_true", help="also send pre-drafted outcomes as branch blocks (needs --cache)")
     p.add_argument("--acespec", action="store_true",
                    help="the full system: pipelined, --cache --branches --auto-window and --policy controller")
-    p.add_argument("--token-file", help="file holding the shared auth token")
+    p.add_argument("--token-file", help="file holding this tenant's auth token")
+    p.add_argument("--tls-ca", help="TLS: connect with TLS, checking the cloud's certificate against this CA (PEM)")
+    p.add_argument("--tls", action="store_true", help="TLS with the system's trusted CAs (implied by --tls-ca)")
+    p.add_argument("--tls-cert", help="TLS: this edge's certificate (PEM), for a cloud that asks for one")
+    p.add_argument("--tls-key", help="TLS: this edge's private key (PEM)")
+    p.add_argument("--tls-server-name", help="TLS: the name the cloud's certificate must carry (default: the --cloud host)")
+    p.add_argument("--busy-retry", type=float, default=60.0, metavar="S",
+                   help="keep retrying a cloud that answers BUSY for this long, with backoff (default 60)")
     p.add_argument("--prompt", required=True)
     p.add_argument("--chat", action="store_true")
     p.add_argument("--n-ctx", type=_positive_int, default=4096)
-    p.add_argument("--json", action="store_true", help="print one JSON object (text, stats) instead of streaming")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object (text, stats) instead of streaming; on failure too, with the text so far and the error")
     add_sampling_args(p)
     p.set_defaults(func=cmd_edge)
 
@@ -78,6 +86,13 @@ def cmd_edge(args: argparse.Namespace) -> int:
     if args.cache and args.mode == "cloud-only":
         raise ValueError("--cache needs a speculative mode (sync or pipelined)")
     token = read_token(args.token_file) or b""
+    tls = None
+    if args.tls or args.tls_ca or args.tls_cert or args.tls_key:
+        from acespec.tls import client_context
+
+        tls = client_context(args.tls_ca, args.tls_cert, args.tls_key)
+    if not args.busy_retry >= 0:
+        raise ValueError("--busy-retry must be >= 0")
     slots = {"n_slots": DRAFTER_SLOTS} if args.cache and not args.draft.startswith("toy") else {}
     drafter = load_model(args.draft, n_ctx=args.n_ctx, **slots)
     ids = prompt_tokens(drafter.tokenizer, args.prompt, args.chat)
@@ -85,10 +100,23 @@ def cmd_edge(args: argparse.Namespace) -> int:
         mode=args.mode, rule=args.rule, k=args.k, policy=args.policy, window=args.window, auto_window=args.auto_window,
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed, max_tokens=args.max_tokens,
         cache=args.cache, cache_budget_mb=args.cache_budget_mb, branches=args.branches, pass_budget=args.pass_budget,
-        connect=ConnectConfig(host=host, port=port, token=token),
+        connect=ConnectConfig(host=host, port=port, token=token, tls=tls, tls_server_name=args.tls_server_name,
+                              busy_retry_s=args.busy_retry),
     )
     out = TextOutput(drafter.tokenizer, to_stdout=not args.json)
-    res = run_edge(drafter if args.mode != "cloud-only" else None, ids, cfg, model_id=drafter.tokenizer.fingerprint, on_tokens=out.push)
+    produced: list[int] = []
+
+    def push(toks: list[int]) -> None:
+        produced.extend(toks)
+        out.push(toks)
+
+    try:
+        res = run_edge(drafter if args.mode != "cloud-only" else None, ids, cfg, model_id=drafter.tokenizer.fingerprint, on_tokens=push)
+    except Exception as e:
+        if args.json:  # the text committed so far is the caller's, failure or not
+            out.finish(produced, {"mode": args.mode, "rule": args.rule, "emitted": len(produced)}, as_json=True,
+                       error={"message": str(e), "code": getattr(getattr(e, "code", None), "name", None), "type": type(e).__name__})
+        raise
     s = res.stats.summary()
     s.update(mode=args.mode, rule=args.rule)
     out.finish(res.tokens, s, as_json=args.json)

@@ -3,18 +3,31 @@
 `TcpTransport` plugs the network into the same `SpecLoop` the single-process engine uses. A reader
 thread decodes frames into a queue, so the drafter keeps working while verdicts are in flight.
 When the connection drops, `recv` reports `Disconnected`; the loop then calls `resume(committed)`,
-which reconnects with backoff and sends RESUME with the last committed length the edge saw. The
-cloud rolls back to that length, so both sides continue from the same prefix and no token is lost
-or emitted twice.
+which reconnects with backoff and sends RESUME with the session's secret and the committed tokens
+the edge holds (their length and digest). The cloud rolls back to that length, so both sides
+continue from the same prefix and no token is lost or emitted twice.
+
+Every handshake (connect, HELLO or RESUME, WELCOME) is retried as a whole: a link that fails anywhere
+in it costs one of `reconnect_attempts`, and a cloud that answers BUSY is retried with jittered
+backoff for up to `busy_retry_s`. If the cloud no longer knows the session (it restarted, or the
+session expired), the edge opens a new one whose prompt is the old prompt plus everything committed
+so far, with the generation budget reduced to match, and carries on: with greedy or coupled
+sampling (noise keyed by absolute position and the shared seed) the text is the same as if nothing
+had happened.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import queue
+import random
 import socket
+import ssl
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -35,12 +48,17 @@ class EdgeError(RuntimeError):
 class ConnectConfig:
     host: str = "127.0.0.1"  # cloud (or WAN emulator) address
     port: int = 7070  # cloud port
-    token: bytes = b""  # auth token shared with the cloud
+    token: bytes = b""  # this tenant's auth token
     connect_timeout_s: float = 10.0  # one connection attempt
-    reply_timeout_s: float = 60.0  # longest wait for WELCOME / any frame before we call the link dead
-    reconnect_attempts: int = 8  # tries before giving up on a dropped connection
-    backoff_s: float = 0.05  # first retry delay; doubles up to backoff_max_s
+    handshake_timeout_s: float = 10.0  # longest wait for WELCOME after HELLO / RESUME
+    reply_timeout_s: float = 60.0  # longest wait for any frame mid-session before we call the link dead
+    reconnect_attempts: int = 8  # handshakes (connect, HELLO/RESUME, WELCOME) tried before giving up on the link
+    backoff_s: float = 0.05  # first retry delay; doubles up to backoff_max_s, each wait jittered to 50-100 %
     backoff_max_s: float = 2.0  # longest retry delay
+    busy_retry_s: float = 60.0  # keep retrying a cloud that answers BUSY for this long (does not use up attempts)
+    recover: bool = True  # if the cloud lost the session (restart, expiry), open a new one that carries the committed text
+    tls: "ssl.SSLContext | None" = None  # TLS to the cloud (see tls.py); None = plain TCP
+    tls_server_name: str | None = None  # name to check the cloud's certificate against (default: host)
     limits: wire.Limits = field(default_factory=wire.Limits)  # what we accept from the cloud
 
 
@@ -48,21 +66,74 @@ _EOF = object()
 
 
 class _Link:
-    """One TCP connection plus its reader thread."""
+    """One TCP connection (plain, or TLS through memory BIOs) plus its reader thread.
+
+    With TLS the socket is read by the reader thread and written by the caller's; the `ssl` object is
+    driven through a MemoryBIO pair under one lock, because an SSL connection may not be read and
+    written from two threads at once."""
 
     def __init__(self, cfg: ConnectConfig) -> None:
         self.cfg = cfg
         self.sock = socket.create_connection((cfg.host, cfg.port), timeout=cfg.connect_timeout_s)
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.sock.settimeout(None)
         self.frames: queue.Queue = queue.Queue()
-        self.bytes_up = 0
-        self.bytes_down = 0
+        self.bytes_up = 0  # frame bytes sent (TLS records cost a little more on the wire)
+        self.bytes_down = 0  # frame bytes received
         self.alive = True
         self._lock = threading.Lock()
+        self._tls: ssl.SSLObject | None = None
+        try:
+            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if cfg.tls is not None:
+                self._bio_in, self._bio_out = ssl.MemoryBIO(), ssl.MemoryBIO()
+                self._tls = cfg.tls.wrap_bio(self._bio_in, self._bio_out, server_hostname=cfg.tls_server_name or cfg.host)
+                self._tls_handshake()
+        except BaseException:
+            self.sock.close()
+            raise
+        self.sock.settimeout(None)
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 
+    # -- TLS plumbing (all under self._lock) ------------------------------------------------------
+    def _tls_handshake(self) -> None:
+        while True:
+            try:
+                self._tls.do_handshake()
+                self._flush()
+                return
+            except ssl.SSLWantReadError:
+                self._flush()
+                data = self.sock.recv(65536)  # bounded by connect_timeout_s
+                if not data:
+                    raise ConnectionError("the cloud closed the connection during the TLS handshake")
+                self._bio_in.write(data)
+
+    def _flush(self) -> None:
+        out = self._bio_out.read()
+        if out:
+            self.sock.sendall(out)
+
+    def _decrypt(self, data: bytes) -> tuple[bytes, bool]:
+        """Plaintext from received TLS bytes, and whether the peer closed the TLS session."""
+        with self._lock:
+            self._bio_in.write(data)
+            chunks, closed = [], False
+            while True:
+                try:
+                    piece = self._tls.read(65536)
+                except ssl.SSLWantReadError:
+                    break
+                except ssl.SSLZeroReturnError:
+                    closed = True
+                    break
+                if not piece:
+                    closed = True
+                    break
+                chunks.append(piece)
+            self._flush()  # reading may owe the peer an answer (TLS 1.3 key updates)
+        return b"".join(chunks), closed
+
+    # -- the link ---------------------------------------------------------------------------------
     def _read(self) -> None:
         dec = wire.FrameDecoder(self.cfg.limits)
         try:
@@ -70,10 +141,15 @@ class _Link:
                 data = self.sock.recv(65536)
                 if not data:
                     break
+                closed = False
+                if self._tls is not None:
+                    data, closed = self._decrypt(data)
                 self.bytes_down += len(data)
                 for f in dec.feed(data):
                     self.frames.put((time.perf_counter(), f))
-        except (OSError, wire.WireError) as e:
+                if closed:
+                    break
+        except (OSError, wire.WireError) as e:  # ssl.SSLError is an OSError
             self.frames.put((time.perf_counter(), e))
         self.alive = False
         self.frames.put((time.perf_counter(), _EOF))
@@ -82,7 +158,11 @@ class _Link:
         data = wire.encode(frame)
         try:
             with self._lock:
-                self.sock.sendall(data)
+                if self._tls is not None:
+                    self._tls.write(data)
+                    self._flush()
+                else:
+                    self.sock.sendall(data)
             self.bytes_up += len(data)
             return True
         except OSError:
@@ -102,6 +182,13 @@ class _Link:
         reset would tear the path down and could discard our own CLOSE on its way to the cloud."""
         if linger_s > 0 and self.alive:
             try:
+                if self._tls is not None:
+                    with self._lock:
+                        try:
+                            self._tls.unwrap()  # close_notify
+                        except ssl.SSLError:
+                            pass
+                        self._flush()
                 self.sock.shutdown(socket.SHUT_WR)
                 self._reader.join(linger_s)
             except OSError:
@@ -115,73 +202,124 @@ class _Link:
 
 
 def _expect_welcome(link: _Link, timeout: float) -> wire.Welcome:
-    item = link.get(timeout)
-    if item is None:
-        raise EdgeError(f"no answer from the cloud within {timeout:.0f} s")
-    _, f = item
-    if isinstance(f, wire.Welcome):
-        return f
-    if isinstance(f, wire.Error):
-        raise EdgeError(f"cloud refused the session: {f.code.name}: {f.message}", f.code)
-    if isinstance(f, Exception):
-        raise EdgeError(f"connection failed during the handshake: {f}")
-    raise EdgeError(f"unexpected {type(f).__name__} during the handshake")
+    deadline = time.monotonic() + timeout
+    while True:
+        item = link.get(max(0.0, deadline - time.monotonic()))
+        if item is None:
+            raise EdgeError(f"no answer from the cloud within {timeout:g} s")
+        _, f = item
+        if isinstance(f, wire.Welcome):
+            return f
+        if isinstance(f, wire.Error):
+            raise EdgeError(f"cloud refused the session: {f.code.name}: {f.message}", f.code)
+        if isinstance(f, Exception):
+            raise EdgeError(f"connection failed during the handshake: {f}")
+        if f is _EOF:
+            raise EdgeError("the cloud closed the connection during the handshake")
+        if not isinstance(f, (wire.Pong, wire.Close)):
+            raise EdgeError(f"unexpected {type(f).__name__} during the handshake")
 
 
 class CloudSession:
-    """A session with the cloud: HELLO once, RESUME after every dropped connection."""
+    """A session with the cloud: HELLO once, RESUME after every dropped connection, and a fresh HELLO
+    carrying the committed text if the cloud lost the session."""
 
     def __init__(self, cfg: ConnectConfig, hello: wire.Hello) -> None:
         self.cfg = cfg
-        self.hello = hello
+        self.hello = hello  # the original request: recovery builds its new HELLO from it
         self.bytes_up = 0
         self.bytes_down = 0
-        self.reconnects = 0
-        self.link = self._connect_with_retry(lambda link: link.send(hello))
-        w = _expect_welcome(self.link, cfg.reply_timeout_s)
+        self.reconnects = 0  # successful RESUMEs
+        self.recoveries = 0  # new sessions opened because the cloud had lost ours
+        self.busy_waits = 0  # BUSY answers waited out
+        self._jitter = random.Random()
+        self.link, w = self._handshake(lambda: hello)
+        self._welcomed(w)
+
+    def _welcomed(self, w: wire.Welcome) -> None:
         self.sid = w.session
+        self.secret = w.secret
         self.committed = w.committed
 
-    def _connect_with_retry(self, greet) -> _Link:
-        delay = self.cfg.backoff_s
-        last: Exception | None = None
-        for _ in range(max(1, self.cfg.reconnect_attempts)):
+    def _sleep(self, delay: float) -> None:
+        time.sleep(delay * self._jitter.uniform(0.5, 1.0))  # jitter: a crowd of edges does not retry in step
+
+    def _handshake(self, greeting: Callable[[], object]) -> tuple[_Link, wire.Welcome]:
+        """Connect, send the greeting (HELLO or RESUME), wait for WELCOME; retry the whole exchange.
+
+        A failed link anywhere in it (connect, TLS, a reset before WELCOME, silence) uses one of
+        `reconnect_attempts`; BUSY is waited out with backoff for up to `busy_retry_s`; any other
+        refusal is raised at once as an EdgeError with its code."""
+        cfg = self.cfg
+        delay = cfg.backoff_s
+        failures = 0
+        busy_until: float | None = None
+        while True:
+            link = None
             try:
-                link = _Link(self.cfg)
-                greet(link)
-                return link
-            except OSError as e:
-                last = e
-                time.sleep(delay)
-                delay = min(self.cfg.backoff_max_s, delay * 2)
-        raise EdgeError(f"cannot reach the cloud at {self.cfg.host}:{self.cfg.port}: {last}")
+                link = _Link(cfg)
+                if not link.send(greeting()):
+                    raise EdgeError("connection lost while sending the handshake")
+                return link, _expect_welcome(link, cfg.handshake_timeout_s)
+            except ssl.SSLCertVerificationError as e:
+                raise EdgeError(f"TLS: the cloud's certificate was refused: {e.verify_message}") from None
+            except (OSError, EdgeError) as e:
+                if link is not None:
+                    link.close()
+                code = getattr(e, "code", None) if isinstance(e, EdgeError) else None
+                if code == wire.ErrorCode.BUSY:
+                    now = time.monotonic()
+                    busy_until = busy_until or now + cfg.busy_retry_s
+                    if now >= busy_until:
+                        raise EdgeError(f"the cloud stayed busy for {cfg.busy_retry_s:g} s: {e}", code) from None
+                    self.busy_waits += 1
+                elif code is not None:
+                    raise
+                else:
+                    failures += 1
+                    if failures >= max(1, cfg.reconnect_attempts):
+                        raise EdgeError(
+                            f"cannot reach the cloud at {cfg.host}:{cfg.port} after {failures} attempts: {e}"
+                        ) from None
+            self._sleep(delay)
+            delay = min(cfg.backoff_max_s, delay * 2)
 
     def _retire(self) -> None:
         self.bytes_up += self.link.bytes_up
         self.bytes_down += self.link.bytes_down
         self.link.close()
 
-    def resume(self, committed: int) -> int:
-        """Reconnect and RESUME at `committed`; returns the committed length the cloud agreed to."""
+    def resume(self, committed: Sequence[int]) -> int:
+        """Reconnect and continue from `committed` (every committed token, prompt included); returns the
+        committed length the cloud agreed to. RESUME first; if the cloud no longer holds the session,
+        a new session whose prompt is `committed` (see `recover`)."""
         self._retire()
-        delay = self.cfg.backoff_s
-        for attempt in range(max(1, self.cfg.reconnect_attempts)):
-            self.link = self._connect_with_retry(
-                lambda link: link.send(wire.Resume(session=self.sid, committed=committed, auth=self.cfg.token))
-            )
-            try:
-                w = _expect_welcome(self.link, self.cfg.reply_timeout_s)
-            except EdgeError as e:
-                if e.code is not None:  # a refusal, not a flaky link: retrying will not help
-                    raise
-                self.link.close()
-                time.sleep(delay)
-                delay = min(self.cfg.backoff_max_s, delay * 2)
-                continue
-            self.reconnects += 1
-            self.committed = w.committed
-            return w.committed
-        raise EdgeError(f"could not resume session {self.sid} after {self.cfg.reconnect_attempts} attempts")
+        committed = [int(t) for t in committed]
+        resume = wire.Resume(session=self.sid, committed=len(committed), auth=self.cfg.token, secret=self.secret,
+                             digest=wire.committed_digest(committed))
+        try:
+            self.link, w = self._handshake(lambda: resume)
+        except EdgeError as e:
+            if e.code != wire.ErrorCode.UNKNOWN_SESSION or not self.cfg.recover:
+                raise
+            return self.recover(committed)
+        self.reconnects += 1
+        self._welcomed(w)
+        return w.committed
+
+    def recover(self, committed: Sequence[int]) -> int:
+        """Open a new session that continues the old one: prompt = `committed`, budget = what is left."""
+        h = self.hello
+        generated = len(committed) - len(h.prompt)
+        if generated < 0 or list(committed[: len(h.prompt)]) != list(h.prompt):
+            raise EdgeError("cannot recover: the committed tokens do not start with the prompt")
+        hello = dataclasses.replace(h, prompt=tuple(committed), max_tokens=max(0, h.max_tokens - generated))
+        self.link, w = self._handshake(lambda: hello)
+        if w.committed != len(committed):
+            raise EdgeError(f"the new session starts at {w.committed}, the edge holds {len(committed)} tokens")
+        self.recoveries += 1
+        self._welcomed(w)
+        return w.committed
 
     def total_bytes(self) -> tuple[int, int]:
         return self.bytes_up + self.link.bytes_up, self.bytes_down + self.link.bytes_down
@@ -204,14 +342,19 @@ def sparse_rows(q: np.ndarray) -> tuple[tuple[tuple[int, float], ...], ...]:  # 
     return tuple(out)
 
 
+RTT_SAMPLES_KEPT = 64  # recent round-trip samples a transport keeps (the loop reads the last few)
+
+
 class TcpTransport(Transport):
     """DRAFT frames up, VERDICT frames down, over a `CloudSession`."""
 
     def __init__(self, session: CloudSession, *, send_q: bool) -> None:
         self.s = session
         self.send_q = send_q
-        self.sent_at: dict[int, float] = {}
-        self.rtt_samples: list[float] = []  # verdict arrival - block send - cloud verify time
+        self.sent_at: dict[int, float] = {}  # blocks in flight only: popped by their verdict, cleared on resume
+        self.rtt_samples: deque[float] = deque(maxlen=RTT_SAMPLES_KEPT)  # verdict arrival - block send - cloud verify time
+        self.rtt_sum = 0.0  # over every sample, for the mean
+        self.rtt_count = 0
         self.last_arrival: float | None = None  # perf_counter when the latest verdict reached the edge
 
     def send(self, block: Block) -> None:
@@ -232,7 +375,10 @@ class TcpTransport(Transport):
                 self.last_arrival = t
                 sent = self.sent_at.pop(f.seq, None)
                 if sent is not None:
-                    self.rtt_samples.append(max(0.0, t - sent - f.verify_us / 1e6))
+                    rtt = max(0.0, t - sent - f.verify_us / 1e6)
+                    self.rtt_samples.append(rtt)
+                    self.rtt_sum += rtt
+                    self.rtt_count += 1
                 return Verdict(
                     f.seq, f.accepted, f.next_token if not f.dropped else -1, f.committed, f.verify_us,
                     dropped=f.dropped, finished=f.finished,
@@ -241,9 +387,9 @@ class TcpTransport(Transport):
                 raise EdgeError(f"cloud error {f.code.name}: {f.message}", f.code)
             if f is _EOF or isinstance(f, Exception):
                 return Disconnected(str(f) if f is not _EOF else "connection closed")
-            # PONG / CLOSE: nothing to do here
+            # PONG / CLOSE: nothing to do here (CLOSE(GOING_AWAY) is followed by the end of the stream)
 
-    def resume(self, committed: int) -> int:
+    def resume(self, committed: Sequence[int]) -> int:
         self.sent_at.clear()
         return self.s.resume(committed)
 

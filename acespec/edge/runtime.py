@@ -101,8 +101,8 @@ def run_edge(
         res = loop.run(t0)
         res.stats.wall_s = time.perf_counter() - t0
         res.stats.bytes_up, res.stats.bytes_down = session.total_bytes()
-        res.stats.cache["reconnects"] = session.reconnects
-        res.stats.cache["rtt_ms_mean"] = round(1e3 * sum(transport.rtt_samples) / max(1, len(transport.rtt_samples)), 3)
+        _link_stats(res.stats, session)
+        res.stats.cache["rtt_ms_mean"] = round(1e3 * transport.rtt_sum / max(1, transport.rtt_count), 3)
         return res
     finally:
         session.close()
@@ -160,8 +160,14 @@ def _cloud_only(session: CloudSession, prompt, cfg: EdgeConfig, on_tokens, t0: f
         elif isinstance(f, wire.Error):
             raise EdgeError(f"cloud error {f.code.name}: {f.message}", f.code)
         elif item is None or f is not None and (isinstance(f, Exception) or not isinstance(f, (wire.Pong, wire.Close))):
-            session.resume(committed)  # the cloud continues streaming from what we have
+            session.resume(list(prompt) + out)  # the cloud continues streaming from what we have
     stats.wall_s = time.perf_counter() - t0
     stats.bytes_up, stats.bytes_down = session.total_bytes()
-    stats.cache["reconnects"] = session.reconnects
+    _link_stats(stats, session)
     return LoopResult(out, stats, True)
+
+
+def _link_stats(stats: RunStats, session: CloudSession) -> None:
+    stats.cache["reconnects"] = session.reconnects
+    stats.cache["recoveries"] = session.recoveries
+    stats.cache["busy_waits"] = session.busy_waits

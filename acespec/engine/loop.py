@@ -59,8 +59,9 @@ class Transport(ABC):
     def recv(self, timeout: float | None = None) -> Verdict | Disconnected | None:
         """The next verdict, in block order; None if none arrived within `timeout` (None = wait)."""
 
-    def resume(self, committed: int) -> int:
-        """Re-establish the link, continuing from `committed`; returns the agreed committed length."""
+    def resume(self, committed: Sequence[int]) -> int:
+        """Re-establish the link, continuing from the `committed` tokens (prompt included); returns the
+        agreed committed length."""
         raise RuntimeError("this transport cannot reconnect")
 
     def close(self) -> None:
@@ -274,14 +275,17 @@ class SpecLoop:
         """The path's round trip: a verdict's delay minus verify time also holds queueing behind
         earlier blocks at the target, so take the minimum of recent samples."""
         samples = getattr(self.transport, "rtt_samples", None)
-        return min(samples[-8:]) if samples else None
+        return min(list(samples)[-8:]) if samples else None
 
     def _resync(self) -> None:
         """After a dropped link: every block in flight is void; continue from what both sides agree on."""
-        agreed = self.transport.resume(len(self.committed))
+        agreed = self.transport.resume(self.committed)
         if agreed != len(self.committed):
             raise RuntimeError(f"the target resumed at {agreed}, the edge holds {len(self.committed)} committed tokens")
         self.inflight.clear()
+        self._planned.clear()
+        self._extra.clear()
+        self._alts.clear()
         self.spec = list(self.committed)
         self._ready = None
         if self.cache is not None:
@@ -425,6 +429,7 @@ class SpecLoop:
     def _apply(self, v: Verdict) -> None:
         block = self.inflight.popleft()
         self._extra.pop(block.seq, None)
+        self._planned.discard(block.seq)  # bounded: only blocks in flight stay planned
         if block.alt_key is not None:
             self._alts.pop(block.alt_key, None)
         if v.seq != block.seq:

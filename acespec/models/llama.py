@@ -35,6 +35,19 @@ def split_threads(cores: str) -> tuple[int | None, int | None]:
     return 1, n - 1
 
 
+def vocab_fingerprint(llm) -> str:
+    """`gguf:<n_vocab>:<hash>` over every token's bytes, each prefixed by its length (so no two
+    vocabularies that differ in any token, or only in how their bytes split into tokens, share one).
+    Equal fingerprints are what lets the cloud trust that the edge's token ids mean its own tokens."""
+    n = llm.n_vocab()
+    h = hashlib.sha256()
+    for i in range(n):
+        piece = llm.detokenize([i], special=True)
+        h.update(len(piece).to_bytes(4, "big"))
+        h.update(piece)
+    return f"gguf:{n}:" + h.hexdigest()[:16]
+
+
 class LlamaTokenizer(Tokenizer):
     def __init__(self, llm) -> None:  # llm: llama_cpp.Llama
         self._llm = llm
@@ -44,10 +57,7 @@ class LlamaTokenizer(Tokenizer):
             if len(ids) == 1:
                 eos.add(int(ids[0]))
         self.eos_ids = frozenset(t for t in eos if t >= 0)
-        n = llm.n_vocab()
-        step = max(1, n // 997)
-        sample = b"\x00".join(llm.detokenize([i], special=True) for i in range(0, n, step))
-        self.fingerprint = f"gguf:{n}:" + hashlib.sha256(sample).hexdigest()[:16]
+        self.fingerprint = vocab_fingerprint(llm)
         self._template = llm.metadata.get("tokenizer.chat_template")
 
     def encode(self, text: str, *, special: bool = False) -> list[int]:

@@ -178,6 +178,10 @@ class SimResult:
 
 
 # ------------------------------------------------------------------------------------------- wire sizes
+# Session ids are random below 2**21 (protocol v2): all but 1/128 of them take 3 varint bytes.
+SIM_SESSION_ID = 1 << 20
+
+
 class FrameSizer:
     """Bytes of each frame as `acespec.wire.encode` writes it (memoised by the varint sizes that matter)."""
 
@@ -196,10 +200,10 @@ class FrameSizer:
                                   temperature=0.0, rule="greedy", mode=wf.Mode.CLOUD_ONLY if mode_cloud_only else wf.Mode.SPECULATIVE))
 
     def welcome(self, committed: int) -> int:
-        return self._enc(self.wf.Welcome(session=1, committed=committed, max_draft_tokens=64))
+        return self._enc(self.wf.Welcome(session=SIM_SESSION_ID, committed=committed, max_draft_tokens=64, secret=bytes(32)))
 
     def draft(self, seq: int, base: int, tokens: tuple[int, ...]) -> int:
-        return self._enc(self.wf.Draft(session=1, seq=seq, base=base, tokens=tokens))
+        return self._enc(self.wf.Draft(session=SIM_SESSION_ID, seq=seq, base=base, tokens=tokens))
 
     def verdict(self, seq: int, accepted: int, next_token: int, verify_us: int, committed: int, dropped: bool, finished: bool) -> int:
         key = ("v", _vs(seq), _vs(accepted), _vs(next_token), _vs(verify_us), _vs(committed))

@@ -29,6 +29,8 @@ Each rule is registered with one *relaxed* default setting (see `register(..., d
 
 from __future__ import annotations
 
+import math
+
 from typing import Callable
 
 import numpy as np
@@ -111,7 +113,7 @@ def _typical_accept(x: int, q_row, p_row, *, eps: float, delta: float, **_) -> f
 # Defaults are what Medusa's `medusa_generate` runs with: posterior_threshold (eps) = 0.09 and
 # posterior_alpha (delta) = 0.3 = sqrt(eps). (Medusa's helper `evaluate_posterior` has the two swapped
 # as its own keyword defaults, 0.3 / 0.09, but the generation loop always passes 0.09 / 0.3.)
-@register("typical", needs_q=False, defaults={"eps": 0.09, "delta": 0.3})
+@register("typical", needs_q=False, defaults={"eps": 0.09, "delta": 0.3}, bounds={"eps": (0.0, 1.0), "delta": (0.0, math.inf)})
 def typical(draft, q, p, rng, *, eps: float, delta: float, **_):
     """Typical acceptance (Cai et al. 2024, Medusa).
 
@@ -158,7 +160,7 @@ def cactus_targets(x: int, q_row, p_row, *, delta: float, **_) -> tuple[np.ndarr
     return H, H
 
 
-@register("cactus", needs_q=True, defaults={"delta": 0.35})  # default: the brief's relaxed setting
+@register("cactus", needs_q=True, defaults={"delta": 0.35}, bounds={"delta": (0.0, math.inf)})  # default: the brief's relaxed setting
 def cactus(draft, q, p, rng, *, delta: float, **_):
     """CACTUS: accept iff u < min(1, h/q(x)); residual norm(max(0, H - q)); bonus p.
 
@@ -187,7 +189,7 @@ def mentored_targets(x: int, q_row, p_row, *, alpha: float, **_) -> tuple[np.nda
     return pi_rej, p_row
 
 
-@register("mentored", needs_q=True, defaults={"alpha": 0.3})  # default: p(x) counts as p(x)/0.7
+@register("mentored", needs_q=True, defaults={"alpha": 0.3}, bounds={"alpha": (0.0, math.inf)})  # default: p(x) counts as p(x)/0.7
 def mentored(draft, q, p, rng, *, alpha: float, **_):
     """Mentored acceptance: accept x w.p. min(1, min(p(x)/(1-alpha), 1)/q(x)); residual norm(max(0,
     p - q)); bonus p. alpha = 0 is `strict`; acceptance rises with alpha (for alpha < 1)."""

@@ -15,6 +15,7 @@ rejection or the bonus token after a full accept. A round therefore emits `accep
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
@@ -37,16 +38,24 @@ class RuleInfo:
     defaults: dict[str, float] = field(default_factory=dict)  # parameter defaults (a relaxed setting)
     lossless: bool = False  # lossless at every parameter value
     doc: str = ""
+    bounds: dict[str, tuple[float, float]] = field(default_factory=dict)  # parameter -> (low, high), inclusive; unlisted: any finite value
 
 
 RULES: dict[str, RuleInfo] = {}
 
 
-def register(name: str, *, needs_q: bool, defaults: dict[str, float] | None = None, lossless: bool = False):
+def register(
+    name: str,
+    *,
+    needs_q: bool,
+    defaults: dict[str, float] | None = None,
+    lossless: bool = False,
+    bounds: dict[str, tuple[float, float]] | None = None,
+):
     def deco(fn: RuleFn) -> RuleFn:
         if name in RULES:
             raise ValueError(f"rule {name!r} registered twice")
-        RULES[name] = RuleInfo(name, fn, needs_q, dict(defaults or {}), lossless, (fn.__doc__ or "").strip())
+        RULES[name] = RuleInfo(name, fn, needs_q, dict(defaults or {}), lossless, (fn.__doc__ or "").strip(), dict(bounds or {}))
         return fn
 
     return deco
@@ -82,9 +91,17 @@ class RuleSpec:
                     known = ", ".join(sorted(info.defaults)) or "none"
                     raise RuleSpecError(f"rule {name!r} has no parameter {key!r} (parameters: {known})")
                 try:
-                    params[key] = float(val)
+                    value = float(val)
                 except ValueError:
                     raise RuleSpecError(f"rule parameter {key!r} in {text!r}: {val!r} is not a number") from None
+                # a spec often comes from the wire (HELLO.rule): nan, inf or a value outside the rule's
+                # range would make the rule accept anything, or nothing, without saying so
+                if not math.isfinite(value):
+                    raise RuleSpecError(f"rule parameter {key!r} in {text!r} must be a finite number, got {val.strip()!r}")
+                low, high = info.bounds.get(key, (-math.inf, math.inf))
+                if not low <= value <= high:
+                    raise RuleSpecError(f"rule parameter {key!r} in {text!r} must be in [{low:g}, {high:g}], got {value:g}")
+                params[key] = value
         return cls(name, tuple(sorted(params.items())))
 
     @property

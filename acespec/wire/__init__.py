@@ -39,6 +39,8 @@ from .frames import (
     Verdict,
     VerdictFlag,
     Welcome,
+    MAX_SECRET_BYTES,
+    committed_digest,
     decode,
     decode_uvarint,
     encode,

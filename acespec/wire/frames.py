@@ -1,4 +1,4 @@
-r"""AceSpec wire format, protocol version 1: the binary frames between edge and cloud.
+r"""AceSpec wire format, protocol version 2: the binary frames between edge and cloud.
 
 This docstring is the specification. The code below implements it, and tests/test_wire.py pins it
 byte by byte. Why the protocol is shaped this way is in DESIGN.md, "The edge-cloud protocol".
@@ -10,7 +10,7 @@ varint   Unsigned LEB128: 7 bits per byte, least significant group first, the hi
          A varint is at most 10 bytes, its value is < 2**64, and it must be minimal (a multi-byte
          varint never ends in 0x00). So each value has exactly one encoding.
 zigzag   Signed integers would be mapped 0, -1, 1, -2, ... -> 0, 1, 2, 3, ... and sent as varints
-         (`zigzag_encode`). No field of version 1 is signed.
+         (`zigzag_encode`). No field of version 2 is signed.
 u8 u16 u64
          Fixed-width unsigned integers, big-endian.
 f32      IEEE 754 binary32, big-endian. Always finite on the wire; each field states its range.
@@ -36,8 +36,9 @@ refused as OVER_LIMIT as soon as that many bytes are in.
 Frames (field | encoding | meaning)
 -----------------------------------
 1  HELLO    edge -> cloud. Opens a session.
-       version      u8      PROTOCOL_VERSION (1)
-       auth         bytes   opaque token the cloud checks (BAD_AUTH)
+       version      u8      PROTOCOL_VERSION (2)
+       auth         bytes   the tenant's token; the cloud checks it (BAD_AUTH) and binds the session to
+                            that tenant
        model_id     str     tokenizer fingerprint; the cloud refuses a mismatch (MODEL_MISMATCH)
        temperature  f32     >= 0 (0 = greedy)
        top_k        varint  0 = off
@@ -48,9 +49,12 @@ Frames (field | encoding | meaning)
        max_tokens   varint  generation budget, in new tokens
        prompt       tokens  at most Limits.max_prompt_tokens
 2  WELCOME  cloud -> edge. Answers HELLO or RESUME.
-       session      varint  id to name in DRAFT and RESUME
+       session      varint  id to name in DRAFT and RESUME (random, not sequential; < 2**21 from this
+                            server, so 3 bytes at most)
        committed    varint  committed length the edge continues from
        max_draft_tokens varint  the server's limit on tokens per DRAFT block
+       secret       bytes   the session's secret, at most MAX_SECRET_BYTES (the server sends 32 random
+                            bytes, the same in every WELCOME of the session): RESUME must present it
 3  DRAFT    edge -> cloud. One block of drafted tokens.
        session      varint
        seq          varint  block sequence number; the VERDICT echoes it
@@ -62,8 +66,8 @@ Frames (field | encoding | meaning)
                                      j + 1 if it extends token j; j < i always (so parents[i] <= i),
                                      which keeps the tree in topological order and free of cycles.
        In plain mode (no q, no tree) the framing is the length prefix, the type, flags and count
-       bytes, and the session, seq and base varints: 11 bytes for session < 128 and seq, base < 2**21
-       (12 once L passes 127, i.e. from 40 three-byte tokens on). Token ids < 2**21 cost <= 3 bytes.
+       bytes, and the session, seq and base varints: 13 bytes for session, seq, base < 2**21 (14 once
+       L passes 127, i.e. from 38 three-byte tokens on). Token ids < 2**21 cost <= 3 bytes.
 4  VERDICT  cloud -> edge. The outcome of one DRAFT.
        seq          varint  the DRAFT's seq
        flags        u8      0x01 DROPPED: the block was built on a stale prefix and not verified;
@@ -83,9 +87,15 @@ Frames (field | encoding | meaning)
 5  RESUME   edge -> cloud. Reconnects to a session; the cloud answers WELCOME (see DESIGN.md,
             "Sessions and faults", for how the committed prefix is agreed).
        version      u8      PROTOCOL_VERSION
-       auth         bytes
+       auth         bytes   the tenant's token (the tenant that opened the session)
        session      varint
+       secret       bytes   the session's secret from WELCOME, at most MAX_SECRET_BYTES
        committed    varint  the last committed length the edge saw
+       digest       bytes   committed_digest() of the committed tokens (prompt included) up to that
+                            length, at most MAX_SECRET_BYTES: the cloud refuses a RESUME whose tokens
+                            differ from its own (BAD_REQUEST), so both sides agree on content, not only
+                            on length. A wrong secret, another tenant's token or an unknown session all
+                            get the same UNKNOWN_SESSION.
 6  PING     either way.    nonce u64, sent_us u64 (sender's monotonic clock, microseconds)
 7  PONG     answers PING.  nonce u64, sent_us u64, both copied from the PING, so the pinger gets the
                            round-trip time as now - sent_us without keeping state.
@@ -113,7 +123,8 @@ bytes. `WireError.code` is:
                varints (too long, over 2**64 - 1, not minimal), invalid UTF-8, non-finite or
                out-of-range floats (a probability must be 0..1), duplicate ids in a row, parents
                pointing forward, a q or parents list whose length is not n, a VERDICT path that does
-               not match `accepted`.
+               not match `accepted`; a WELCOME or RESUME secret, or a RESUME digest, over MAX_SECRET_BYTES is
+OVER_LIMIT.
 
 The decoder checks the version, not the server: everything after the version byte may change in a
 later version, so the bytes that follow cannot be trusted to parse. The check runs before the rest of
@@ -140,12 +151,17 @@ return, so they need no state between calls.
 Evolving the protocol
 ---------------------
 New frame types, new fields, new flag bits and new enum values all need a new PROTOCOL_VERSION: a
-version 1 peer refuses each of them. Python floats are f64, so a float field that is not an exact
+version 2 peer refuses each of them. Version 2 added WELCOME.secret and RESUME.secret and .digest
+(per-session credentials); a version 1 HELLO or RESUME gets BAD_VERSION.
+
+committed_digest(tokens) = SHA-256 over the `tokens` encoding above (varint count, then one varint per
+id) of the whole committed sequence, prompt included: 32 bytes. Python floats are f64, so a float field that is not an exact
 f32 comes back rounded.
 """
 
 from __future__ import annotations
 
+import hashlib
 import numbers
 import operator
 import struct
@@ -185,10 +201,13 @@ __all__ = [
     "decode_uvarint",
     "zigzag_encode",
     "zigzag_decode",
+    "committed_digest",
+    "MAX_SECRET_BYTES",
 ]
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 MAX_ERROR_MESSAGE_BYTES = 512
+MAX_SECRET_BYTES = 64  # longest WELCOME/RESUME secret and RESUME digest
 
 _U8_MAX = 0xFF
 _U16_MAX = 0xFFFF
@@ -320,6 +339,7 @@ class Welcome:
     session: int
     committed: int
     max_draft_tokens: int
+    secret: bytes = field(default=b"", repr=False)  # RESUME must present it
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -370,6 +390,8 @@ class Resume:
     session: int
     committed: int
     auth: bytes = field(default=b"", repr=False)
+    secret: bytes = field(default=b"", repr=False)  # the session's secret, from WELCOME
+    digest: bytes = b""  # committed_digest() of the committed tokens
     version: int = PROTOCOL_VERSION
 
 
@@ -689,6 +711,7 @@ def _enc_welcome(w: _Writer, f: Welcome) -> None:
     w.uvarint(f.session, "WELCOME.session")
     w.uvarint(f.committed, "WELCOME.committed")
     w.uvarint(f.max_draft_tokens, "WELCOME.max_draft_tokens")
+    w.blob(f.secret, "WELCOME.secret", MAX_SECRET_BYTES)
 
 
 def _dec_welcome(r: _Reader) -> Welcome:
@@ -696,6 +719,7 @@ def _dec_welcome(r: _Reader) -> Welcome:
         session=r.uvarint("WELCOME.session"),
         committed=r.uvarint("WELCOME.committed"),
         max_draft_tokens=r.uvarint("WELCOME.max_draft_tokens"),
+        secret=r.blob("WELCOME.secret", MAX_SECRET_BYTES),
     )
 
 
@@ -814,7 +838,9 @@ def _enc_resume(w: _Writer, f: Resume) -> None:
     w.u8(f.version, "RESUME.version")
     w.blob(f.auth, "RESUME.auth", w.limits.max_str_bytes)
     w.uvarint(f.session, "RESUME.session")
+    w.blob(f.secret, "RESUME.secret", MAX_SECRET_BYTES)
     w.uvarint(f.committed, "RESUME.committed")
+    w.blob(f.digest, "RESUME.digest", MAX_SECRET_BYTES)
 
 
 def _dec_resume(r: _Reader) -> Resume:
@@ -824,7 +850,9 @@ def _dec_resume(r: _Reader) -> Resume:
         version=version,
         auth=r.blob("RESUME.auth", r.limits.max_str_bytes),
         session=r.uvarint("RESUME.session"),
+        secret=r.blob("RESUME.secret", MAX_SECRET_BYTES),
         committed=r.uvarint("RESUME.committed"),
+        digest=r.blob("RESUME.digest", MAX_SECRET_BYTES),
     )
 
 
@@ -1074,6 +1102,16 @@ class FrameDecoder:
             if self._start == len(buf):
                 buf.clear()
                 self._start = 0
+
+
+def committed_digest(tokens) -> bytes:
+    """SHA-256 of the `tokens` encoding (varint count, then one varint per id) of a committed sequence,
+    prompt included: what RESUME.digest carries."""
+    out = bytearray()
+    _put_uvarint(out, len(tokens))
+    for t in tokens:
+        _put_uvarint(out, _uint(t, "token id"))
+    return hashlib.sha256(out).digest()
 
 
 def encode_uvarint(value: int) -> bytes:
