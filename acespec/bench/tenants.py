@@ -283,7 +283,9 @@ def run_cell(engine, traces, mode: str, n: int, *, cap_s: float = 120.0, max_tok
     from acespec.cloud.server import CloudServerThread, ServerConfig
 
     target = engine.target
-    cfg = ServerConfig(port=0, max_sessions=max(n, 1), max_new_tokens=max_tokens, idle_timeout_s=cap_s + 60)
+    # every replay edge connects from 127.0.0.1: lift the per-address connection limit past N
+    cfg = ServerConfig(port=0, max_sessions=max(n, 1), max_new_tokens=max_tokens, idle_timeout_s=cap_s + 60,
+                       max_connections=max(256, 2 * n), max_connections_per_addr=max(32, 2 * n))
     with CloudServerThread(engine, cfg) as srv:
         row = run_edges(srv.port, traces, mode, n, model_id=target.tokenizer.fingerprint, vocab=target.vocab_size,
                         cap_s=cap_s, max_tokens=max_tokens, **kw)
