@@ -24,7 +24,6 @@ is the old one-session-at-a-time behaviour, kept as a baseline.
 from __future__ import annotations
 
 import asyncio
-import collections
 import hmac
 import logging
 import secrets
@@ -35,6 +34,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from acespec import wire
+from acespec.cloud.auth import Gatekeeper
 from acespec.cloud.engine import EngineBusy, EngineSession, EngineStopped, SessionSpec, VerifyEngine, make_engine
 from acespec.engine.verifier import TargetVerifier
 from acespec.models.base import Model
@@ -101,10 +101,7 @@ class CloudServer:
         self.engine = target if isinstance(target, VerifyEngine) else make_engine(self.cfg.engine, target)
         self.target = self.engine.target
         self.sessions: dict[int, Session] = {}
-        self._auth_failures: dict[str, collections.deque] = {}  # peer address -> times of its recent failed auths
-        self._tokens: list[tuple[bytes, str]] = [(tok, name) for name, tok in (self.cfg.tenants or {}).items()]
-        if self.cfg.token is not None:
-            self._tokens.append((self.cfg.token, "default"))
+        self._gate = Gatekeeper(self.cfg.tenants, self.cfg.token, self.cfg.auth_failures_per_min)
         self._server: asyncio.base_events.Server | None = None
         self._sweeper: asyncio.Task | None = None
         self._conns: dict[asyncio.Task, asyncio.StreamWriter] = {}  # live connections
@@ -281,7 +278,7 @@ class CloudServer:
         if len(frames) > 1:
             raise ProtocolError(wire.ErrorCode.BAD_REQUEST, "frames sent before WELCOME")
         addr = _peer_addr(writer)
-        if isinstance(first, (wire.Hello, wire.Resume)) and self._auth_blocked(addr):
+        if isinstance(first, (wire.Hello, wire.Resume)) and self._gate.blocked(addr):
             raise ProtocolError(wire.ErrorCode.BAD_AUTH, "too many failed authentications from this address; retry later")
         if isinstance(first, wire.Hello):
             tenant = self._check_auth(first.auth, addr)
@@ -328,32 +325,10 @@ class CloudServer:
 
     def _check_auth(self, auth: bytes, addr: str) -> str:
         """The tenant whose token `auth` is ("" when the server has no tokens); BAD_AUTH otherwise."""
-        if not self._tokens:
-            return ""
-        tenant = None
-        for token, name in self._tokens:  # compare with every token, so the time says nothing about which matched
-            if hmac.compare_digest(auth, token) and tenant is None:
-                tenant = name
+        tenant = self._gate.tenant_of(auth, addr)
         if tenant is None:
-            self._auth_failed(addr)
             raise ProtocolError(wire.ErrorCode.BAD_AUTH, "authentication failed")
         return tenant
-
-    def _auth_failed(self, addr: str) -> None:
-        limit = self.cfg.auth_failures_per_min
-        if limit <= 0:
-            return
-        if len(self._auth_failures) > 4096:  # forget addresses whose failures are over a minute old
-            now = time.monotonic()
-            for a in [a for a, q in self._auth_failures.items() if now - q[-1] > 60.0]:
-                del self._auth_failures[a]
-        self._auth_failures.setdefault(addr, collections.deque(maxlen=limit)).append(time.monotonic())
-
-    def _auth_blocked(self, addr: str) -> bool:
-        """`auth_failures_per_min` failed auths from `addr` within the last minute: refuse it unheard."""
-        q = self._auth_failures.get(addr)
-        limit = self.cfg.auth_failures_per_min
-        return limit > 0 and q is not None and len(q) >= limit and time.monotonic() - q[0] < 60.0
 
     async def _open(self, h: wire.Hello, tenant: str) -> Session:
         if h.model_id != self.target.tokenizer.fingerprint:
@@ -407,7 +382,7 @@ class CloudServer:
         # an unknown id, another tenant's session and a wrong secret get the same answer, so RESUME
         # tells a client nothing about sessions it does not hold; each counts as a failed auth
         if s is None or s.tenant != tenant or not hmac.compare_digest(r.secret, s.secret):
-            self._auth_failed(addr)
+            self._gate.failed(addr)
             raise ProtocolError(wire.ErrorCode.UNKNOWN_SESSION, f"no session {r.session} for these credentials (expired, never opened, or not yours)")
         if s.in_handshake:
             # two RESUMEs at once: the first one wins; this one must not also be told a committed
