@@ -530,3 +530,39 @@ def test_a_failing_model_pass_fails_only_its_requests_and_the_engine_carries_on(
     assert [v.committed for v in out] == [4, 5, 6, 7, 8]
     assert not again.dropped and again.committed == 4 + again.accepted
     assert engine.ticks < 50  # no spinning on the failure
+
+
+# ------------------------------------------------------------------------------------------- metrics
+
+
+def test_cloud_metrics_parse_and_move_by_what_happened():
+    """The cloud's /metrics (prometheus_client) parses with prometheus_client's own parser, and its
+    counters move by exactly what a run did: the verdicts the edge received, the session it opened."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from acespec.cloud.metrics import start_metrics_server
+
+    def scrape(port):
+        text = urllib.request.urlopen(f"http://{HOST}:{port}/metrics", timeout=10).read().decode()
+        out = {}
+        for fam in text_string_to_metric_families(text):
+            for smp in fam.samples:
+                out[(smp.name, tuple(sorted(smp.labels.items())))] = smp.value
+        return out
+
+    with CloudServerThread(toy_target(), ServerConfig(port=0)) as srv:
+        httpd, _ = start_metrics_server(srv.server, 0, HOST)
+        try:
+            before = scrape(httpd.server_port)
+            cfg = EdgeConfig(mode="sync", rule="greedy", k=3, max_tokens=20, connect=ConnectConfig(host=HOST, port=srv.port))
+            res = run_edge(ToyModel(vocab=V, seed=1, noise=0.7, noise_seed=1), [1, 2, 3], cfg, model_id=f"toy:vocab={V}")
+            time.sleep(0.2)  # the CLOSE reaches the server
+            after = scrape(httpd.server_port)
+        finally:
+            httpd.shutdown()
+    assert after[("acespec:verdicts_total", ())] - before[("acespec:verdicts_total", ())] == res.stats.rounds + res.stats.dropped
+    assert after[("acespec:sessions_started_total", (("how", "opened"),))] == before[("acespec:sessions_started_total", (("how", "opened"),))] + 1
+    assert after[("acespec:engine_evaluated_tokens_total", ())] > before[("acespec:engine_evaluated_tokens_total", ())]
+    assert 0.0 <= after[("acespec:kv_cache_usage_perc", ())] <= 1.0

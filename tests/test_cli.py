@@ -251,11 +251,13 @@ def test_serve_refuses_bad_engine_options(args, needles):
 def test_serve_batched_engine_serves_an_edge_over_the_cli():
     """`acespec serve` (batched engine, 2 slots of a small KV budget) answers a real `acespec edge`."""
     srv = subprocess.Popen([*CMD, "serve", "--target", "toy:vocab=64,seed=1", "--port", "0", "--slots", "2",
-                            "--kv-budget", "1024", "--tick-tokens", "32"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            "--kv-budget", "1024", "--tick-tokens", "32", "--metrics-port", "0"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         line = srv.stdout.readline()
         assert "batched engine, 2 KV slot(s) of 512 tokens" in line, line
         port = line.split("listening on ")[1].split()[0].split(":")[1]
+        metrics_url = srv.stdout.readline().split("metrics at ")[1].strip()
         outs = []
         for mode in ("pipelined", "cloud-only"):
             p = run("edge", "--cloud", f"127.0.0.1:{port}", "--draft", "toy:vocab=64,seed=1,noise=0.5", "--mode", mode,
@@ -263,6 +265,10 @@ def test_serve_batched_engine_serves_an_edge_over_the_cli():
             assert p.returncode == 0, p.stderr
             outs.append(json.loads(p.stdout)["tokens"])
         assert outs[0] == outs[1] and len(outs[0]) == 20
+        import urllib.request
+
+        text = urllib.request.urlopen(metrics_url, timeout=10).read().decode()
+        assert 'acespec:sessions_started_total{how="opened"} 2.0' in text, text
     finally:
         srv.terminate()
         srv.wait(30)

@@ -110,6 +110,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tls-cert", help="TLS: the server's certificate chain (PEM); with --tls-key, the server speaks TLS only")
     p.add_argument("--tls-key", help="TLS: the server's private key (PEM)")
     p.add_argument("--tls-client-ca", help="TLS: require client certificates signed by this CA (PEM)")
+    p.add_argument("--metrics-port", type=int, metavar="P",
+                   help="serve Prometheus metrics at http://HOST:P/metrics (0 = any free port, printed at start)")
     p.add_argument("--verbose", action="store_true")
     p.set_defaults(func=cmd_serve)
 
@@ -150,6 +152,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from acespec.cloud.server import CloudServer, ServerConfig
 
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(asctime)s %(name)s %(message)s")
+    if args.metrics_port is not None and not 0 <= args.metrics_port <= 65535:
+        raise ValueError("--metrics-port must be in 0..65535")
     if args.max_sessions < 1:
         raise ValueError("--max-sessions must be >= 1")
     for name in ("idle_timeout", "resume_grace", "handshake_timeout", "frame_timeout"):
@@ -181,6 +185,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         m = engine.metrics()
         print(f"acespec serve: listening on {cfg.host}:{server.port}{' (TLS)' if tls else ''} (target {target.name}, {engine.name} engine, "
               f"{m.get('slots', 1)} KV slot(s) of {engine.max_context} tokens)", flush=True)
+        if args.metrics_port is not None:
+            from acespec.cloud.metrics import start_metrics_server
+
+            httpd, _ = start_metrics_server(server, args.metrics_port, cfg.host)
+            print(f"acespec serve: metrics at http://{cfg.host}:{httpd.server_port}/metrics", flush=True)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):

@@ -109,7 +109,8 @@ class CloudServer:
         self._opening = 0  # sessions admitted by the engine whose WELCOME has not gone out yet
         self._verdict_queues: dict[asyncio.Task, asyncio.Queue] = {}  # speculative connections -> their verdict queue
         self._stopping = False
-        self.errors_sent: dict[str, int] = {}  # ErrorCode name -> count, for tests and logs
+        self.errors_sent: dict[str, int] = {}  # ErrorCode name -> count, for tests, logs and metrics
+        self.handshakes = {"opened": 0, "resumed": 0}  # sessions opened by HELLO, reattached by RESUME
         self.port = self.cfg.port
 
     # -- lifecycle --------------------------------------------------------------------------------
@@ -312,6 +313,7 @@ class CloudServer:
         session.connected = True
         session.last_active = time.monotonic()
         log.info("session %d %s", session.sid, "opened" if isinstance(first, wire.Hello) else f"resumed at {first.committed}")
+        self.handshakes["opened" if isinstance(first, wire.Hello) else "resumed"] += 1
         return session
 
     async def _welcome(self, session: Session, writer: asyncio.StreamWriter) -> None:

@@ -1,0 +1,54 @@
+"""Prometheus metrics for the cloud: `acespec serve --metrics-port P` serves them at /metrics.
+
+Read at scrape time from the server and its verify engine (no bookkeeping on the hot path). Names
+follow vLLM's where the meaning is the same (`vllm:kv_cache_usage_perc` -> `acespec:kv_cache_usage_perc`),
+with the prefix `acespec:`; counters end in `_total` as Prometheus expects.
+"""
+
+from __future__ import annotations
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector, CollectorRegistry
+
+
+class CloudCollector(Collector):
+    def __init__(self, server) -> None:  # server: acespec.cloud.server.CloudServer
+        self.server = server
+
+    def collect(self):
+        srv = self.server
+        m = srv.engine.metrics()
+        live = list(srv.sessions.values())
+        g = GaugeMetricFamily("acespec:sessions_live", "Live sessions by state", labels=["state"])
+        g.add_metric(["connected"], sum(1 for s in live if s.connected))
+        g.add_metric(["waiting_resume"], sum(1 for s in live if not s.connected))
+        g.add_metric(["resident"], m.get("resident", len(live)))
+        yield g
+        c = CounterMetricFamily("acespec:sessions_started", "Sessions opened (HELLO) and reattached (RESUME)", labels=["how"])
+        for how, n in srv.handshakes.items():
+            c.add_metric([how], n)
+        yield c
+        c = CounterMetricFamily("acespec:errors", "ERROR frames sent, by code", labels=["code"])
+        for code, n in sorted(srv.errors_sent.items()):
+            c.add_metric([code], n)
+        yield c
+        yield CounterMetricFamily("acespec:verdicts", "Verdicts the engine produced (dropped blocks included)",
+                                  value=m.get("verdicts", 0))
+        if "ticks" in m:  # the batching engine
+            yield CounterMetricFamily("acespec:engine_ticks", "Batched model passes (ticks) run", value=m["ticks"])
+            yield CounterMetricFamily("acespec:engine_evaluated_tokens", "Tokens the target evaluated", value=m["evaluated"])
+            yield CounterMetricFamily("acespec:engine_swaps", "Sessions whose KV was dropped to make room", value=m["swaps"])
+            yield CounterMetricFamily("acespec:engine_busy_refusals", "Opens refused for want of a KV slot", value=m["refused"])
+            yield GaugeMetricFamily("acespec:kv_cache_tokens", "KV tokens resident now", value=m["kv_tokens"])
+            alloc = m.get("kv_tokens_allocated") or 0
+            yield GaugeMetricFamily("acespec:kv_cache_usage_perc", "Fraction of the allocated KV cells in use",
+                                    value=(m["kv_tokens"] / alloc) if alloc else 0.0)
+
+
+def start_metrics_server(server, port: int, host: str = "127.0.0.1"):
+    """Serve the server's metrics on http://host:port/metrics from a daemon thread; returns (httpd, thread)."""
+    from prometheus_client import start_http_server
+
+    registry = CollectorRegistry()
+    registry.register(CloudCollector(server))
+    return start_http_server(port, addr=host, registry=registry)
