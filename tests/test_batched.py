@@ -23,7 +23,7 @@ import pytest
 
 from acespec import wire
 from acespec.cloud.batched import BatchConfig, BatchedEngine
-from acespec.cloud.engine import EngineBusy, SerialEngine, SessionSpec
+from acespec.cloud.engine import EngineBusy, SessionSpec
 from acespec.cloud.server import CloudServerThread, ServerConfig
 from acespec.edge.client import ConnectConfig
 from acespec.edge.runtime import EdgeConfig, run_edge

@@ -14,10 +14,9 @@ from __future__ import annotations
 
 import socket
 
-import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, rule
 
 from acespec import wire
 from acespec.bench.faults import SCENARIOS, FaultsConfig, run_faults
@@ -38,12 +37,12 @@ def test_bench_faults_changes_no_text_under_any_fault():
     result = run_faults(cfg)
     outcomes = {(o["scenario"], o["rule"]): o for o in result["outcomes"]}
     assert set(outcomes) == {(s, r) for s in SCENARIOS for r in ("greedy", "coupled")}
-    for (scenario, rule), o in outcomes.items():
-        assert o["failures"] == 0 and o["mismatches"] == 0, (scenario, rule, o)
+    for (scenario, rule_name), o in outcomes.items():
+        assert o["failures"] == 0 and o["mismatches"] == 0, (scenario, rule_name, o)
         if scenario in ("resets", "handshake"):
-            assert o["resets"] >= 1, (scenario, rule, o)  # the fault really happened
+            assert o["resets"] >= 1, (scenario, rule_name, o)  # the fault really happened
         if scenario == "restart":
-            assert o["recoveries"] >= 1, (scenario, rule, o)
+            assert o["recoveries"] >= 1, (scenario, rule_name, o)
     assert result["mismatches"] == 0 and result["failures"] == 0
 
 

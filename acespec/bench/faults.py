@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import random
-import sys
 import threading
 import time
 from dataclasses import asdict, dataclass, field

@@ -22,7 +22,6 @@ still alive, and its memory stayed within 2x of its idle footprint.
 from __future__ import annotations
 
 import argparse
-import os
 import random
 import socket
 import subprocess

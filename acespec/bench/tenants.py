@@ -27,13 +27,12 @@ from __future__ import annotations
 
 import json
 import queue
-import random
 import socket
 import statistics
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np

@@ -37,9 +37,6 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Sequence
-
-import numpy as np
 
 from acespec.cloud.engine import EngineBusy, EngineSession, EngineStopped, SessionSpec, VerifyEngine
 from acespec.engine.verifier import Verdict, VerifyJob
