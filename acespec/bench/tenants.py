@@ -236,11 +236,8 @@ def _target(engine: str, n_slots: int, n_ctx: int):
 
 
 def _percentile(xs: list[float], q: float) -> float:
-    if not xs:
-        return float("nan")
-    xs = sorted(xs)
-    i = min(len(xs) - 1, max(0, round(q * (len(xs) - 1))))
-    return xs[i]
+    """Nearest-rank percentile (a latency that was observed), nan for no samples."""
+    return float(np.percentile(xs, 100 * q, method="nearest")) if xs else float("nan")
 
 
 def run_edges(port: int, traces, mode: str, n: int, *, model_id: str, vocab: int, rule: str = "greedy",
