@@ -324,28 +324,31 @@ def test_prefill_holds_exactly_the_prefix_and_reuses_what_is_cached():
     assert (m.eval([2], last=1) == ref.eval([3, 1, 9, 2], last=1)).all()
 
 
-def test_gguf_fingerprint_hashes_every_token():
+def test_vocab_fingerprint_hashes_every_token():
     """Two vocabularies that differ in a single token, anywhere, must not share a fingerprint: the cloud
     takes equal fingerprints to mean the edge's token ids are its own. (The old fingerprint sampled
     every n/997-th token and missed this.)"""
-    from acespec.models.llama import vocab_fingerprint
-
-    class FakeVocab:  # the two llama_cpp.Llama calls the fingerprint uses
-        def __init__(self, pieces):
-            self.pieces = pieces
-
-        def n_vocab(self):
-            return len(self.pieces)
-
-        def detokenize(self, ids, special=False):
-            return b"".join(self.pieces[i] for i in ids)
+    from acespec.models.base import vocab_fingerprint
 
     base = [f"tok{i}".encode() for i in range(5000)]
     changed = list(base)
     changed[1234] = b"other"  # 1234 is not a multiple of 5000 // 997 = 5
     split = list(base)
     split[10], split[11] = b"tok10t", b"ok11"  # same bytes overall, split differently
-    fps = {vocab_fingerprint(FakeVocab(v)) for v in (base, changed, split)}
+    fps = {vocab_fingerprint(len(v), v) for v in (base, changed, split)}
     assert len(fps) == 3
-    assert vocab_fingerprint(FakeVocab(base)) == vocab_fingerprint(FakeVocab(list(base)))
-    assert vocab_fingerprint(FakeVocab(base)).startswith("gguf:5000:")
+    assert vocab_fingerprint(5000, base) == vocab_fingerprint(5000, list(base))
+    assert vocab_fingerprint(5000, base).startswith("vocab:5000:")
+    with pytest.raises(ValueError, match="4999 pieces"):
+        vocab_fingerprint(5000, base[:-1])
+
+
+@pytest.mark.real
+def test_tokens_longer_than_32_bytes_decode(real_draft):
+    """llama-cpp-python's own detokenize drops every token over 32 bytes (runs of spaces, dashes and
+    stars: code is full of them); ours must give their bytes back, or generated code loses its indentation."""
+    tok = real_draft.tokenizer
+    for text in (" " * 40 + "return x", "#" + "-" * 70, "/" + "*" * 72):
+        ids = tok.encode(text)
+        assert any(len(tok.decode_bytes([i])) > 32 for i in ids), "the test needs a token over 32 bytes"
+        assert tok.decode(ids) == text

@@ -10,6 +10,7 @@ interchangeable.
 from __future__ import annotations
 
 import codecs
+import hashlib
 from abc import ABC, abstractmethod
 from typing import Sequence
 
@@ -47,6 +48,22 @@ class Tokenizer(ABC):
 
     def token_text(self, token: int) -> str:
         return self.decode([token])
+
+
+def vocab_fingerprint(n: int, pieces) -> str:
+    """`vocab:<n>:<hash>` over every token's bytes (`pieces`: n byte strings, id order), each prefixed by
+    its length, so no two vocabularies that differ in any token, or only in how their bytes split into
+    tokens, share one. Every backend computes it the same way from its own tokenizer, so a GGUF drafter
+    and a Hugging Face target made from the same vocabulary match, and nothing else does."""
+    h = hashlib.sha256()
+    count = 0
+    for piece in pieces:
+        h.update(len(piece).to_bytes(4, "big"))
+        h.update(piece)
+        count += 1
+    if count != n:
+        raise ValueError(f"vocab_fingerprint: {count} pieces for a vocabulary of {n}")
+    return f"vocab:{n}:" + h.hexdigest()[:16]
 
 
 class TextStream:

@@ -8,14 +8,13 @@ needs the logits of *several* positions per pass, and `Llama(logits_all=True)` w
 
 from __future__ import annotations
 
-import hashlib
 import os
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
-from acespec.models.base import Model, ModelError, Tokenizer
+from acespec.models.base import Model, ModelError, Tokenizer, vocab_fingerprint
 
 _EOG_PIECES = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end|>", "</s>")
 
@@ -35,17 +34,30 @@ def split_threads(cores: str) -> tuple[int | None, int | None]:
     return 1, n - 1
 
 
-def vocab_fingerprint(llm) -> str:
-    """`gguf:<n_vocab>:<hash>` over every token's bytes, each prefixed by its length (so no two
-    vocabularies that differ in any token, or only in how their bytes split into tokens, share one).
-    Equal fingerprints are what lets the cloud trust that the edge's token ids mean its own tokens."""
+def token_piece(llm, token: int, *, special: bool) -> bytes:
+    """One token's bytes. llama-cpp-python's own `detokenize` reads pieces into a 32-byte buffer and
+    silently drops any longer token (Qwen has hundreds: runs of spaces, dashes and stars that code
+    is full of); llama.cpp says how long a piece is when the buffer is short, so ask again at that size."""
+    import ctypes
+
+    import llama_cpp
+
+    vocab = llm._model.vocab
+    size = 64
+    while True:
+        buf = ctypes.create_string_buffer(size)
+        n = llama_cpp.llama_token_to_piece(vocab, llama_cpp.llama_token(int(token)), buf, size, 0, special)
+        if n >= 0:
+            return buf.raw[:n]
+        size = -n
+
+
+def gguf_fingerprint(llm) -> str:
+    """The vocabulary fingerprint (`models.base.vocab_fingerprint`) of a llama.cpp model: every token's
+    bytes (unused tokens, e.g. Qwen's padding ids, have none). Equal fingerprints are what lets the
+    cloud trust that the edge's token ids mean its own tokens."""
     n = llm.n_vocab()
-    h = hashlib.sha256()
-    for i in range(n):
-        piece = llm.detokenize([i], special=True)
-        h.update(len(piece).to_bytes(4, "big"))
-        h.update(piece)
-    return f"gguf:{n}:" + h.hexdigest()[:16]
+    return vocab_fingerprint(n, (token_piece(llm, i, special=True) for i in range(n)))
 
 
 class LlamaTokenizer(Tokenizer):
@@ -57,14 +69,14 @@ class LlamaTokenizer(Tokenizer):
             if len(ids) == 1:
                 eos.add(int(ids[0]))
         self.eos_ids = frozenset(t for t in eos if t >= 0)
-        self.fingerprint = vocab_fingerprint(llm)
+        self.fingerprint = gguf_fingerprint(llm)
         self._template = llm.metadata.get("tokenizer.chat_template")
 
     def encode(self, text: str, *, special: bool = False) -> list[int]:
         return list(self._llm.tokenize(text.encode("utf-8"), add_bos=False, special=special))
 
     def decode_bytes(self, ids: Sequence[int]) -> bytes:
-        return self._llm.detokenize([int(i) for i in ids], special=False)
+        return b"".join(token_piece(self._llm, i, special=False) for i in ids)
 
     def chat_prompt(self, messages: list[dict[str, str]]) -> list[int]:
         if not self._template:
