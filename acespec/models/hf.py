@@ -6,12 +6,16 @@ transformers are deferred so the rest of AceSpec works without them.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 
-from acespec.models.base import Model, ModelError, Tokenizer
+from acespec.models.base import Model, ModelError, Tokenizer, vocab_fingerprint
+
+
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
 
 
 def _require_hf():
@@ -26,16 +30,12 @@ def _require_hf():
 
 
 class HFTokenizer(Tokenizer):
-    def __init__(self, tok: Any) -> None:
+    def __init__(self, tok: Any, vocab_size: int | None = None) -> None:
         self._tok = tok
         eos = tok.eos_token_id
         self.eos_ids = frozenset([] if eos is None else ([eos] if isinstance(eos, int) else list(eos)))
-        vocab = tok.get_vocab()
-        # token ids mean the same text iff the id->piece maps agree; a hash of a sample is enough
-        sample = sorted(vocab.items(), key=lambda kv: kv[1])[:: max(1, len(vocab) // 512)]
-        import hashlib
-
-        self.fingerprint = "hf:" + hashlib.sha256(repr((len(vocab), sample)).encode()).hexdigest()[:16]
+        # ids the model has but the tokenizer does not (Qwen pads its embedding to 151,936 rows) mean no text
+        self.fingerprint = vocab_fingerprint(vocab_size or len(tok), _token_bytes(tok, vocab_size or len(tok)))
 
     def encode(self, text: str, *, special: bool = False) -> list[int]:
         return list(self._tok.encode(text, add_special_tokens=special))
@@ -62,7 +62,7 @@ class HFModel(Model):
         self.name = name
         self.vocab_size = int(model.config.vocab_size)
         self.n_ctx = int(getattr(model.config, "max_position_embeddings", 4096))
-        self.tokenizer = HFTokenizer(tokenizer) if tokenizer is not None else _IdTokenizer(self.vocab_size)
+        self.tokenizer = HFTokenizer(tokenizer, self.vocab_size) if tokenizer is not None else _IdTokenizer(self.vocab_size)
         self._cache = transformers.DynamicCache()
         # transformers 5.x renamed the KV cache argument and output `past_key_values` -> `cache` (the old
         # name warns, and goes away in 5.40); use whichever this model's forward takes
@@ -74,8 +74,11 @@ class HFModel(Model):
     def load(cls, path_or_id: str | Path, *, device: str | None = None, dtype: str = "auto") -> "HFModel":
         torch, transformers = _require_hf()
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        local = Path(str(path_or_id))
+        bare = local.is_dir() and not any((local / f).is_file() for f in _TOKENIZER_FILES)
         try:
-            tok = transformers.AutoTokenizer.from_pretrained(str(path_or_id))
+            # a bare local checkpoint (the tests' random models) has no tokenizer: token i is <i>
+            tok = None if bare else transformers.AutoTokenizer.from_pretrained(str(path_or_id))
             model = transformers.AutoModelForCausalLM.from_pretrained(str(path_or_id), dtype=dtype)
         except OSError as e:
             raise ModelError(f"cannot load Hugging Face model {path_or_id!s}: {e}") from e
@@ -101,6 +104,37 @@ class HFModel(Model):
             remove = self._cache.get_seq_length() - n
             if remove > 0:
                 self._cache.crop(-remove)
+
+
+_PAD = re.compile(r"^\[PAD\d+\]$")
+
+
+def _byte_level_decoder() -> dict[str, int]:
+    """Byte-level BPE's char -> byte map (GPT-2's scheme): printable bytes stand for themselves, the
+    other 68 are shifted to code points 256 and up, in byte order."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("\xa1"), ord("\xac") + 1), *range(ord("\xae"), ord("\xff") + 1)]
+    rest = [b for b in range(256) if b not in printable]
+    return {**{chr(b): b for b in printable}, **{chr(256 + i): b for i, b in enumerate(rest)}}
+
+
+def _token_bytes(tok: Any, n: int) -> list[bytes]:
+    """Each id's bytes, as llama.cpp gives them for the same vocabulary (so the fingerprints agree):
+    byte-level BPE pieces mapped back to bytes, special tokens as their text, and the `[PADi]` filler
+    that GGUF conversion gives unused ids (llama.cpp: token type UNUSED, no bytes) as nothing."""
+    pieces = tok.convert_ids_to_tokens(list(range(min(n, len(tok)))))
+    special = {int(i) for i in getattr(tok, "added_tokens_decoder", {})}
+    decoder = type(getattr(getattr(tok, "backend_tokenizer", None), "decoder", None)).__name__
+    if decoder == "ByteLevel":
+        unbyte = _byte_level_decoder()
+        def raw(i: int, p: str) -> bytes:
+            if i in special or any(c not in unbyte for c in p):
+                return p.encode()
+            return bytes(unbyte[c] for c in p)
+    else:  # sentencepiece and others: the decoded text is the best common ground
+        def raw(i: int, p: str) -> bytes:
+            return p.encode() if i in special else tok.decode([i]).encode()
+    out = [b"" if p is None or (i not in special and _PAD.match(p) and p == f"[PAD{i}]") else raw(i, p) for i, p in enumerate(pieces)]
+    return out + [b""] * (n - len(out))
 
 
 class _IdTokenizer(Tokenizer):
