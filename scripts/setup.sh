@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Create .venv and install AceSpec with pinned dependencies. Idempotent: a second run whose
-# requirement files did not change returns at once. Usage: scripts/setup.sh runtime|dev
+# requirement files did not change returns at once. Usage: scripts/setup.sh runtime|dev|vllm
+# (vllm: a second venv, .venv-vllm, with vLLM; see scripts/setup-vllm.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 profile="${1:-runtime}"
+if [ "$profile" = vllm ]; then exec bash scripts/setup-vllm.sh; fi
 req="requirements/${profile}.txt"
-[ -f "$req" ] || { echo "setup: no such profile: $profile (use runtime or dev)" >&2; exit 2; }
+[ -f "$req" ] || { echo "setup: no such profile: $profile (use runtime, dev or vllm)" >&2; exit 2; }
 
 PY="${PYTHON:-}"
 if [ -z "$PY" ]; then
@@ -17,7 +19,7 @@ fi
 
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 stamp=".venv/.acespec-${profile}"
-want="$(cat requirements/*.txt pyproject.toml | sha256sum | cut -d' ' -f1)"
+want="$(cat requirements/runtime.txt requirements/dev.txt pyproject.toml | sha256sum | cut -d' ' -f1)"
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then exit 0; fi
 
 echo "setup: installing the ${profile} environment into .venv (llama-cpp-python compiles once, ~8 min on 2 cores)" >&2

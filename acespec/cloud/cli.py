@@ -11,6 +11,8 @@ of one line with no `:` is a single shared token (the tenant `default`).
 The default engine batches every session's blocks into one model pass per tick, with one KV sequence
 per resident session (`--slots`); `--kv-budget` is the KV memory they share, in tokens, so each
 session may hold `kv-budget / slots` tokens. `--engine serial` is the old one-session-at-a-time server.
+`--engine vllm --target HF_DIR` serves the target on vLLM (install it with `scripts/setup.sh vllm` and run
+`.venv-vllm/bin/acespec serve ...`; `acespec models export-hf qwen2.5-coder-1.5b DIR` makes the directory).
 
 Stops cleanly on Ctrl-C / SIGTERM.
 """
@@ -95,6 +97,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="batched: most tokens one batch evaluates; prompt prefill is chunked to fit (default 256)")
     p.add_argument("--swap-idle", type=float, default=2.0, metavar="S",
                    help="batched: a session idle this long may lose its KV to a newcomer (default 2 s)")
+    p.add_argument("--logprobs", type=_positive_int, default=20,
+                   help="vllm: target tokens returned per position, K (1..20; default 20): sampled coupled verdicts are "
+                        "drawn over these, within the target mass outside them of the exact law (see docs)")
+    p.add_argument("--cpu-kv-gib", type=float, default=1.0, help="vllm on CPU: KV cache in GiB (default 1)")
+    p.add_argument("--tensor-parallel", type=_positive_int, default=1, help="vllm: GPUs one model replica spans (default 1)")
     p.add_argument("--idle-timeout", type=float, default=300.0, help="seconds before an idle session is dropped")
     p.add_argument("--resume-grace", type=float, default=120.0, metavar="S",
                    help="a session whose connection dropped waits this long for RESUME, holding its slot (default 120)")
@@ -121,6 +128,8 @@ def engine_from_args(args: argparse.Namespace, target_spec: str):
     from acespec.cloud.engine import make_engine
     from acespec.models import load_model
 
+    if args.engine == "vllm":
+        return _vllm_engine(args, target_spec)
     if args.engine == "serial":
         if args.slots or args.kv_budget:
             raise ValueError("--slots and --kv-budget are for the batched engine")
@@ -146,6 +155,24 @@ def engine_from_args(args: argparse.Namespace, target_spec: str):
         target.n_ctx = n_ctx
         target.n_slots = max(target.n_slots, slots)
     return make_engine("batched", target, slots=slots, tick_tokens=args.tick_tokens, swap_idle_s=args.swap_idle)
+
+
+def _vllm_engine(args: argparse.Namespace, target_spec: str):
+    from acespec.cloud.engine import make_engine
+    from acespec.models.registry import resolve
+
+    r = resolve(target_spec)
+    if r.kind != "hf" or r.path is None:
+        hint = (f"; export it first: acespec models export-hf {target_spec} DIR, then --target DIR" if r.kind == "gguf" else "")
+        raise ValueError(f"--engine vllm serves a Hugging Face model directory, not {target_spec!r}{hint}")
+    if args.kv_budget or args.batching != "exact":
+        raise ValueError("--kv-budget and --batching are for the batched engine (vLLM manages its own KV blocks)")
+    if not 1 <= args.logprobs <= 20:
+        raise ValueError("--logprobs must be in 1..20")
+    if not args.cpu_kv_gib > 0:
+        raise ValueError("--cpu-kv-gib must be > 0")
+    return make_engine("vllm", str(r.path), n_ctx=args.n_ctx, logprobs=args.logprobs, max_sessions=args.slots or args.max_sessions,
+                       cpu_kv_gib=args.cpu_kv_gib, tensor_parallel_size=args.tensor_parallel)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

@@ -18,6 +18,8 @@ Two engines sit behind this interface here:
   switch (a re-prefill). The old server; kept as the baseline `acespec bench tenants` measures against.
 - `BatchedEngine` (`batched.py`): continuous batching, one KV sequence per session, one model pass per
   tick for every session's pending block. The default.
+- `VllmEngine` (`vllm_engine.py`): a thin front end over an in-process vLLM `AsyncLLM`, whose own
+  scheduler batches the sessions' requests (the scale-out engine; needs `scripts/setup.sh vllm`).
 """
 
 from __future__ import annotations
@@ -37,6 +39,10 @@ from acespec.verify import RuleSpec, SamplingParams
 
 class EngineBusy(Exception):
     """No room for another session right now (every KV sequence is held by an active session): retry later."""
+
+
+class EngineRefused(ValueError):
+    """This engine cannot serve the session as asked (e.g. a rule that needs target rows it does not have)."""
 
 
 class EngineStopped(RuntimeError):
@@ -183,11 +189,16 @@ class SerialEngine(VerifyEngine):
                 "kv_bytes_per_token": int(getattr(self.target, "kv_bytes_per_token", 0))}
 
 
-ENGINES = ("batched", "serial")
+ENGINES = ("batched", "serial", "vllm")
 
 
-def make_engine(kind: str, target: Model, **batch) -> VerifyEngine:
-    """`batched` (continuous batching; `batch` goes to BatchConfig) or `serial` (the old server)."""
+def make_engine(kind: str, target, **batch) -> VerifyEngine:
+    """`batched` (continuous batching; `batch` goes to BatchConfig), `serial` (the old server) or `vllm`
+    (`target` is a Hugging Face directory; `batch` goes to VllmConfig)."""
+    if kind == "vllm":
+        from acespec.cloud.vllm_engine import VllmConfig, VllmEngine
+
+        return VllmEngine(VllmConfig(model=str(target), **batch))
     if kind == "serial":
         if batch:
             raise ValueError(f"the serial engine takes no batching options ({', '.join(batch)})")

@@ -7,7 +7,7 @@ with the prefix `acespec:`; counters end in `_total` as Prometheus expects.
 
 from __future__ import annotations
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 
 
@@ -43,6 +43,24 @@ class CloudCollector(Collector):
             alloc = m.get("kv_tokens_allocated") or 0
             yield GaugeMetricFamily("acespec:kv_cache_usage_perc", "Fraction of the allocated KV cells in use",
                                     value=(m["kv_tokens"] / alloc) if alloc else 0.0)
+
+        if "requests" in m:  # the vLLM engine
+            yield CounterMetricFamily("acespec:engine_requests", "Requests sent to vLLM", value=m["requests"])
+            yield CounterMetricFamily("acespec:engine_cache_resubmits",
+                                      "Verify requests sent again because the prefix cache covered a row they need",
+                                      value=m["resubmits"])
+            yield CounterMetricFamily("acespec:prefix_cache_queries", "Prompt tokens sent to vLLM", value=m["prompt_tokens"])
+            yield CounterMetricFamily("acespec:prefix_cache_hits", "Prompt tokens vLLM's prefix cache served", value=m["cached_tokens"])
+            # sampled coupled sessions: per target row, the bound on the tempered mass outside the top-K
+            # tokens the rule drew over (0 for exact sessions, which are not counted)
+            edges = [e for e, _ in m["tail_buckets"]]
+            counts = [n for _, n in m["tail_buckets"]]
+            cum = [sum(counts[: i + 1]) for i in range(len(counts))]
+            h = HistogramMetricFamily("acespec:topk_tail_mass", "Bound on the target mass outside the top-K rows, per verified row")
+            h.add_metric([], [(f"{e:g}", c) for e, c in zip(edges[:-1], cum[:-1])] + [("+Inf", cum[-1])], sum_value=m["tail_mass_sum"])
+            yield h
+            yield GaugeMetricFamily("acespec:topk_tail_mass_max", "Largest bound on the target mass outside the top-K rows",
+                                    value=m["tail_mass_max"])
 
 
 def start_metrics_server(server, port: int, host: str = "127.0.0.1"):

@@ -35,7 +35,7 @@ import numpy as np
 
 from acespec import wire
 from acespec.cloud.auth import Gatekeeper
-from acespec.cloud.engine import EngineBusy, EngineSession, EngineStopped, SessionSpec, VerifyEngine, make_engine
+from acespec.cloud.engine import EngineBusy, EngineRefused, EngineSession, EngineStopped, SessionSpec, VerifyEngine, make_engine
 from acespec.engine.verifier import TargetVerifier
 from acespec.models.base import Model
 from acespec.verify import RuleSpec, RuleSpecError, SamplingParams
@@ -361,6 +361,8 @@ class CloudServer:
             handle = await self.engine.open(spec)
         except EngineBusy as e:
             raise ProtocolError(wire.ErrorCode.BUSY, str(e)) from None
+        except EngineRefused as e:
+            raise ProtocolError(wire.ErrorCode.BAD_REQUEST, str(e)) from None
         sid = self._new_sid()
         log.info("session %d: rule %s, %d prompt tokens, mode %s", sid, rule, len(h.prompt), wire.Mode(h.mode).name)
         return Session(sid, handle, wire.Mode(h.mode), time.monotonic(), tenant=tenant, secret=secrets.token_bytes(32))
