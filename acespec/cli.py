@@ -62,6 +62,15 @@ def cmd_models(args: argparse.Namespace) -> int:
         for r in rows:
             print(f"{r['name']:24} {r['role']:8} {r['size'] / 1e6:8.1f}MB  {r['status']:10} {r['path']}")
         return 0
+    if args.action == "export-hf":
+        from acespec.models.export import export_hf
+
+        if len(args.names) != 2:
+            raise CliError("export-hf takes a model and a new directory: acespec models export-hf NAME DIR")
+        export_hf(args.names[0], args.names[1], dtype=args.dtype, weights=not args.tokenizer_only,
+                  say=lambda s: print(s, file=sys.stderr, flush=True))
+        print(args.names[1])
+        return 0
     names = args.names or [registry.DEFAULT_DRAFT, registry.DEFAULT_TARGET]
     for name in names:
         if args.action == "install":
@@ -156,9 +165,13 @@ def build_parser() -> argparse.ArgumentParser:
     ap = _ArgumentParser(prog="acespec", description="Speculative decoding across an edge device and a cloud GPU.")
     sub = ap.add_subparsers(dest="command", required=True)
 
-    m = sub.add_parser("models", help="list, install or locate the registry's models")
-    m.add_argument("action", choices=["list", "install", "path"])
-    m.add_argument("names", nargs="*", help="registry names (default: the default pair)")
+    m = sub.add_parser("models", help="list, install or locate the registry's models; export one for vLLM",
+                       description="`export-hf NAME DIR` writes a registry model (or .gguf file) as a Hugging Face "
+                                   "directory, e.g. for `acespec serve --engine vllm --target DIR`.")
+    m.add_argument("action", choices=["list", "install", "path", "export-hf"])
+    m.add_argument("names", nargs="*", help="registry names (default: the default pair); export-hf: NAME DIR")
+    m.add_argument("--dtype", default="bfloat16", help="export-hf: weight dtype (bfloat16, float16, float32; default bfloat16)")
+    m.add_argument("--tokenizer-only", action="store_true", help="export-hf: write the tokenizer and config only")
     m.add_argument("--json", action="store_true")
     m.add_argument("--quiet", action="store_true", help="no progress output")
     m.add_argument("--verify", action="store_true", help="re-hash an installed file")
