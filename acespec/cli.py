@@ -225,7 +225,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except (CliError, ModelError, RegistryError, RuleSpecError, EdgeError, ValueError, OSError) as e:
-        print(f"acespec: error: {e}", file=sys.stderr)
+        print(f"acespec: error: {e or type(e).__name__}", file=sys.stderr)  # some errors (timeouts) carry no message
         return EXIT_USAGE
     except KeyboardInterrupt:
         print("acespec: interrupted", file=sys.stderr)

@@ -1,8 +1,15 @@
 #!/usr/bin/env bash
-# The test suite: set everything up (dev environment, default model pair) and run pytest.
-# Extra arguments go to pytest (e.g. -k wire, -m "not real").
+# The test suite: set everything up (dev environment, default model pair, the vLLM profile) and run pytest.
+# Extra arguments go to pytest (e.g. -k wire, -m "not real"). The vLLM engine's tests run in the vLLM
+# profile's own venv (.venv-vllm), after the rest; ACESPEC_SKIP_VLLM=1 leaves them out.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh dev
 .venv/bin/acespec models install --quiet >/dev/null
-exec .venv/bin/python -m pytest -q "$@"
+.venv/bin/python -m pytest -q "$@"
+[ "${ACESPEC_SKIP_VLLM:-0}" = 1 ] && exit 0
+scripts/setup.sh vllm
+rc=0
+ACESPEC_REQUIRE_VLLM=1 .venv-vllm/bin/python -m pytest -q -p no:cacheprovider tests/test_vllm.py "$@" || rc=$?
+[ "$rc" = 5 ] && rc=0  # arguments that select none of the vLLM tests (e.g. -k wire)
+exit "$rc"

@@ -369,6 +369,11 @@ def add_parser(sub) -> None:
                    help="also count tokens that differ between N sessions alone and together (0 = skip; default 8)")
     p.add_argument("--json", metavar="OUT", help="write every figure (and the outputs) here")
     p.add_argument("--plot", metavar="PNG", help="plot aggregate tok/s and p99 latency against N")
+    p.add_argument("--engine", choices=("llama", "vllm"), default="llama",
+                   help="llama (default): the batched, shared and serial engines on the default GGUF target; "
+                        "vllm: the vLLM engine (run from .venv-vllm; see bench/vllm.py)")
+    p.add_argument("--target", help="vllm: a Hugging Face model directory (default: a tiny random Qwen2 built on the spot)")
+    p.add_argument("--seed", type=int, default=0, help="vllm: prompts and drawn acceptance (default 0)")
     p.set_defaults(func=cmd_tenants)
 
 
@@ -392,6 +397,13 @@ def _modes(text: str) -> list[str]:
 
 def cmd_tenants(args) -> int:
     from acespec.cloud.engine import make_engine
+
+    if args.engine == "vllm":
+        from acespec.bench.vllm import cmd_tenants_vllm
+
+        return cmd_tenants_vllm(args)
+    if args.target:
+        raise ValueError("--target is for --engine vllm (the llama engines run the default GGUF target)")
 
     ns, modes, serial_modes, serial_ns = _ints(args.n), _modes(args.modes), _modes(args.serial_modes), _ints(args.serial_n)
     shared_ns = _ints(args.shared_n)

@@ -482,6 +482,13 @@ class CloudServer:
             self._verdict_queues.pop(me, None)
             out.cancel()
             await asyncio.gather(out, return_exceptions=True)
+            # blocks still queued when the connection ends go unanswered (the session closed, or moved to
+            # a new connection); their verifies run on, and one that fails (the session closed under it)
+            # has no one to tell: retrieve its error so it is not reported as lost
+            while not verdicts.empty():
+                item = verdicts.get_nowait()
+                if item is not None:
+                    item[1].add_done_callback(lambda f: f.cancelled() or f.exception())
 
     async def _write_verdicts(self, s: Session, verdicts: asyncio.Queue, writer) -> None:
         while True:
@@ -564,9 +571,10 @@ class CloudServerThread:
     def port(self) -> int:
         return self.server.port
 
-    def start(self) -> "CloudServerThread":
+    def start(self, timeout: float = 30.0) -> "CloudServerThread":
+        """Start and wait until it listens (an engine that loads a model at start, vLLM, needs longer)."""
         self._thread.start()
-        asyncio.run_coroutine_threadsafe(self.server.start(), self._loop).result(30)
+        asyncio.run_coroutine_threadsafe(self.server.start(), self._loop).result(timeout)
         return self
 
     def stop(self) -> None:

@@ -254,10 +254,11 @@ class VllmEngine(VerifyEngine):
             raise EngineStopped("the vLLM engine is not running")
         return self._Turn(s)
 
-    def _params(self, k: int, *, skip_cache: bool, logprobs: bool = True, **kw):
+    def _params(self, k: int, *, skip_cache: bool, logprobs: bool = True, top: int | None = None, **kw):
+        """vLLM sampling params for a request of k draft tokens; `top`: tokens per row (default K)."""
         from vllm import SamplingParams as VSP
 
-        K = self.cfg.logprobs
+        K = top or self.cfg.logprobs
         return VSP(max_tokens=kw.pop("max_tokens", 1), temperature=0.0, detokenize=False, ignore_eos=True,
                    logprobs=K if logprobs else None, prompt_logprobs=K if (logprobs and k) else None,
                    skip_reading_prefix_cache=skip_cache, **kw)
@@ -275,10 +276,14 @@ class VllmEngine(VerifyEngine):
         """The target's rows [k+1, V] after prefix[-1] and after each draft token, from top-K logprobs."""
         C, k = len(prefix), len(draft)
         ids = prefix + draft
-        out = await self._generate(ids, self._params(k, skip_cache=False))
+        # greedy sampling reads only the argmax of each row: one token per row is enough, and every
+        # logprob vLLM returns is a Python object built per position, which costs more than the model
+        # on a small target
+        top = 1 if s.spec.sampling.greedy else self.cfg.logprobs
+        out = await self._generate(ids, self._params(k, skip_cache=False, top=top))
         if k and (out.num_cached_tokens or 0) >= C:
             self.resubmits += 1  # the cache served the position whose row we need: compute it
-            out = await self._generate(ids, self._params(k, skip_cache=True))
+            out = await self._generate(ids, self._params(k, skip_cache=True, top=top))
         entries = [out.prompt_logprobs[C + i] for i in range(k)] + [out.outputs[0].logprobs[0]]
         V, K, T = self.target.vocab_size, self.cfg.logprobs, s.spec.sampling.temperature
         rows = np.empty((k + 1, V))
