@@ -19,7 +19,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-__all__ = ["DeviceProfile", "DEVICE_PROFILES", "device_profile"]
+import numpy as np
+
+__all__ = ["DeviceProfile", "DEVICE_PROFILES", "device_profile", "measured_cloud"]
 
 
 @dataclass(frozen=True)
@@ -162,3 +164,28 @@ def device_profile(name: str, timings: dict | None = None) -> DeviceProfile:
     except KeyError:
         known = ", ".join(["cpu-here", *DEVICE_PROFILES])
         raise ValueError(f"unknown device profile {name!r}; choose one of {known}") from None
+
+
+def measured_cloud(base: DeviceProfile, path: str, shape: str, *, name: str | None = None) -> DeviceProfile:
+    """`base` with its cloud timings replaced by a measured device profile file (`scripts/gpu-check.sh`,
+    `acespec/bench/gpu_profile.py`): t_v(K) of one session from the file, interpolated between the K it
+    measured and made non-decreasing. The file's batched table, t(B sessions x T new tokens), stays in
+    the file for the capacity simulation."""
+    import json
+
+    with open(path) as f:
+        d = json.load(f)
+    if d.get("format") != "acespec-device-profile":
+        raise ValueError(f"{path} is not an AceSpec device profile file")
+    try:
+        m = d["models"][shape]
+    except KeyError:
+        raise ValueError(f"{path} has no measurements for shape {shape!r} (it has {', '.join(d['models'])})") from None
+    ks = sorted(int(k) for k in m["verify_s"])
+    vs = [float(m["verify_s"][str(k)]) for k in ks]
+    table = _isotonic([float(np.interp(k, ks, vs)) for k in range(ks[-1] + 1)])
+    note = f"cloud: measured on {d.get('device', '?')} with {d.get('engine', '?')}, {shape} shape, {d.get('when', '')}"
+    return base.replace(name=name or f"{base.name}@{d.get('device', 'measured')}", verify_c0_s=table[0],
+                        verify_c1_s=max(0.0, (table[-1] - table[0]) / max(1, len(table) - 1)), verify_table_s=tuple(table),
+                        cloud_overhead_s=0.0, notes=base.notes + (note,))
+
