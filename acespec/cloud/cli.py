@@ -171,6 +171,11 @@ def _vllm_engine(args: argparse.Namespace, target_spec: str):
         raise ValueError("--logprobs must be in 1..20")
     if not args.cpu_kv_gib > 0:
         raise ValueError("--cpu-kv-gib must be > 0")
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        raise ValueError("--engine vllm needs vLLM, which this Python lacks: run `bash scripts/setup.sh vllm`, "
+                         "then serve with .venv-vllm/bin/acespec")
     return make_engine("vllm", str(r.path), n_ctx=args.n_ctx, logprobs=args.logprobs, max_sessions=args.slots or args.max_sessions,
                        cpu_kv_gib=args.cpu_kv_gib, tensor_parallel_size=args.tensor_parallel)
 
