@@ -186,7 +186,7 @@ class FrameSizer:
     """Bytes of each frame as `acespec.wire.encode` writes it (memoised by the varint sizes that matter)."""
 
     def __init__(self) -> None:
-        from acespec.wire import frames as wf
+        from acespec import wire as wf
 
         self.wf = wf
         self._memo: dict = {}
@@ -196,7 +196,7 @@ class FrameSizer:
 
     def hello(self, prompt: Iterable[int], max_tokens: int, mode_cloud_only: bool) -> int:
         wf = self.wf
-        return self._enc(wf.Hello(model_id="gguf:151936:0123456789abcdef", max_tokens=max_tokens, prompt=tuple(prompt),
+        return self._enc(wf.Hello(model_id="vocab:151936:0123456789abcdef", max_tokens=max_tokens, prompt=tuple(prompt),
                                   temperature=0.0, rule="greedy", mode=wf.Mode.CLOUD_ONLY if mode_cloud_only else wf.Mode.SPECULATIVE))
 
     def welcome(self, committed: int) -> int:

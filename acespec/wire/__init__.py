@@ -25,7 +25,6 @@ from .frames import (
     DraftFlag,
     Error,
     Frame,
-    FrameDecoder,
     FrameType,
     Hello,
     Limits,
@@ -40,17 +39,12 @@ from .frames import (
     VerdictFlag,
     Welcome,
     MAX_SECRET_BYTES,
-    committed_digest,
-    decode,
-    decode_uvarint,
-    encode,
-    encode_uvarint,
-    zigzag_decode,
-    zigzag_encode,
 )
+from .codec import decode, encode
+from .framing import FrameDecoder, committed_digest, decode_uvarint, encode_uvarint, zigzag_decode, zigzag_encode
 from .stream import read_frame, recv_frame, send_frame, write_frame
 
-from . import frames as _frames
+from . import codec as _codec, frames as _frames, framing as _framing
 
-# everything frames.py exports, plus the error types and the stream helpers
-__all__ = ["ErrorCode", "WireError", *_frames.__all__, "read_frame", "write_frame", "recv_frame", "send_frame"]
+# everything frames.py, codec.py and framing.py export, plus the error types and the stream helpers
+__all__ = ["ErrorCode", "WireError", *_frames.__all__, *_codec.__all__, *_framing.__all__, "read_frame", "write_frame", "recv_frame", "send_frame"]

@@ -15,7 +15,9 @@ import asyncio
 import socket
 
 from .errors import ErrorCode, WireError
-from .frames import DEFAULT_LIMITS, Frame, FrameDecoder, Limits, encode
+from .codec import encode
+from .frames import DEFAULT_LIMITS, Frame, Limits
+from .framing import FrameDecoder
 
 __all__ = ["read_frame", "write_frame", "recv_frame", "send_frame"]
 

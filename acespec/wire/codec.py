@@ -1,0 +1,598 @@
+"""The byte-level codec of the frames specified in `frames.py`: checked encoding and decoding of one
+frame's payload, field by field, and of one whole frame (`encode`, `decode`). The format is the
+docstring of `frames.py`; this module only implements it.
+"""
+
+from __future__ import annotations
+
+import numbers
+import operator
+
+from .errors import ErrorCode, WireError
+from .frames import (
+    BAD_FRAME, DEFAULT_LIMITS, MAX_ERROR_MESSAGE_BYTES, MAX_SECRET_BYTES, OVER_LIMIT, PROTOCOL_VERSION, _F32, _F32_MAX,
+    _U16, _U16_MAX, _U64, _U64_MAX, _U8_MAX, Close, CloseReason, Draft, DraftFlag, Error, Frame, FrameType, Hello,
+    Limits, Mode, Ping, Pong, Resume, SparseRow, Tokens, TokensFlag, Verdict, VerdictFlag, Welcome,
+)
+
+__all__ = ["encode", "decode"]
+
+
+# Checking Python values on the way out. Failures are WireErrors with the code the receiver would
+# use, so a sender learns about a bad frame before it costs a round trip.
+
+
+def _uint(value, what: str, max_value: int = _U64_MAX) -> int:
+    if type(value) is not int:
+        try:
+            value = operator.index(value)  # accepts numpy integers
+        except TypeError:
+            raise WireError(BAD_FRAME, f"{what} must be an integer, not {type(value).__name__}") from None
+    if value < 0 or value > max_value:
+        raise WireError(BAD_FRAME, f"{what} = {value} is outside 0..{max_value}")
+    return value
+
+
+def _float(value, what: str, low: float, high: float) -> float:
+    if type(value) is not float:
+        if not isinstance(value, numbers.Real):
+            raise WireError(BAD_FRAME, f"{what} must be a real number, not {type(value).__name__}")
+        value = float(value)
+    if not low <= value <= high:  # false for NaN too
+        raise WireError(BAD_FRAME, f"{what} = {value!r} is outside {low}..{high}")
+    return value
+
+
+def _enum(enum_type, value, what: str):
+    try:
+        return enum_type(value)
+    except ValueError:
+        raise WireError(BAD_FRAME, f"unknown {what} {value}") from None
+
+
+def _check_version(version: int, what: str) -> None:
+    if version != PROTOCOL_VERSION:
+        raise WireError(
+            ErrorCode.BAD_VERSION,
+            f"{what} speaks protocol version {version}; this peer speaks {PROTOCOL_VERSION}",
+        )
+
+
+def _varint_size(value: int) -> int:
+    return max(1, (value.bit_length() + 6) // 7)
+
+
+def _put_uvarint(out: bytearray, value: int) -> None:
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+
+
+class _Writer:
+    """Appends checked fields to a payload; mirrors `_Reader` check for check."""
+
+    __slots__ = ("out", "limits")
+
+    def __init__(self, limits: Limits):
+        self.out = bytearray()
+        self.limits = limits
+
+    def u8(self, value, what):
+        self.out.append(_uint(value, what, _U8_MAX))
+
+    def u16(self, value, what):
+        self.out += _U16.pack(_uint(value, what, _U16_MAX))
+
+    def u64(self, value, what):
+        self.out += _U64.pack(_uint(value, what))
+
+    def uvarint(self, value, what):
+        _put_uvarint(self.out, _uint(value, what))
+
+    def count(self, n: int, limit: int, what):
+        if n > limit:
+            raise WireError(OVER_LIMIT, f"{what}: {n} exceeds the limit of {limit}")
+        _put_uvarint(self.out, n)
+
+    def token(self, value, what):
+        value = _uint(value, what)
+        if value >= self.limits.max_vocab:
+            raise WireError(OVER_LIMIT, f"{what} = {value} is not below max_vocab {self.limits.max_vocab}")
+        _put_uvarint(self.out, value)
+
+    def tokens(self, values, limit: int, what):
+        self.count(len(values), limit, f"{what} count")
+        out, vocab = self.out, self.limits.max_vocab
+        for value in values:
+            if type(value) is not int or not 0 <= value < vocab:
+                self.token(value, f"{what} id")  # the slow path: converts, or raises the right error
+                continue
+            while value >= 0x80:
+                out.append((value & 0x7F) | 0x80)
+                value >>= 7
+            out.append(value)
+
+    def f32(self, value, what, low, high):
+        self.out += _F32.pack(_float(value, what, low, high))
+
+    def blob(self, value, what, max_bytes: int):
+        if not isinstance(value, (bytes, bytearray, memoryview)):
+            raise WireError(BAD_FRAME, f"{what} must be bytes, not {type(value).__name__}")
+        value = bytes(value)
+        self.count(len(value), max_bytes, f"{what} length")
+        self.out += value
+
+    def text(self, value, what, max_bytes: int):
+        if not isinstance(value, str):
+            raise WireError(BAD_FRAME, f"{what} must be a str, not {type(value).__name__}")
+        try:
+            raw = value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise WireError(BAD_FRAME, f"{what} is not valid Unicode: {exc.reason}") from None
+        self.blob(raw, what, max_bytes)
+
+    def row(self, row, what):
+        self.count(len(row), self.limits.max_sparse_k, f"{what} size")
+        seen = set()
+        for pair in row:
+            if len(pair) != 2:
+                raise WireError(BAD_FRAME, f"{what} entries must be (token, prob) pairs")
+            token, prob = pair
+            self.token(token, f"{what} token")
+            if token in seen:
+                raise WireError(BAD_FRAME, f"{what} lists token {token} twice")
+            seen.add(token)
+            self.f32(prob, f"{what} prob", 0.0, 1.0)
+
+
+class _Reader:
+    """Reads fields from buf[pos:end]; every shortfall or bad value is a WireError."""
+
+    __slots__ = ("buf", "pos", "end", "limits")
+
+    def __init__(self, buf, pos: int, end: int, limits: Limits):
+        self.buf = buf
+        self.pos = pos
+        self.end = end
+        self.limits = limits
+
+    def _take(self, n: int, what) -> int:
+        pos = self.pos
+        if pos + n > self.end:
+            raise WireError(BAD_FRAME, f"truncated {what}: needs {n} bytes, {self.end - pos} left")
+        self.pos = pos + n
+        return pos
+
+    def u8(self, what) -> int:
+        return self.buf[self._take(1, what)]
+
+    def u16(self, what) -> int:
+        return _U16.unpack_from(self.buf, self._take(2, what))[0]
+
+    def u64(self, what) -> int:
+        return _U64.unpack_from(self.buf, self._take(8, what))[0]
+
+    def uvarint(self, what) -> int:
+        buf, pos, end = self.buf, self.pos, self.end
+        if pos < end and buf[pos] < 0x80:  # most varints on the wire are one byte
+            self.pos = pos + 1
+            return buf[pos]
+        value = shift = 0
+        while True:
+            if pos >= end:
+                raise WireError(BAD_FRAME, f"truncated varint in {what}")
+            byte = buf[pos]
+            pos += 1
+            value |= (byte & 0x7F) << shift
+            if byte < 0x80:
+                break
+            shift += 7
+            if shift == 70:
+                raise WireError(BAD_FRAME, f"varint in {what} is longer than 10 bytes")
+        if byte == 0:
+            raise WireError(BAD_FRAME, f"varint in {what} is not minimally encoded")
+        if value > _U64_MAX:
+            raise WireError(BAD_FRAME, f"varint in {what} overflows 64 bits")
+        self.pos = pos
+        return value
+
+    def count(self, limit: int, what) -> int:
+        n = self.uvarint(what)
+        if n > limit:
+            raise WireError(OVER_LIMIT, f"{what}: {n} exceeds the limit of {limit}")
+        return n
+
+    def token(self, what) -> int:
+        value = self.uvarint(what)
+        if value >= self.limits.max_vocab:
+            raise WireError(OVER_LIMIT, f"{what} = {value} is not below max_vocab {self.limits.max_vocab}")
+        return value
+
+    def tokens(self, limit: int, what) -> tuple[int, ...]:
+        n = self.count(limit, f"{what} count")
+        return tuple(self.token(f"{what} id") for _ in range(n))
+
+    def f32(self, what, low, high) -> float:
+        value = _F32.unpack_from(self.buf, self._take(4, what))[0]
+        if not low <= value <= high:  # false for NaN too
+            raise WireError(BAD_FRAME, f"{what} = {value!r} is outside {low}..{high}")
+        return value
+
+    def blob(self, what, max_bytes: int) -> bytes:
+        n = self.count(max_bytes, f"{what} length")
+        start = self._take(n, what)
+        return bytes(self.buf[start : start + n])
+
+    def text(self, what, max_bytes: int) -> str:
+        raw = self.blob(what, max_bytes)
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise WireError(BAD_FRAME, f"{what} is not valid UTF-8: {exc.reason}") from None
+
+    def row(self, what) -> SparseRow:
+        n = self.count(self.limits.max_sparse_k, f"{what} size")
+        pairs = tuple((self.token(f"{what} token"), self.f32(f"{what} prob", 0.0, 1.0)) for _ in range(n))
+        if len({token for token, _ in pairs}) != n:
+            raise WireError(BAD_FRAME, f"{what} lists a token twice")
+        return pairs
+
+    def flags(self, known: int, what) -> int:
+        flags = self.u8(what)
+        if flags & ~int(known):  # int(): ~ on an IntFlag inverts only its defined bits, giving 0
+            raise WireError(BAD_FRAME, f"{what} has reserved bits set: {flags:#04x}")
+        return flags
+
+
+# One encoder and one decoder per frame type, written side by side so they stay mirror images.
+
+
+def _enc_hello(w: _Writer, f: Hello) -> None:
+    limits = w.limits
+    _check_version(_uint(f.version, "HELLO.version", _U8_MAX), "HELLO")
+    w.u8(f.version, "HELLO.version")
+    w.blob(f.auth, "HELLO.auth", limits.max_str_bytes)
+    w.text(f.model_id, "HELLO.model_id", limits.max_str_bytes)
+    w.f32(f.temperature, "HELLO.temperature", 0.0, _F32_MAX)
+    w.uvarint(f.top_k, "HELLO.top_k")
+    w.f32(f.top_p, "HELLO.top_p", 0.0, 1.0)
+    w.text(f.rule, "HELLO.rule", limits.max_str_bytes)
+    w.u64(f.seed, "HELLO.seed")
+    w.u8(_enum(Mode, _uint(f.mode, "HELLO.mode", _U8_MAX), "HELLO.mode"), "HELLO.mode")
+    w.uvarint(f.max_tokens, "HELLO.max_tokens")
+    w.tokens(f.prompt, limits.max_prompt_tokens, "HELLO.prompt")
+
+
+def _dec_hello(r: _Reader) -> Hello:
+    limits = r.limits
+    version = r.u8("HELLO.version")
+    _check_version(version, "HELLO")  # before anything else: the rest of a newer HELLO may differ
+    return Hello(
+        version=version,
+        auth=r.blob("HELLO.auth", limits.max_str_bytes),
+        model_id=r.text("HELLO.model_id", limits.max_str_bytes),
+        temperature=r.f32("HELLO.temperature", 0.0, _F32_MAX),
+        top_k=r.uvarint("HELLO.top_k"),
+        top_p=r.f32("HELLO.top_p", 0.0, 1.0),
+        rule=r.text("HELLO.rule", limits.max_str_bytes),
+        seed=r.u64("HELLO.seed"),
+        mode=_enum(Mode, r.u8("HELLO.mode"), "HELLO.mode"),
+        max_tokens=r.uvarint("HELLO.max_tokens"),
+        prompt=r.tokens(limits.max_prompt_tokens, "HELLO.prompt"),
+    )
+
+
+def _enc_welcome(w: _Writer, f: Welcome) -> None:
+    w.uvarint(f.session, "WELCOME.session")
+    w.uvarint(f.committed, "WELCOME.committed")
+    w.uvarint(f.max_draft_tokens, "WELCOME.max_draft_tokens")
+    w.blob(f.secret, "WELCOME.secret", MAX_SECRET_BYTES)
+
+
+def _dec_welcome(r: _Reader) -> Welcome:
+    return Welcome(
+        session=r.uvarint("WELCOME.session"),
+        committed=r.uvarint("WELCOME.committed"),
+        max_draft_tokens=r.uvarint("WELCOME.max_draft_tokens"),
+        secret=r.blob("WELCOME.secret", MAX_SECRET_BYTES),
+    )
+
+
+def _check_parent(parent: int, i: int) -> None:
+    if parent > i:
+        raise WireError(
+            BAD_FRAME, f"DRAFT.parents[{i}] = {parent}: must be 0 (the base) or j + 1 for a token j < {i}"
+        )
+
+
+def _enc_draft(w: _Writer, f: Draft) -> None:
+    w.uvarint(f.session, "DRAFT.session")
+    w.uvarint(f.seq, "DRAFT.seq")
+    w.uvarint(f.base, "DRAFT.base")
+    n = len(f.tokens)
+    w.out.append((DraftFlag.HAS_Q if f.q is not None else 0) | (DraftFlag.HAS_TREE if f.parents is not None else 0))
+    w.tokens(f.tokens, w.limits.max_draft_tokens, "DRAFT.tokens")
+    if f.q is not None:
+        if len(f.q) != n:
+            raise WireError(BAD_FRAME, f"DRAFT.q has {len(f.q)} rows for {n} tokens")
+        for i, row in enumerate(f.q):
+            w.row(row, f"DRAFT.q[{i}]")
+    if f.parents is not None:
+        if len(f.parents) != n:
+            raise WireError(BAD_FRAME, f"DRAFT.parents has {len(f.parents)} entries for {n} tokens")
+        for i, parent in enumerate(f.parents):
+            parent = _uint(parent, f"DRAFT.parents[{i}]")
+            _check_parent(parent, i)
+            _put_uvarint(w.out, parent)
+
+
+def _dec_draft(r: _Reader) -> Draft:
+    session = r.uvarint("DRAFT.session")
+    seq = r.uvarint("DRAFT.seq")
+    base = r.uvarint("DRAFT.base")
+    flags = r.flags(DraftFlag.HAS_Q | DraftFlag.HAS_TREE, "DRAFT.flags")
+    tokens = r.tokens(r.limits.max_draft_tokens, "DRAFT.tokens")
+    q = parents = None
+    if flags & DraftFlag.HAS_Q:
+        q = tuple(r.row(f"DRAFT.q[{i}]") for i in range(len(tokens)))
+    if flags & DraftFlag.HAS_TREE:
+        parents = tuple(r.uvarint(f"DRAFT.parents[{i}]") for i in range(len(tokens)))
+        for i, parent in enumerate(parents):
+            _check_parent(parent, i)
+    return Draft(session=session, seq=seq, base=base, tokens=tokens, q=q, parents=parents)
+
+
+def _check_path(path: tuple[int, ...], accepted: int, limits: Limits) -> None:
+    if len(path) != accepted:
+        raise WireError(BAD_FRAME, f"VERDICT.path has {len(path)} entries for {accepted} accepted tokens")
+    previous = -1
+    for index in path:
+        if index >= limits.max_draft_tokens:
+            raise WireError(OVER_LIMIT, f"VERDICT.path index {index} is beyond max_draft_tokens")
+        if index <= previous:
+            raise WireError(BAD_FRAME, "VERDICT.path must be strictly increasing (parents precede children)")
+        previous = index
+
+
+def _enc_verdict(w: _Writer, f: Verdict) -> None:
+    limits = w.limits
+    w.uvarint(f.seq, "VERDICT.seq")
+    flags = (
+        (VerdictFlag.DROPPED if f.dropped else 0)
+        | (VerdictFlag.HAS_P if f.p is not None else 0)
+        | (VerdictFlag.HAS_PATH if f.path is not None else 0)
+        | (VerdictFlag.FINISHED if f.finished else 0)
+    )
+    w.out.append(flags)
+    accepted = _uint(f.accepted, "VERDICT.accepted")
+    w.count(accepted, limits.max_draft_tokens, "VERDICT.accepted")
+    w.token(f.next_token, "VERDICT.next_token")
+    w.uvarint(f.verify_us, "VERDICT.verify_us")
+    w.uvarint(f.committed, "VERDICT.committed")
+    if f.p is not None:
+        w.row(f.p, "VERDICT.p")
+    if f.path is not None:
+        path = tuple(_uint(index, "VERDICT.path index") for index in f.path)
+        _check_path(path, accepted, limits)
+        w.count(len(path), limits.max_draft_tokens, "VERDICT.path count")
+        for index in path:
+            _put_uvarint(w.out, index)
+
+
+def _dec_verdict(r: _Reader) -> Verdict:
+    limits = r.limits
+    seq = r.uvarint("VERDICT.seq")
+    flags = r.flags(
+        VerdictFlag.DROPPED | VerdictFlag.HAS_P | VerdictFlag.HAS_PATH | VerdictFlag.FINISHED, "VERDICT.flags"
+    )
+    accepted = r.count(limits.max_draft_tokens, "VERDICT.accepted")
+    next_token = r.token("VERDICT.next_token")
+    verify_us = r.uvarint("VERDICT.verify_us")
+    committed = r.uvarint("VERDICT.committed")
+    p = r.row("VERDICT.p") if flags & VerdictFlag.HAS_P else None
+    path = None
+    if flags & VerdictFlag.HAS_PATH:
+        n = r.count(limits.max_draft_tokens, "VERDICT.path count")
+        path = tuple(r.uvarint("VERDICT.path index") for _ in range(n))
+        _check_path(path, accepted, limits)
+    return Verdict(
+        seq=seq,
+        accepted=accepted,
+        next_token=next_token,
+        verify_us=verify_us,
+        committed=committed,
+        dropped=bool(flags & VerdictFlag.DROPPED),
+        finished=bool(flags & VerdictFlag.FINISHED),
+        p=p,
+        path=path,
+    )
+
+
+def _enc_resume(w: _Writer, f: Resume) -> None:
+    _check_version(_uint(f.version, "RESUME.version", _U8_MAX), "RESUME")
+    w.u8(f.version, "RESUME.version")
+    w.blob(f.auth, "RESUME.auth", w.limits.max_str_bytes)
+    w.uvarint(f.session, "RESUME.session")
+    w.blob(f.secret, "RESUME.secret", MAX_SECRET_BYTES)
+    w.uvarint(f.committed, "RESUME.committed")
+    w.blob(f.digest, "RESUME.digest", MAX_SECRET_BYTES)
+
+
+def _dec_resume(r: _Reader) -> Resume:
+    version = r.u8("RESUME.version")
+    _check_version(version, "RESUME")
+    return Resume(
+        version=version,
+        auth=r.blob("RESUME.auth", r.limits.max_str_bytes),
+        session=r.uvarint("RESUME.session"),
+        secret=r.blob("RESUME.secret", MAX_SECRET_BYTES),
+        committed=r.uvarint("RESUME.committed"),
+        digest=r.blob("RESUME.digest", MAX_SECRET_BYTES),
+    )
+
+
+def _enc_ping(w: _Writer, f: Ping | Pong) -> None:
+    w.u64(f.nonce, f"{f.TYPE.name}.nonce")
+    w.u64(f.sent_us, f"{f.TYPE.name}.sent_us")
+
+
+def _dec_ping(r: _Reader) -> Ping:
+    return Ping(nonce=r.u64("PING.nonce"), sent_us=r.u64("PING.sent_us"))
+
+
+def _dec_pong(r: _Reader) -> Pong:
+    return Pong(nonce=r.u64("PONG.nonce"), sent_us=r.u64("PONG.sent_us"))
+
+
+def _message_limit(limits: Limits) -> int:
+    return min(MAX_ERROR_MESSAGE_BYTES, limits.max_str_bytes)
+
+
+def _enc_error(w: _Writer, f: Error) -> None:
+    w.u16(_enum(ErrorCode, _uint(f.code, "ERROR.code", _U16_MAX), "ERROR.code"), "ERROR.code")
+    if not isinstance(f.message, str):
+        raise WireError(BAD_FRAME, f"ERROR.message must be a str, not {type(f.message).__name__}")
+    # An error report must not fail for its text: replace what UTF-8 cannot carry, and cut at a
+    # character boundary rather than refuse a long message.
+    raw = f.message.encode("utf-8", "replace")
+    limit = _message_limit(w.limits)
+    if len(raw) > limit:
+        raw = raw[:limit].decode("utf-8", "ignore").encode("utf-8")
+    w.blob(raw, "ERROR.message", limit)
+
+
+def _dec_error(r: _Reader) -> Error:
+    return Error(
+        code=_enum(ErrorCode, r.u16("ERROR.code"), "ERROR.code"),
+        message=r.text("ERROR.message", _message_limit(r.limits)),
+    )
+
+
+def _enc_close(w: _Writer, f: Close) -> None:
+    w.u8(_enum(CloseReason, _uint(f.reason, "CLOSE.reason", _U8_MAX), "CLOSE.reason"), "CLOSE.reason")
+
+
+def _dec_close(r: _Reader) -> Close:
+    return Close(reason=_enum(CloseReason, r.u8("CLOSE.reason"), "CLOSE.reason"))
+
+
+def _enc_tokens(w: _Writer, f: Tokens) -> None:
+    w.uvarint(f.start, "TOKENS.start")
+    w.tokens(f.tokens, w.limits.max_prompt_tokens, "TOKENS.tokens")
+    w.out.append(TokensFlag.FINISHED if f.finished else 0)
+
+
+def _dec_tokens(r: _Reader) -> Tokens:
+    start = r.uvarint("TOKENS.start")
+    tokens = r.tokens(r.limits.max_prompt_tokens, "TOKENS.tokens")
+    flags = r.flags(TokensFlag.FINISHED, "TOKENS.flags")
+    return Tokens(start=start, tokens=tokens, finished=bool(flags & TokensFlag.FINISHED))
+
+
+_ENCODERS = {
+    Hello: _enc_hello,
+    Welcome: _enc_welcome,
+    Draft: _enc_draft,
+    Verdict: _enc_verdict,
+    Resume: _enc_resume,
+    Ping: _enc_ping,
+    Pong: _enc_ping,
+    Error: _enc_error,
+    Close: _enc_close,
+    Tokens: _enc_tokens,
+}
+
+_DECODERS = {
+    FrameType.HELLO: _dec_hello,
+    FrameType.WELCOME: _dec_welcome,
+    FrameType.DRAFT: _dec_draft,
+    FrameType.VERDICT: _dec_verdict,
+    FrameType.RESUME: _dec_resume,
+    FrameType.PING: _dec_ping,
+    FrameType.PONG: _dec_pong,
+    FrameType.ERROR: _dec_error,
+    FrameType.CLOSE: _dec_close,
+    FrameType.TOKENS: _dec_tokens,
+}
+
+
+def encode(frame: Frame, limits: Limits = DEFAULT_LIMITS) -> bytes:
+    """The complete frame (length prefix, type byte, payload) as bytes.
+
+    Raises WireError for a frame the receiver would refuse under `limits`; TypeError for an object
+    that is not a frame at all.
+    """
+    encoder = _ENCODERS.get(type(frame))
+    if encoder is None:
+        raise TypeError(f"not a wire frame: {type(frame).__name__}")
+    w = _Writer(limits)
+    w.out.append(frame.TYPE)
+    encoder(w, frame)
+    length = len(w.out)
+    if length > limits.max_frame_bytes:
+        raise WireError(
+            OVER_LIMIT, f"{frame.TYPE.name} frame of {length} bytes exceeds max_frame_bytes {limits.max_frame_bytes}"
+        )
+    prefix = bytearray()
+    _put_uvarint(prefix, length)
+    return bytes(prefix + w.out)
+
+
+def _parse_length(buf, pos: int, end: int, max_frame_bytes: int) -> tuple[int, int] | None:
+    """(L, prefix size) of the frame at buf[pos:end], or None while the prefix is incomplete.
+
+    Looks at no more bytes than the longest legal prefix, so an oversize frame is refused before any
+    of its body is read.
+    """
+    max_prefix = _varint_size(max_frame_bytes)
+    value = 0
+    for i in range(min(end - pos, max_prefix)):
+        byte = buf[pos + i]
+        value |= (byte & 0x7F) << (7 * i)
+        if byte < 0x80:
+            if byte == 0 and i:
+                raise WireError(BAD_FRAME, "frame length prefix is not minimally encoded")
+            if value == 0:
+                raise WireError(BAD_FRAME, "frame length 0: no type byte")
+            if value > max_frame_bytes:
+                raise WireError(OVER_LIMIT, f"frame of {value} bytes exceeds max_frame_bytes {max_frame_bytes}")
+            return value, i + 1
+    if end - pos >= max_prefix:
+        raise WireError(
+            OVER_LIMIT, f"frame length prefix runs past {max_prefix} bytes: over max_frame_bytes {max_frame_bytes}"
+        )
+    return None
+
+
+def _decode_payload(buf, pos: int, end: int, limits: Limits) -> Frame:
+    """The frame whose type byte is buf[pos] and whose payload ends at `end`."""
+    kind = buf[pos]
+    decoder = _DECODERS.get(kind)
+    if decoder is None:
+        raise WireError(BAD_FRAME, f"unknown frame type {kind}")
+    r = _Reader(buf, pos + 1, end, limits)
+    frame = decoder(r)
+    if r.pos != end:
+        raise WireError(BAD_FRAME, f"{end - r.pos} unread bytes at the end of the {frame.TYPE.name} payload")
+    return frame
+
+
+def decode(data: bytes, limits: Limits = DEFAULT_LIMITS) -> Frame:
+    """The one frame that `data` holds, from its length prefix to its last byte.
+
+    Raises WireError if `data` is anything else: a partial frame, a frame followed by more bytes,
+    or malformed or over-limit content.
+    """
+    header = _parse_length(data, 0, len(data), limits.max_frame_bytes)
+    if header is None:
+        raise WireError(BAD_FRAME, "truncated length prefix" if data else "no bytes to decode")
+    length, prefix = header
+    end = prefix + length
+    if len(data) < end:
+        raise WireError(BAD_FRAME, f"truncated frame: {len(data) - prefix} of {length} bytes")
+    if len(data) > end:
+        raise WireError(BAD_FRAME, f"{len(data) - end} trailing bytes after the frame")
+    return _decode_payload(data, prefix, end, limits)
+
+
