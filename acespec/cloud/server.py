@@ -141,8 +141,11 @@ class CloudServer:
                 q.put_nowait(None)
                 continue
             try:
-                w.write(wire.encode(wire.Close(reason=wire.CloseReason.GOING_AWAY)))
-            except (ConnectionError, OSError, RuntimeError):
+                if not w.is_closing():
+                    w.write(wire.encode(wire.Close(reason=wire.CloseReason.GOING_AWAY)))
+            except (ConnectionError, OSError, RuntimeError, AttributeError):
+                # AttributeError: asyncio's TLS transport, written to after a failed handshake tore its
+                # TLS layer down, fails inside sslproto (seen under load); the peer is gone either way
                 pass
             w.close()
         if self._conns:
