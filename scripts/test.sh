@@ -4,5 +4,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh dev
+scripts/setup-browser.sh  # headless Chromium for tests/test_edge_page.py
 .venv/bin/acespec models install --quiet >/dev/null
 exec .venv/bin/python -m pytest -q "$@"

@@ -416,7 +416,7 @@ class EdgeApiThread:
 
     @property
     def port(self) -> int:
-        return self.server.servers[0].sockets[0].getsockname()[1]
+        return self._port
 
     @property
     def url(self) -> str:
@@ -429,6 +429,7 @@ class EdgeApiThread:
             if not self._thread.is_alive() or time.monotonic() > deadline:
                 raise RuntimeError("the edge API did not start")
             time.sleep(0.01)
+        self._port = self.server.servers[0].sockets[0].getsockname()[1]  # known once bound (port 0 = any)
         return self
 
     def stop(self) -> None:

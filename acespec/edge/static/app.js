@@ -38,8 +38,11 @@ function draw(name) {
   g.stroke();
   g.fillStyle = p.color;
   for (const [t, v] of pts) g.fillRect(x(t) - 1.5, y(v) - 1.5, 3, 3);
+  const now = "now " + fmt(pts[pts.length - 1][1]);
   g.font = "bold 11px sans-serif";
-  g.fillText("now " + fmt(pts[pts.length - 1][1]), w - 90, 12);
+  const tw = g.measureText(now).width;
+  g.fillStyle = "rgba(255,255,255,.85)"; g.fillRect(w - tw - 10, 1, tw + 8, 14);  // readable over the line
+  g.fillStyle = p.color; g.fillText(now, w - tw - 6, 12);
 }
 
 function fmt(v) { return v >= 100 ? v.toFixed(0) : v >= 10 ? v.toFixed(1) : v.toFixed(2); }
