@@ -119,7 +119,7 @@ def main(argv: list[str]) -> int:
     url, out, prompt = argv[:3]
     d = browser()
     try:
-        page = ask(d, url.rstrip("/"), prompt, max_tokens=int(argv[3]) if len(argv) > 3 else 96, shot=Path(out))
+        page = ask(d, url.rstrip("/"), prompt, max_tokens=int(argv[3]) if len(argv) > 3 else 96, shot=Path(out), timeout_s=900)
     finally:
         d.quit()
     print(page["status"])

@@ -84,7 +84,7 @@ async function send(ev) {
   controller = new AbortController();
   setState("streaming", "waiting for the first token…");
   const t0 = performance.now();
-  const times = [];  // arrival of every token, for tokens/s over the last second
+  const recent = [];  // [arrival, tokens] of the last verdicts: tokens/s over them, as tokens come in bursts
   let tokens = 0, drafted = 0, accepted = 0, usage = null, failed = null;
   try {
     const resp = await fetch("/v1/chat/completions", {
@@ -116,9 +116,13 @@ async function send(ev) {
         for (const [text, origin] of marks.tokens) addToken(text, origin);
         const n = marks.n;  // tokens the verdict committed (their text may still be held back for `stop`)
         tokens += n;
-        for (let i = 0; i < n; i++) times.push(t);
-        while (times.length && times[0] < t - 1) times.shift();
-        series.tps.push([t, times.length / Math.min(1, Math.max(t, 1e-3))]);
+        recent.push([t, n]);
+        if (recent.length > 6) recent.shift();
+        if (recent.length > 1) {  // the tokens that came after the oldest verdict kept, over the time since it
+          const span = t - recent[0][0];
+          const got = recent.slice(1).reduce((sum, r) => sum + r[1], 0);
+          if (span > 0) series.tps.push([t, got / span]);
+        }
         if (marks.rtt_ms !== null) series.rtt.push([t, marks.rtt_ms]);
         if (marks.latency_ms !== null) {
           series.k.push([t, marks.k]);
