@@ -73,8 +73,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     register_serve(edge_sub)
 
 
-def edge_config_from_args(args: argparse.Namespace):
-    """(EdgeConfig, drafter load options) from the edge's options, checked; shared with `edge serve`."""
+def edge_config_from_args(args: argparse.Namespace, *, controller_default: bool = False):
+    """(EdgeConfig, drafter load options) from the edge's options, checked; shared with `edge serve`
+    (`controller_default`: its default mode runs the controller, so --pass-budget has a taker)."""
     from acespec.cloud.cli import read_token
     from acespec.control.depth import DEFAULT_PASS_BUDGET
     from acespec.draft.cache import DRAFTER_SLOTS
@@ -92,7 +93,7 @@ def edge_config_from_args(args: argparse.Namespace):
         if args.mode != "pipelined":
             raise ValueError(f"--acespec runs pipelined; it cannot be combined with --mode {args.mode}")
         args.mode, args.cache, args.branches, args.auto_window, args.policy = "pipelined", True, True, True, "controller"
-    if args.pass_budget != DEFAULT_PASS_BUDGET and args.policy != "controller":
+    if args.pass_budget != DEFAULT_PASS_BUDGET and args.policy != "controller" and not controller_default:
         raise ValueError("--pass-budget is kept by the controller: add --policy controller (or --acespec)")
     if args.branches and not args.cache:
         raise ValueError("--branches needs --cache")

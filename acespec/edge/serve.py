@@ -44,9 +44,12 @@ def build_service(args: argparse.Namespace):
     if args.drafters < 1:
         raise ValueError("--drafters must be >= 1")
     mode = "acespec" if args.acespec or args.mode == "acespec" else args.mode
-    if args.mode == "acespec":
-        args.mode, args.acespec = "pipelined", True
-    defaults, _ = edge_config_from_args(args)
+    if args.acespec and args.mode not in ("pipelined", "acespec"):
+        raise ValueError(f"--acespec is the default mode acespec; it cannot be combined with --mode {args.mode}")
+    # the options without the full system folded in: a request that names another mode gets that mode
+    # with the server's own --cache/--policy/..., and one that names acespec (or none, here) the full system
+    args.mode, args.acespec = ("pipelined" if mode == "acespec" else mode), False
+    defaults, _ = edge_config_from_args(args, controller_default=mode == "acespec")
     # every request may ask for mode acespec, whose state cache forks the drafter's KV sequence
     slots = {"n_slots": DRAFTER_SLOTS} if resolve(args.draft).kind == "gguf" else {}
     drafters = [load_model(args.draft, n_ctx=args.n_ctx, **slots) for _ in range(args.drafters)]

@@ -77,14 +77,12 @@ class ServeConfig:
 
 
 def edge_config_for(base: EdgeConfig, mode: str, **overrides) -> EdgeConfig:
-    """The run configuration of one request: `acespec` is the full system, as `acespec edge --acespec`."""
+    """The run configuration of one request: `base` holds the server's options, `mode` is one of
+    API_MODES; `acespec` is the full system, as `acespec edge --acespec` runs it."""
     cfg = dataclasses.replace(base, **{k: v for k, v in overrides.items() if v is not None})
     if mode == "acespec":
         return dataclasses.replace(cfg, mode="pipelined", cache=True, branches=True, auto_window=True, policy="controller")
-    if mode == base.mode and not (base.cache and mode == "cloud-only"):
-        return cfg
-    # another mode than the server's: its cache settings only where they make sense
-    cache = base.cache and mode != "cloud-only"
+    cache = base.cache and mode != "cloud-only"  # the server's --cache/--branches, where the mode can use them
     return dataclasses.replace(cfg, mode=mode, cache=cache, branches=base.branches and cache)
 
 
