@@ -318,9 +318,9 @@ def _wait(cond, timeout=10.0):
         time.sleep(0.02)
 
 
-def test_a_client_that_leaves_mid_stream_cancels_its_cloud_session():
+def test_clients_that_leave_free_their_place_and_cancel_their_cloud_session():
     with CloudServerThread(SlowToy(vocab=V, seed=1), ServerConfig(port=0)) as slow:
-        api = start_edge(slow.port, drafters=1, max_waiting=0)
+        api = start_edge(slow.port, drafters=1, max_waiting=1)
         try:
             c = openai.OpenAI(base_url=api.url + "/v1", api_key="x", max_retries=0, timeout=30)
             stream = c.chat.completions.create(model="acespec", messages=[{"role": "user", "content": "long"}],
@@ -331,13 +331,32 @@ def test_a_client_that_leaves_mid_stream_cancels_its_cloud_session():
                 if got >= 3:
                     break
             assert len(slow.server.sessions) == 1
-            # the one drafter is busy and nobody may wait: 503, in OpenAI's shape
+            # a second client waits in line for the only drafter, and gives up after a second
+            body = json.dumps({"model": "acespec", "messages": [{"role": "user", "content": "hi"}]}).encode()
+            gave_up = []
+
+            def impatient():
+                req = urllib.request.Request(api.url + "/v1/chat/completions", data=body,
+                                             headers={"Content-Type": "application/json"})
+                try:
+                    urllib.request.urlopen(req, timeout=1.5)
+                except (TimeoutError, urllib.error.URLError) as e:
+                    gave_up.append(e)
+
+            waiter = threading.Thread(target=impatient)
+            waiter.start()
+            _wait(lambda: metrics(api)["acespec:num_requests_waiting"] == 1)
+            # the line is full (max_waiting=1): a third gets 503, in OpenAI's shape
             with pytest.raises(openai.InternalServerError) as e:
                 chat(c, **CASES["greedy"], max_tokens=5)
-            assert e.value.status_code == 503 and "waiting" in str(e.value)
-            stream.close()  # the client goes away
+            assert e.value.status_code == 503 and e.value.body["code"] == "queue_full"
+            waiter.join(10)
+            assert gave_up
+            _wait(lambda: metrics(api)["acespec:num_requests_waiting"] == 0)  # its place is free again
+            assert len(slow.server.sessions) == 1  # and it never opened a cloud session
+            stream.close()  # the first client goes away mid-stream
             _wait(lambda: not slow.server.sessions)
-            _wait(lambda: metrics(api).get("acespec:request_success_total{finished_reason=abort}") == 1)
+            _wait(lambda: metrics(api).get("acespec:request_success_total{finished_reason=abort}") == 2)
             m = metrics(api)
             assert m["acespec:drafters_busy"] == 0 and m["acespec:generation_tokens_total"] < 3000
             # the edge carries on
@@ -368,3 +387,42 @@ def test_real_pair_through_the_api_equals_generate(real_draft, real_target):
             assert text == want and usage.completion_tokens == len(ref.tokens) and usage.accepted_tokens > 0
         finally:
             api.stop()
+
+
+# ------------------------------------------------------------------------------------------ the commands
+def test_edge_serve_command_serves_and_stops_on_sigterm(cloud):
+    import re
+    import signal
+
+    exe = [sys.executable, "-m", "acespec.cli"]
+    bad = subprocess.run([*exe, "edge", "serve", "--cloud", "nowhere", "--draft", DRAFT], capture_output=True, text=True,
+                         timeout=60)
+    assert bad.returncode == 2 and bad.stderr.startswith("acespec: error:") and "HOST:PORT" in bad.stderr
+    bad = subprocess.run([*exe, "edge", "--cloud", f"127.0.0.1:{cloud.port}", "--draft", DRAFT], capture_output=True,
+                         text=True, timeout=60)
+    assert bad.returncode == 2 and "--prompt is required" in bad.stderr
+    p = subprocess.Popen([*exe, "edge", "serve", "--cloud", f"127.0.0.1:{cloud.port}", "--draft", DRAFT, "--port", "0",
+                          "--acespec", "--max-tokens", "12", "--seed", str(SEED)], stdout=subprocess.PIPE, text=True)
+    try:
+        line = p.stdout.readline()
+        port = int(re.search(r"http://127\.0\.0\.1:(\d+)", line).group(1))
+        c = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0, timeout=30)
+        # the server's defaults: mode acespec, rule coupled, 12 tokens, seed 7
+        r = c.completions.create(model="acespec", prompt=PROMPT, temperature=0.8)
+        assert r.choices[0].text == reference(PROMPT, "coupled", 0.8, max_tokens=12) and r.usage.completion_tokens == 12
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(30) == 0
+    finally:
+        if p.poll() is None:
+            p.kill()
+
+
+def test_bench_api_runs_both_sides_with_toy_models(tmp_path):
+    out = tmp_path / "api.json"
+    p = subprocess.run([sys.executable, "-m", "acespec.cli", "bench", "api", "--draft", DRAFT, "--target", TARGET,
+                        "--runs", "2", "--max-tokens", "16", "--json", str(out)], capture_output=True, text=True, timeout=180)
+    assert p.returncode == 0, p.stderr
+    r = json.loads(out.read_text())
+    assert len(r["pairs"]) == 2 and r["same_text"] == 2
+    assert all(pair[s]["tokens"] == 16 for pair in r["pairs"] for s in ("edge", "api"))
+    assert r["ratio"]["ttft"] > 0 and "time to first token" in p.stdout

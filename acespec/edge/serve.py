@@ -11,6 +11,9 @@ give none; without it each such request draws a fresh one, as OpenAI's API does.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import signal
+import sys
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -67,6 +70,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
     d = svc.cfg.defaults
 
     class Server(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self):
+            # stop on Ctrl-C / SIGTERM and exit 0, as `acespec serve` does (uvicorn re-raises the signal)
+            old = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+            try:
+                yield
+            finally:
+                for sig, handler in old.items():
+                    signal.signal(sig, handler)
+
         async def startup(self, sockets=None) -> None:
             await super().startup(sockets=sockets)
             if self.started:  # the port is known only now (--port 0)
@@ -76,7 +89,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
                       f"rule {d.rule})", flush=True)
 
     server = Server(uvicorn.Config(create_app(svc), host=args.host, port=args.port, log_level="warning", lifespan="off"))
-    server.run()  # stops on Ctrl-C / SIGTERM
+    server.run()
     if not server.started:
         raise OSError(f"cannot serve on {args.host}:{args.port}")
+    print("acespec edge serve: stopped", file=sys.stderr)
     return 0
