@@ -109,6 +109,15 @@ class EdgeService:
         self.metrics = EdgeMetrics(len(drafters), self.pool)
         self.started = int(time.time())
 
+    def wait_idle(self, timeout_s: float) -> bool:
+        """Wait (from any thread but the event loop's) until no generation runs; False on timeout."""
+        deadline = time.monotonic() + timeout_s
+        while self.metrics.running:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.02)
+        return True
+
     def request(self, body: _Body, prompt: list[int]) -> GenRequest:
         """Check a request against what this edge can serve; ApiError says why not."""
         if body.model != self.cfg.served_model:

@@ -16,6 +16,9 @@ import signal
 import sys
 
 
+SHUTDOWN_GRACE_S = 5.0  # on Ctrl-C / SIGTERM, requests in flight get this long to finish before they are stopped
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     from acespec.cli import _positive_int, add_sampling_args
     from acespec.edge.cli import add_edge_options
@@ -88,9 +91,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
                       f"x {args.drafters}; cloud {d.connect.host}:{d.connect.port}; default mode {svc.cfg.default_mode}, "
                       f"rule {d.rule})", flush=True)
 
-    server = Server(uvicorn.Config(create_app(svc), host=args.host, port=args.port, log_level="warning", lifespan="off"))
+    server = Server(uvicorn.Config(create_app(svc), host=args.host, port=args.port, log_level="warning", lifespan="off",
+                                   timeout_graceful_shutdown=SHUTDOWN_GRACE_S))
     server.run()
     if not server.started:
         raise OSError(f"cannot serve on {args.host}:{args.port}")
+    svc.wait_idle(SHUTDOWN_GRACE_S)  # the runs stopped at the deadline close their cloud sessions
     print("acespec edge serve: stopped", file=sys.stderr)
     return 0
