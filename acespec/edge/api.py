@@ -39,7 +39,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from acespec.edge.client import EdgeError
 from acespec.edge.metrics import EdgeMetrics
 from acespec.edge.service import (
-    API_MODES, MAX_STOP, ApiError, Done, DrafterPool, GenRequest, Generation, ServeConfig, TextAssembler,
+    MAX_STOP, ApiError, Done, DrafterPool, GenRequest, Generation, ServeConfig, TextAssembler,
     edge_config_for, edge_error_to_api, new_seed,
 )
 from acespec.engine.loop import Round
