@@ -5,6 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh dev
+scripts/setup-browser.sh  # headless Chromium for tests/test_edge_page.py
 .venv/bin/acespec models install --quiet >/dev/null
 .venv/bin/python -m pytest -q "$@"
 [ "${ACESPEC_SKIP_VLLM:-0}" = 1 ] && exit 0

@@ -22,16 +22,16 @@ def parse_hostport(text: str) -> tuple[str, int]:
     return host.strip("[]"), p
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def add_edge_options(p: argparse.ArgumentParser, *, modes: tuple[str, ...]) -> None:
+    """The edge's run options, shared by `acespec edge` and `acespec edge serve`."""
     from acespec.argtypes import pos_float, pos_float_or_inf
-    from acespec.cli import _positive_int, add_sampling_args
+    from acespec.cli import _positive_int
     from acespec.control.depth import DEFAULT_PASS_BUDGET
     from acespec.models.registry import DEFAULT_DRAFT
 
-    p = sub.add_parser("edge", help="run the edge: draft locally, verify in the cloud")
     p.add_argument("--draft", default=DEFAULT_DRAFT, help=f"drafter model (default {DEFAULT_DRAFT})")
-    p.add_argument("--cloud", required=True, help="HOST:PORT of the cloud verifier (or the WAN emulator)")
-    p.add_argument("--mode", choices=["sync", "pipelined", "cloud-only"], default="pipelined")
+    p.add_argument("--cloud", help="HOST:PORT of the cloud verifier (or the WAN emulator); required")
+    p.add_argument("--mode", choices=modes, default="pipelined")
     p.add_argument("--k", type=_positive_int, default=4)
     p.add_argument("--policy", choices=["fixed", "adaptive", "controller"], default="fixed")
     p.add_argument("--window", type=_positive_int, default=2, help="pipelined: blocks in flight")
@@ -52,25 +52,39 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tls-server-name", help="TLS: the name the cloud's certificate must carry (default: the --cloud host)")
     p.add_argument("--busy-retry", type=float, default=60.0, metavar="S",
                    help="keep retrying a cloud that answers BUSY for this long, with backoff (default 60)")
-    p.add_argument("--prompt", required=True)
-    p.add_argument("--chat", action="store_true")
     p.add_argument("--n-ctx", type=_positive_int, default=4096)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    from acespec.cli import add_sampling_args
+
+    p = sub.add_parser("edge", help="run the edge: draft locally, verify in the cloud (`edge serve`: the HTTP API)")
+    add_edge_options(p, modes=("sync", "pipelined", "cloud-only"))
+    p.add_argument("--prompt", help="the prompt (required)")
+    p.add_argument("--chat", action="store_true")
     p.add_argument("--json", action="store_true",
                    help="print one JSON object (text, stats) instead of streaming; on failure too, with the text so far and the error")
     add_sampling_args(p)
     p.set_defaults(func=cmd_edge)
+    # `acespec edge serve ...`; plain `acespec edge --prompt ...` names no subcommand and runs as before
+    edge_sub = p.add_subparsers(dest="edge_command", metavar="{serve}")
+    from acespec.edge.serve import register as register_serve
+
+    register_serve(edge_sub)
 
 
-def cmd_edge(args: argparse.Namespace) -> int:
-    from acespec.cli import TextOutput, prompt_tokens
+def edge_config_from_args(args: argparse.Namespace, *, controller_default: bool = False):
+    """(EdgeConfig, drafter load options) from the edge's options, checked; shared with `edge serve`
+    (`controller_default`: its default mode runs the controller, so --pass-budget has a taker)."""
     from acespec.cloud.cli import read_token
-    from acespec.edge.client import ConnectConfig
     from acespec.control.depth import DEFAULT_PASS_BUDGET
     from acespec.draft.cache import DRAFTER_SLOTS
-    from acespec.edge.runtime import EdgeConfig, run_edge
-    from acespec.models import load_model
+    from acespec.edge.client import ConnectConfig
+    from acespec.edge.runtime import EdgeConfig
     from acespec.verify import RuleSpec
 
+    if not args.cloud:
+        raise ValueError("--cloud HOST:PORT is required")
     host, port = parse_hostport(args.cloud)
     RuleSpec.parse(args.rule)
     if args.window < 1:
@@ -79,7 +93,7 @@ def cmd_edge(args: argparse.Namespace) -> int:
         if args.mode != "pipelined":
             raise ValueError(f"--acespec runs pipelined; it cannot be combined with --mode {args.mode}")
         args.mode, args.cache, args.branches, args.auto_window, args.policy = "pipelined", True, True, True, "controller"
-    if args.pass_budget != DEFAULT_PASS_BUDGET and args.policy != "controller":
+    if args.pass_budget != DEFAULT_PASS_BUDGET and args.policy != "controller" and not controller_default:
         raise ValueError("--pass-budget is kept by the controller: add --policy controller (or --acespec)")
     if args.branches and not args.cache:
         raise ValueError("--branches needs --cache")
@@ -94,15 +108,26 @@ def cmd_edge(args: argparse.Namespace) -> int:
     if not args.busy_retry >= 0:
         raise ValueError("--busy-retry must be >= 0")
     slots = {"n_slots": DRAFTER_SLOTS} if args.cache and not args.draft.startswith("toy") else {}
-    drafter = load_model(args.draft, n_ctx=args.n_ctx, **slots)
-    ids = prompt_tokens(drafter.tokenizer, args.prompt, args.chat)
     cfg = EdgeConfig(
         mode=args.mode, rule=args.rule, k=args.k, policy=args.policy, window=args.window, auto_window=args.auto_window,
-        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed, max_tokens=args.max_tokens,
+        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed or 0, max_tokens=args.max_tokens,
         cache=args.cache, cache_budget_mb=args.cache_budget_mb, branches=args.branches, pass_budget=args.pass_budget,
         connect=ConnectConfig(host=host, port=port, token=token, tls=tls, tls_server_name=args.tls_server_name,
                               busy_retry_s=args.busy_retry),
     )
+    return cfg, slots
+
+
+def cmd_edge(args: argparse.Namespace) -> int:
+    from acespec.cli import TextOutput, prompt_tokens
+    from acespec.edge.runtime import run_edge
+    from acespec.models import load_model
+
+    cfg, slots = edge_config_from_args(args)
+    if args.prompt is None:
+        raise ValueError("--prompt is required (or run `acespec edge serve` for the HTTP API)")
+    drafter = load_model(args.draft, n_ctx=args.n_ctx, **slots)
+    ids = prompt_tokens(drafter.tokenizer, args.prompt, args.chat)
     out = TextOutput(drafter.tokenizer, to_stdout=not args.json)
     produced: list[int] = []
 

@@ -20,7 +20,7 @@ from acespec.control.depth import DEFAULT_PASS_BUDGET, DepthPolicy, make_policy
 from acespec.draft.cache import CacheConfig, StateCache
 from acespec.draft.chain import ChainDrafter
 from acespec.edge.client import CloudSession, ConnectConfig, EdgeError, TcpTransport
-from acespec.engine.loop import LoopConfig, LoopResult, SpecLoop
+from acespec.engine.loop import ORIGIN_TARGET, LoopConfig, LoopResult, Round, SpecLoop
 from acespec.engine.stats import RunStats
 from acespec.models.base import Model
 from acespec.verify import RuleSpec, SamplingParams
@@ -64,8 +64,16 @@ def run_edge(
     model_id: str,
     on_tokens: Callable[[list[int]], None] | None = None,
     policy: DepthPolicy | None = None,
+    on_round: Callable[[Round], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
+    on_session_closed: Callable[[CloudSession], None] | None = None,
 ) -> LoopResult:
-    """One generation through the cloud. `model_id` is the drafter's tokenizer fingerprint."""
+    """One generation through the cloud. `model_id` is the drafter's tokenizer fingerprint.
+
+    `on_round` sees every applied verdict (tokens, their origins, K, latencies); `should_stop`, polled
+    between verdicts, ends the run early and closes the cloud session (the result has finished=False);
+    `on_session_closed` gets the session once it is closed, however the run ended, for its byte and
+    reconnect counts."""
     rule = RuleSpec.parse(cfg.rule)
     sp = SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p)
     hello = wire.Hello(
@@ -82,7 +90,7 @@ def run_edge(
     session = _open_while_prefilling(cfg.connect, hello, drafter, prompt)
     try:
         if drafter is None:
-            return _cloud_only(session, prompt, cfg, on_tokens, t0)
+            return _cloud_only(session, prompt, cfg, on_tokens, t0, on_round, should_stop)
         transport = TcpTransport(session, send_q=rule.info.needs_q)
         cache = None
         if cfg.cache:
@@ -97,7 +105,8 @@ def run_edge(
         )
         policy = policy or make_policy(cfg.policy, cfg.k, pipelined=cfg.mode == "pipelined", auto_window=cfg.auto_window,
                                        pass_budget=cfg.pass_budget, max_window=loop_cfg.max_window)
-        loop = SpecLoop(transport, prompt, drafter=drafter, policy=policy, config=loop_cfg, on_tokens=on_tokens, cache=cache)
+        loop = SpecLoop(transport, prompt, drafter=drafter, policy=policy, config=loop_cfg, on_tokens=on_tokens, cache=cache,
+                        on_round=on_round, should_stop=should_stop)
         res = loop.run(t0)
         res.stats.wall_s = time.perf_counter() - t0
         res.stats.bytes_up, res.stats.bytes_down = session.total_bytes()
@@ -106,6 +115,8 @@ def run_edge(
         return res
     finally:
         session.close()
+        if on_session_closed is not None:
+            on_session_closed(session)
 
 
 def _open_while_prefilling(connect: ConnectConfig, hello: wire.Hello, drafter: ChainDrafter | None, prompt) -> CloudSession:
@@ -133,12 +144,13 @@ def _open_while_prefilling(connect: ConnectConfig, hello: wire.Hello, drafter: C
     return session
 
 
-def _cloud_only(session: CloudSession, prompt, cfg: EdgeConfig, on_tokens, t0: float) -> LoopResult:
+def _cloud_only(session: CloudSession, prompt, cfg: EdgeConfig, on_tokens, t0: float, on_round=None,
+                should_stop=None) -> LoopResult:
     stats = RunStats()
     committed = len(prompt)
     out: list[int] = []
     finished = False
-    while not finished:
+    while not finished and not (should_stop is not None and should_stop()):
         item = session.link.get(cfg.connect.reply_timeout_s)
         f = None if item is None else item[1]
         if isinstance(f, wire.Tokens):
@@ -156,6 +168,9 @@ def _cloud_only(session: CloudSession, prompt, cfg: EdgeConfig, on_tokens, t0: f
                 stats.token_times.extend([now] * len(new))
                 if on_tokens:
                     on_tokens(new)
+                if on_round:
+                    on_round(Round(tokens=list(new), origins=[ORIGIN_TARGET] * len(new), drafted=0, accepted=0,
+                                   latency_s=None, verify_s=0.0, rtt_s=None))
             finished = f.finished
         elif isinstance(f, wire.Error):
             raise EdgeError(f"cloud error {f.code.name}: {f.message}", f.code)
@@ -164,7 +179,7 @@ def _cloud_only(session: CloudSession, prompt, cfg: EdgeConfig, on_tokens, t0: f
     stats.wall_s = time.perf_counter() - t0
     stats.bytes_up, stats.bytes_down = session.total_bytes()
     _link_stats(stats, session)
-    return LoopResult(out, stats, True)
+    return LoopResult(out, stats, finished)
 
 
 def _link_stats(stats: RunStats, session: CloudSession) -> None:

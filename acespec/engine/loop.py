@@ -42,6 +42,26 @@ class Block:
     alt_key: tuple[int, int, int] | None = None  # a branch: the outcome (seq, accepted, next) it continues
     top: list = field(default_factory=list)  # the drafter's candidates per token (for the state cache)
     sent_at: float = 0.0  # perf_counter() when it was sent
+    cached: int = 0  # leading draft tokens (after the overlap) that the state cache had pre-drafted
+
+
+# Where a committed token came from, as `Round.origins` reports it
+ORIGIN_DRAFT = "draft"  # a draft token the target accepted
+ORIGIN_CACHE = "cache"  # an accepted draft token the state cache had pre-drafted while a verdict was in flight
+ORIGIN_TARGET = "target"  # the target's own token: the correction after a rejection, or the bonus
+
+
+@dataclass
+class Round:
+    """One applied verdict, as `on_round` observers see it (the edge API streams and counts these)."""
+
+    tokens: list[int]  # the tokens it committed
+    origins: list[str]  # per token, one of the ORIGIN_* values
+    drafted: int  # draft tokens it judged (the block's K)
+    accepted: int  # ... of which the target kept
+    latency_s: float | None  # block sent -> verdict applied: round trip, queueing and verify time (None: cloud-only streaming)
+    verify_s: float  # the target's verify time, as it reported it
+    rtt_s: float | None  # the path's round trip estimate (None before the first sample)
 
 
 @dataclass
@@ -117,6 +137,8 @@ class SpecLoop:
         config: LoopConfig | None = None,
         on_tokens: Callable[[list[int]], None] | None = None,
         cache=None,  # a draft.cache.StateCache: pre-draft likely outcomes while waiting for verdicts
+        on_round: Callable[[Round], None] | None = None,
+        should_stop: Callable[[], bool] | None = None,  # polled between verdicts: True ends the run early (finished=False)
     ) -> None:
         self.transport = transport
         self.prompt = [int(t) for t in prompt]
@@ -124,6 +146,8 @@ class SpecLoop:
         self.policy = policy or FixedDepth(0 if drafter is None else 4)
         self.cfg = config or LoopConfig()
         self.on_tokens = on_tokens
+        self.on_round = on_round
+        self.should_stop = should_stop
         self.committed: list[int] = list(self.prompt)
         self.spec: list[int] = list(self.prompt)  # committed + tokens assumed by blocks in flight
         self.inflight: deque[Block] = deque()
@@ -143,7 +167,7 @@ class SpecLoop:
         so time to first token and wall time include the handshake and prefill done before it."""
         t_start = time.perf_counter() if t0 is None else t0
         self._t0 = t_start
-        while not self.finished:
+        while not self.finished and not self._stopping():
             window = self._window()
             # take every verdict that is already here; block only when the window is full
             while self.inflight:
@@ -180,9 +204,9 @@ class SpecLoop:
                 if self.cache is not None:
                     self.cache.finish_partial()  # a partial pre-draft can still be the hit
                 self._apply(v)
-                if self.finished:
+                if self.finished or self._stopping():
                     break
-            if self.finished:
+            if self.finished or self._stopping():
                 break
             self._send_next_block()
         self.stats.wall_s = time.perf_counter() - t_start
@@ -190,6 +214,9 @@ class SpecLoop:
             self.stats.cache.update(self.cache.metrics.as_dict())
             self.cache.clear()
         return LoopResult(self.committed[len(self.prompt) :], self.stats, self.finished)
+
+    def _stopping(self) -> bool:
+        return self.should_stop is not None and self.should_stop()
 
     def _window(self) -> int:
         """Blocks to keep in flight. With auto_window, enough to keep drafting busy for one round trip:
@@ -297,7 +324,8 @@ class SpecLoop:
         if self.transport_needs_q:
             return  # rules that need q would need rows for the lead tokens too; keep branches to q-free rules
         block = Block(
-            self.seq, e.base, list(e.lead) + list(e.tokens), None, len(e.lead), alt_key=e.key, top=[None] * len(e.lead) + list(e.top)
+            self.seq, e.base, list(e.lead) + list(e.tokens), None, len(e.lead), alt_key=e.key,
+            top=[None] * len(e.lead) + list(e.top), cached=len(e.tokens),
         )
         self.seq += 1
         self.inflight.append(block)
@@ -320,11 +348,13 @@ class SpecLoop:
         block_tokens: list[int] = []
         q = None
         top: list = []
+        cached = 0
         ready, self._ready = self._ready, None
         if ready is not None and (live or self.committed[ready.base :] != ready.lead):
             ready = None  # it continued an outcome the committed prefix has since moved past
         if ready is not None:
             block_tokens, q, top = list(ready.tokens), ready.q, list(ready.top)
+            cached = len(block_tokens)
             if len(block_tokens) < k and self.drafter is not None:
                 # a partial pre-draft: its drafter state is in place, so finish the block from there
                 d = self.drafter.draft(self.spec + block_tokens, k - len(block_tokens), min_conf=self.cfg.min_conf,
@@ -350,7 +380,7 @@ class SpecLoop:
                 block_tokens, top = block_tokens[:-1], top[:-1]
                 q = None if q is None else q[:-1]
         self.stats.k_chosen.append(len(block_tokens) - overlap)
-        block = Block(self.seq, base, block_tokens, q, overlap, top=top)
+        block = Block(self.seq, base, block_tokens, q, overlap, top=top, cached=cached)
         self.seq += 1
         self.spec.extend(block_tokens)
         self.inflight.append(block)
@@ -472,6 +502,8 @@ class SpecLoop:
         self.stats.token_times.extend([now] * len(emitted))
         if self.on_tokens:
             self.on_tokens(emitted)
+        if self.on_round:
+            self._report(block, o, v, emitted, drafted, rtt)
         if v.finished:
             self.finished = True
         # keep speculating only while the assumptions still extend what was committed
@@ -506,3 +538,13 @@ class SpecLoop:
                     self._ready = hit
         if self.cache is not None:
             self.cache.discard_block(v.seq)
+
+    def _report(self, block: Block, o: int, v: Verdict, emitted: list[int], drafted: int, rtt: float | None) -> None:
+        """Hand the applied verdict to `on_round`. Accepted token i sits at block.tokens[o + i]; the
+        cache's part of the block is the `cached` tokens right after the overlap."""
+        lo, hi = block.overlap, block.overlap + block.cached
+        origins = [ORIGIN_CACHE if lo <= o + i < hi else ORIGIN_DRAFT for i in range(v.accepted)] + [ORIGIN_TARGET]
+        self.on_round(Round(
+            tokens=list(emitted), origins=origins, drafted=drafted, accepted=v.accepted,
+            latency_s=time.perf_counter() - block.sent_at, verify_s=v.verify_us / 1e6, rtt_s=rtt,
+        ))
