@@ -223,3 +223,61 @@ def test_outcomes_go_first_only_with_the_target_fed_and_a_long_shot_ahead():
     assert not planner.outcomes_first(live[:1])  # one block in flight: keep the target fed first
     ahead = list(planner.chain(live, planner.accept_estimates()))[-1].prior
     assert planner.outcomes_first(live) == (cache.next_step_value(max_level=1) >= ahead)
+
+
+# --------------------------------------------------------------------------- what the controller is fed
+class SlowUplink(LocalTransport):
+    """A real verifier behind a synthetic link: 250 ms round trip plus serialisation at 64 kbit/s of
+    a frame that costs 12 bytes plus 193 per token (q rows on the wire), stamped on a fake clock. Its
+    verdicts become visible only every third poll, so the loop has idle time to pre-draft."""
+
+    def __init__(self, verifier, clock) -> None:
+        super().__init__(verifier, clock=clock)
+        self.polls = 0
+
+    def send(self, block) -> None:
+        v = self.verifier.verify(block.seq, block.base, block.tokens, block.q)
+        nbytes = 12 + 193 * len(block.tokens)
+        t = self.clock()
+        verify = 0.03  # a fixed synthetic verify time, so every figure below is exact
+        self._record(LinkSample(t, t + 0.25 + 8 * nbytes / 64e3 + verify, verify, nbytes, 13, len(block.tokens)))
+        self._out.append(v)
+
+    def recv(self, timeout=None):
+        self.polls += 1
+        if timeout == 0.0 and self.polls % 3:
+            return None
+        return super().recv(timeout)
+
+
+def test_the_loop_feeds_the_controller_the_link_and_the_cache():
+    """Round trip, uplink rate, uplink bytes per draft token and state-cache bytes per entry reach the
+    policy with every verdict, measured from the transport's samples and the cache's entries."""
+    from acespec.control.depth import DepthPolicy
+
+    class Recording(DepthPolicy):
+        def __init__(self):
+            self.obs, self.i = [], 0
+
+        def next_k(self):
+            return (2, 6, 10)[self.i % 3]  # block sizes that vary, so the uplink's per-byte cost shows
+
+        def update(self, drafted, accepted, **obs):
+            self.i += 1
+            self.obs.append(obs)
+
+    T, D = ToyModel(vocab=64, seed=1, scale=3.0), ToyModel(vocab=64, seed=1, scale=3.0, noise=0.5, noise_seed=3)
+    rs, sp = RuleSpec.parse("greedy"), SamplingParams(0.0)
+    clock = FakeClock()
+    dr = ChainDrafter(D, sampling=sp, rule=rs)
+    policy = Recording()
+    loop = SpecLoop(SlowUplink(TargetVerifier(T, PROMPT, sampling=sp, rule=rs, max_tokens=80), clock), PROMPT,
+                    drafter=dr, policy=policy, config=LoopConfig(mode="pipelined", max_tokens=80),
+                    cache=StateCache(dr, CacheConfig()), clock=clock)
+    loop.run()
+    late = policy.obs[-1]
+    assert late["rtt_s"] == pytest.approx(0.25 + 8 * (12 + 193 * 2) / 64e3)  # the smallest block's trip
+    assert late["up_bps"] == pytest.approx(64e3)
+    assert late["bytes_per_token"] == pytest.approx(193.0)
+    fed = [o["cache_bytes_per_entry"] for o in policy.obs if "cache_bytes_per_entry" in o]
+    assert fed and all(b > 0 for b in fed)

@@ -309,14 +309,19 @@ class SpecLoop:
             self.cache.discard_block(v.seq)
 
     def _feed_policy(self, drafted: int, v: Verdict) -> float | None:
-        """Tell the depth policy what this round measured; returns the round-trip estimate."""
+        """Tell the depth policy what this round measured; returns the round-trip estimate. Besides
+        the verify and drafting times: the link (round trip, uplink rate, uplink bytes per draft
+        token, where the recent blocks can tell them) and what a state-cache entry costs, so the
+        controller's bandwidth and memory terms price what this edge really pays."""
         obs: dict[str, float] = {"verify_s": v.verify_us / 1e6}
         per_token = self.scheduler.draft_s_per_token()
         if per_token is not None:  # blocks drafted on the critical path only, not cache pre-drafts
             obs["draft_s_per_token"] = per_token
-        rtt = self.scheduler.rtt()
-        if rtt is not None:
-            obs["rtt_s"] = rtt
+        obs.update(self.scheduler.link_observations())
+        rtt = obs.get("rtt_s")
+        if self.cache is not None and self.cache.entries:
+            held = self.cache.entries.values()
+            obs["cache_bytes_per_entry"] = sum(e.nbytes for e in held) / len(held)
         self.policy.update(drafted, v.accepted, **obs)
         # duck-typed policies (anything with next_k and update) may have no threshold of their own
         min_conf = getattr(self.policy, "min_conf", None)
