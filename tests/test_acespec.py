@@ -251,10 +251,10 @@ def test_verdict_due_time_accounts_for_a_busy_target():
     loop = SpecLoop(transport, PROMPT, drafter=None)
     loop.stats.rounds, loop.stats.verify_s = 2, 0.6  # 0.3 s per verify
     now = time.perf_counter()
-    loop.inflight.append(Block(0, len(PROMPT), [1, 2], sent_at=now))
-    assert loop._until_verdict() == pytest.approx(0.5, abs=0.02)  # network-bound: 0.2 + 0.3
+    loop.inflight.blocks.append(Block(0, len(PROMPT), [1, 2], sent_at=now))
+    assert loop.scheduler.until_verdict() == pytest.approx(0.5, abs=0.02)  # network-bound: 0.2 + 0.3
     transport.last_arrival = now + 0.4  # the target finished the block before it late
-    assert loop._until_verdict() == pytest.approx(0.7, abs=0.02)  # target-bound: 0.4 + 0.3
+    assert loop.scheduler.until_verdict() == pytest.approx(0.7, abs=0.02)  # target-bound: 0.4 + 0.3
 
 
 def test_slack_lets_the_edge_predraft_while_the_target_has_work_queued():
@@ -271,26 +271,29 @@ def test_slack_lets_the_edge_predraft_while_the_target_has_work_queued():
     loop = SpecLoop(transport, PROMPT, drafter=dr, policy=FixedDepth(4), cache=cache,
                     config=LoopConfig(mode="pipelined", window=8))
     loop.stats.rounds, loop.stats.verify_s = 2, 0.6  # 0.3 s per verify
-    loop.stats.draft_s, loop._main_drafted = 0.4, 20  # 20 ms per drafted token: 80 ms for the next block
+    loop.stats.draft_s, loop.scheduler.main_drafted = 0.4, 20  # 20 ms per drafted token: 80 ms for the next block
     cache.predraft_step()  # one measured step, so the plan knows what a step costs
     now = time.perf_counter()
-    loop.inflight.extend(Block(i, len(PROMPT) + 5 * i, [1, 2, 3, 4, 5], sent_at=now) for i in range(3))
+    loop.inflight.blocks.extend(Block(i, len(PROMPT) + 5 * i, [1, 2, 3, 4, 5], sent_at=now) for i in range(3))
+    slack = lambda: loop.scheduler.slack(4)  # noqa: E731
+    plan = lambda blocking: loop.scheduler.predraft_plan(  # noqa: E731
+        blocking, cache, 4, lambda: loop.planner.outcomes_first(loop.inflight.live()))
     # verdicts due at now + 0.5, 0.8, 1.1: the target is done 0.1 s before the last, and a block
     # drafted now (4 tokens and the guessed bonus) arrives 0.1 + 0.1 s from now, so about 0.8 s can
     # go to pre-drafting first
-    assert loop._slack() == pytest.approx(1.1 - 0.2 - 0.1, abs=0.02)
-    budget, max_level = loop._predraft_plan(blocking=False)
+    assert slack() == pytest.approx(1.1 - 0.2 - 0.1, abs=0.02)
+    budget, max_level = plan(False)
     assert max_level is None and budget == pytest.approx(0.5, abs=0.02)  # capped by the oldest verdict
-    loop.inflight.pop()
-    loop.inflight.pop()  # one block queued: due at +0.5, the next must start within 0.2 s
-    assert loop._slack() == pytest.approx(0.5 - 0.2 - 0.1, abs=0.02)
+    loop.inflight.blocks.pop()
+    loop.inflight.blocks.pop()  # one block queued: due at +0.5, the next must start within 0.2 s
+    assert slack() == pytest.approx(0.5 - 0.2 - 0.1, abs=0.02)
     cache._step_s = {1: 0.15, 2: 0.25}  # a step would not leave time for the block: draft it first
-    assert loop._predraft_plan(blocking=False) is None
+    assert plan(False) is None
     cache._step_s = {1: 0.01, 2: 0.02}
     loop.stats.verify_s = 0.1  # a fast target: 50 ms per verify, due at +0.25: no slack, draft ahead
-    assert loop._slack() < 0
-    assert loop._predraft_plan(blocking=False) is None  # one live block: no outcomes-first either
-    assert loop._predraft_plan(blocking=True)[1] is None  # a full window always pre-drafts
+    assert slack() < 0
+    assert plan(False) is None  # one live block: no outcomes-first either
+    assert plan(True)[1] is None  # a full window always pre-drafts
 
 
 def test_outcomes_of_later_blocks_share_one_queue_weighted_by_their_prior():

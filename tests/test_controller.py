@@ -459,3 +459,33 @@ def test_deterministic_for_same_inputs():
         runs.append((ks, ctrl.snapshot()))
     assert runs[0][0] == runs[1][0]
     assert runs[0][1] == runs[1][1]
+
+
+# ------------------------------------------------------------------------------------------ a link that changes
+
+
+def test_k_follows_a_link_that_switches_between_good_and_bad():
+    """The `varying` WAN profile's two phases, as the loop measures them: 80 ms and 5 Mbit/s up, then
+    250 ms and 64 kbit/s. With token ids only (2 bytes a token) the round trip decides: deeper blocks
+    on the bad link, back when it recovers. With q rows on the wire (193 bytes a token) the uplink
+    decides: at 64 kbit/s a token costs 24 ms to send, more than drafting it, and K comes down even
+    with the round trip unchanged. Before the loop sent up_bps and bytes_per_token, K could not see
+    the second effect at all."""
+    good = dict(rtt=0.08, up_bps=5e6)
+    bad = dict(rtt=0.25, up_bps=64e3)
+    ctrl = AdaptiveController(k_init=4, pipelined=True, pass_budget=0.25)
+    ks_good = simulate(ctrl, accept=0.9, rounds=60, bytes_per_token=2.0, **good)
+    ks_bad = simulate(ctrl, accept=0.9, rounds=60, bytes_per_token=2.0, **bad)
+    ks_again = simulate(ctrl, accept=0.9, rounds=60, bytes_per_token=2.0, **good)
+    k_good, k_bad, k_again = (int(np.median(ks[-20:])) for ks in (ks_good, ks_bad, ks_again))
+    assert k_bad >= k_good + 2, (k_good, k_bad)
+    assert k_again == k_good
+    # the uplink alone: the same 80 ms round trip, q rows on the wire, 5 Mbit/s against 64 kbit/s,
+    # in sync mode (every cycle pays the upload) and without a pass budget (which would hold K at
+    # the depth that keeps to it, whatever the link)
+    fast = AdaptiveController(k_init=4)
+    slow = AdaptiveController(k_init=4)
+    k_fast = int(np.median(simulate(fast, accept=0.9, rounds=60, bytes_per_token=193.0, rtt=0.08, up_bps=5e6)[-20:]))
+    k_slow = int(np.median(simulate(slow, accept=0.9, rounds=60, bytes_per_token=193.0, rtt=0.08, up_bps=64e3)[-20:]))
+    assert k_slow <= k_fast - 2, (k_fast, k_slow)
+    assert slow.snapshot()["up_bps"] == pytest.approx(64e3) and fast.snapshot()["up_bps"] == pytest.approx(5e6)

@@ -956,7 +956,7 @@ def test_an_edge_keeps_bounded_state_over_a_long_generation():
     assert res.tokens == reference_for("coupled", TEMP, n)
     assert transport.rtt_count > RTT_SAMPLES_KEPT  # more rounds than samples kept
     assert len(transport.rtt_samples) == RTT_SAMPLES_KEPT
-    assert len(loop._planned) <= 4
+    assert len(loop.planner.planned) <= 4
     assert not transport.sent_at or len(transport.sent_at) <= 4
 
 

@@ -163,7 +163,7 @@ def test_parse_rate_property(n, prefix, suffix):
 
 
 def test_named_profiles():
-    assert set(PROFILES) == {"lan", "wan", "transcontinental", "lte"}
+    assert set(PROFILES) == {"lan", "wan", "transcontinental", "lte", "varying"}
     lan, wan, tc, lte = (PROFILES[k] for k in ("lan", "wan", "transcontinental", "lte"))
     assert (lan.rtt_ms, lan.jitter_ms, lan.up_bps, lan.down_bps) == (1, 0, 1e9, 1e9)
     assert (wan.rtt_ms, wan.jitter_ms, wan.up_bps, wan.down_bps) == (100, 20, 5e6, 20e6)
@@ -705,3 +705,55 @@ def test_cli_process_signals(sync_echo):
         if proc.poll() is None:
             proc.kill()
             proc.communicate(timeout=5)
+
+
+# -------------------------------------------------------------------------------------------------- varying link
+
+
+def test_varying_profile_alternates_its_phases():
+    v = PROFILES["varying"]
+    assert v.varies and v.switch_s == 10 and not v.is_passthrough
+    good, bad = v.at(0.0), v.at(10.0)
+    assert (good.rtt_ms, good.up_bps) == (80, 5e6) and not good.varies
+    assert (bad.rtt_ms, bad.up_bps) == (250, 64e3)
+    assert v.at(9.99) == good and v.at(19.99) == bad and v.at(20.0) == good and v.at(35.0) == bad
+    assert PROFILES["wan"].at(12.0) is PROFILES["wan"]  # a fixed profile never changes
+    assert "switching every 10s with rtt=250ms" in v.describe()
+    short = profile_from_args("varying", switch="500ms", rtt=60)
+    assert short.switch_s == 0.5 and short.at(0).rtt_ms == 60 and short.at(0.5).rtt_ms == 250
+    assert profile_from_args("varying", switch=2).switch_s == 2.0
+    assert profile_from_args("varying", switch="2.5").switch_s == 2.5
+    with pytest.raises(ValueError):
+        profile_from_args("wan", switch=1)  # only a varying profile switches
+    with pytest.raises(ValueError):
+        profile_from_args("varying", switch=0)
+    with pytest.raises(ValueError):
+        WanProfile(switch_s=1.0)  # no alternate
+    with pytest.raises(ValueError):
+        WanProfile(switch_s=1.0, alternate=v)  # one level of switching
+
+
+def test_emulator_switches_between_the_phases():
+    """Pings through a 0.4 s varying link: their round trips follow the phase they were sent in."""
+    profile = WanProfile(rtt_ms=20, switch_s=0.4, alternate=WanProfile(rtt_ms=150))
+
+    async def main():
+        async with echo_behind(WanProfile()) as (proxy, _):
+            reader, writer = await connect(proxy)
+            loop = asyncio.get_running_loop()
+            proxy.set_profile(profile)  # the first phase starts now
+            start = loop.time()
+            seen = []
+            while loop.time() - start < 1.6:
+                t = loop.time() - start
+                seen.append((t, await round_trip(reader, writer, b"p")))
+            close_writer(writer)
+            return seen
+
+    seen = arun(main())
+    # a ping's round trip is decided by the phase when each half was read; keep those well inside one
+    inside = [(t, r) for t, r in seen if 0.03 < t % 0.4 < 0.2]
+    good = [r for t, r in inside if int(t // 0.4) % 2 == 0]
+    bad = [r for t, r in inside if int(t // 0.4) % 2 == 1]
+    assert good and bad, seen
+    assert max(good) < 0.1 and min(bad) >= 0.14, (good, bad)

@@ -132,8 +132,11 @@ class StateCache:
         *,
         bonus_guess: int | None,  # the drafter's own bonus guess already in flight (pipelined), else None
         prior: float = 1.0,  # probability that the block's own assumptions hold (earlier blocks accepted in full)
+        depth: int | None = None,  # tokens to pre-draft for the likeliest outcomes; None = cfg.depth
     ) -> None:
-        """Queue the likely outcomes of block `seq`; the queue holds every block's, most probable first."""
+        """Queue the likely outcomes of block `seq`; the queue holds every block's, most probable first.
+        The caller passes `depth` (the depth its next block will have) rather than writing it into the
+        shared config, which other users of the config would then see change under them."""
         if not top or self.model.n_slots < 2:
             return
         C = len(committed)
@@ -157,8 +160,9 @@ class StateCache:
         if not outcomes:
             return
         # the block's most probable outcomes get the full depth, the rest a shallow start
+        full = self.cfg.depth if depth is None else depth
         for prob, key, *_ in outcomes:
-            self._depth[key] = self.cfg.depth if prob >= 0.5 * outcomes[0][0] else self.cfg.shallow_depth
+            self._depth[key] = full if prob >= 0.5 * outcomes[0][0] else self.cfg.shallow_depth
         self.plan = sorted(self.plan + outcomes, key=lambda o: -o[0])
         self.planned.update(o[1] for o in outcomes)
 

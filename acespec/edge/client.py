@@ -25,14 +25,14 @@ import socket
 import ssl
 import threading
 import time
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import numpy as np
 
 from acespec import wire
-from acespec.engine.loop import Block, Disconnected, Transport
+from acespec.engine.records import Block, Disconnected, LinkSample
+from acespec.engine.transport import RTT_SAMPLES_KEPT, Transport  # noqa: F401 (RTT_SAMPLES_KEPT: re-exported)
 from acespec.engine.verifier import Verdict
 
 
@@ -342,26 +342,28 @@ def sparse_rows(q: np.ndarray) -> tuple[tuple[tuple[int, float], ...], ...]:  # 
     return tuple(out)
 
 
-RTT_SAMPLES_KEPT = 64  # recent round-trip samples a transport keeps (the loop reads the last few)
-
-
 class TcpTransport(Transport):
-    """DRAFT frames up, VERDICT frames down, over a `CloudSession`."""
+    """DRAFT frames up, VERDICT frames down, over a `CloudSession`. Its link timing (see
+    `acespec.engine.transport`) is stamped with time.perf_counter, the loop's default clock: the
+    reader thread stamps each frame as it is decoded, so a verdict's arrival does not wait for the
+    loop to poll."""
 
     def __init__(self, session: CloudSession, *, send_q: bool) -> None:
         self.s = session
         self.send_q = send_q
-        self.sent_at: dict[int, float] = {}  # blocks in flight only: popped by their verdict, cleared on resume
-        self.rtt_samples: deque[float] = deque(maxlen=RTT_SAMPLES_KEPT)  # verdict arrival - block send - cloud verify time
-        self.rtt_sum = 0.0  # over every sample, for the mean
+        self.sent_at: dict[int, tuple[float, int, int]] = {}  # blocks in flight only: (sent, frame bytes, tokens); popped by their verdict, cleared on resume
+        self.rtt_sum = 0.0  # over every round trip, for the mean
         self.rtt_count = 0
-        self.last_arrival: float | None = None  # perf_counter when the latest verdict reached the edge
+        self._down_seen = 0  # the link's received bytes at the previous verdict
 
     def send(self, block: Block) -> None:
         q = sparse_rows(block.q) if (self.send_q and block.q is not None and len(block.tokens)) else None
         frame = wire.Draft(session=self.s.sid, seq=block.seq, base=block.base, tokens=tuple(block.tokens), q=q)
-        self.sent_at[block.seq] = time.perf_counter()
-        self.s.link.send(frame)  # a failed send shows up as Disconnected on recv
+        link = self.s.link
+        before = link.bytes_up
+        sent = time.perf_counter()
+        link.send(frame)  # a failed send shows up as Disconnected on recv
+        self.sent_at[block.seq] = (sent, link.bytes_up - before, len(block.tokens))
 
     def recv(self, timeout: float | None = None):
         while True:
@@ -372,13 +374,7 @@ class TcpTransport(Transport):
                 return None
             t, f = item
             if isinstance(f, wire.Verdict):
-                self.last_arrival = t
-                sent = self.sent_at.pop(f.seq, None)
-                if sent is not None:
-                    rtt = max(0.0, t - sent - f.verify_us / 1e6)
-                    self.rtt_samples.append(rtt)
-                    self.rtt_sum += rtt
-                    self.rtt_count += 1
+                self._arrived(t, f)
                 return Verdict(
                     f.seq, f.accepted, f.next_token if not f.dropped else -1, f.committed, f.verify_us,
                     dropped=f.dropped, finished=f.finished,
@@ -388,6 +384,21 @@ class TcpTransport(Transport):
             if f is _EOF or isinstance(f, Exception):
                 return Disconnected(str(f) if f is not _EOF else "connection closed")
             # PONG / CLOSE: nothing to do here (CLOSE(GOING_AWAY) is followed by the end of the stream)
+
+    def _arrived(self, t: float, f: wire.Verdict) -> None:
+        sent = self.sent_at.pop(f.seq, None)
+        if sent is None:  # a block sent before a resume: its timing is void
+            self.last_arrival = t
+            return
+        sent_at, up, tokens = sent
+        # the bytes received since the previous verdict: this verdict's frame (and any PONG), counted
+        # without encoding the frame again
+        down = self.s.link.bytes_down
+        down, self._down_seen = (down - self._down_seen if down >= self._down_seen else down), down
+        sample = LinkSample(sent_at, t, f.verify_us / 1e6, up, down, tokens)
+        self._record(sample)
+        self.rtt_sum += sample.rtt_s
+        self.rtt_count += 1
 
     def resume(self, committed: Sequence[int]) -> int:
         self.sent_at.clear()

@@ -1,6 +1,7 @@
 """`acespec wan`: run the WAN emulator between an edge and a cloud server (hooked in by acespec.cli).
 
     acespec wan --listen 127.0.0.1:9100 --upstream 127.0.0.1:9000 --profile wan --loss 0.5
+    acespec wan --listen 127.0.0.1:9100 --upstream 127.0.0.1:9000 --profile varying   # 80 <-> 250 ms every 10 s
 
 Point the edge at the listen address. While it runs: `kill -USR1 <pid>` resets every connection,
 `kill -USR2 <pid>` stalls the path for 2 s; Ctrl-C or SIGTERM stops it and prints the counters.
@@ -30,12 +31,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--down", help="override the cloud->edge rate (e.g. 20Mbit/s)")
     p.add_argument("--loss", help="override the per-segment loss, percent (each loss = one RTO stall)")
     p.add_argument("--seed", help="seed for the jitter and loss samples")
+    p.add_argument("--switch", help="varying profiles: seconds each phase lasts (e.g. 10, 2.5s, 500ms)")
     p.set_defaults(func=cmd_wan)
 
 
 def cmd_wan(args: argparse.Namespace) -> int:
     profile = profile_from_args(args.profile, rtt=args.rtt, jitter=args.jitter, up=args.up, down=args.down,
-                                loss=args.loss, seed=args.seed)
+                                loss=args.loss, seed=args.seed, switch=args.switch)
     try:
         asyncio.run(run_wan(args.listen, args.upstream, profile))
     except KeyboardInterrupt:  # only when SIGINT arrives before run_wan has installed its handler

@@ -11,6 +11,11 @@ Conventions (the rest of `acespec.net` relies on them):
 * `loss_pct` is per-segment (MSS-sized) loss probability in percent. TCP never loses bytes, it
   retransmits, so a loss shows up as a stall: the chunk, and everything queued behind it on that
   connection, arrives `rto_ms` later.
+* A profile with `switch_s > 0` varies in time: it is itself for `switch_s` seconds, then its
+  `alternate` for `switch_s` seconds, and so on (`at(t)` gives the fixed profile in force `t` seconds
+  after the link came up). The emulator applies it per chunk, so a chunk read in the bad phase pays
+  the bad phase's delay and rate. Its own fields are the good phase's, so code that reads a profile's
+  fields sees the good link.
 """
 
 from __future__ import annotations
@@ -38,6 +43,8 @@ class WanProfile:
     down_bps: float = 0.0  # cloud -> edge rate in bits/s; 0 = unlimited
     loss_pct: float = 0.0  # per-segment loss in percent, emulated as a retransmission stall of rto_ms
     seed: int = 0  # seeds the jitter and loss samples, so runs are reproducible
+    switch_s: float = 0.0  # > 0: alternate with `alternate` every switch_s seconds (this profile first)
+    alternate: "WanProfile | None" = None  # the other phase of a varying link (itself a fixed profile)
 
     def __post_init__(self) -> None:
         for name in ("rtt_ms", "jitter_ms", "up_bps", "down_bps", "loss_pct"):
@@ -50,6 +57,26 @@ class WanProfile:
             raise ValueError(f"WanProfile.loss_pct must be within [0, 100], got {self.loss_pct!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise ValueError(f"WanProfile.seed must be an int, got {self.seed!r}")
+        if isinstance(self.switch_s, bool) or not isinstance(self.switch_s, (int, float)) \
+                or not math.isfinite(self.switch_s) or self.switch_s < 0:
+            raise ValueError(f"WanProfile.switch_s must be finite and >= 0, got {self.switch_s!r}")
+        if (self.switch_s > 0) != (self.alternate is not None):
+            raise ValueError("a varying WanProfile needs both switch_s > 0 and an alternate profile")
+        if self.alternate is not None and (not isinstance(self.alternate, WanProfile) or self.alternate.varies):
+            raise ValueError("WanProfile.alternate must be a fixed WanProfile (one level of switching)")
+
+    @property
+    def varies(self) -> bool:
+        return self.switch_s > 0
+
+    def at(self, elapsed_s: float) -> WanProfile:
+        """The fixed profile in force `elapsed_s` seconds after the link came up: this one (without its
+        switching) in even periods, the alternate in odd ones. A fixed profile is always itself."""
+        if not self.varies:
+            return self
+        if int(max(0.0, elapsed_s) // self.switch_s) % 2:
+            return self.alternate
+        return dataclasses.replace(self, switch_s=0.0, alternate=None)
 
     @property
     def rto_ms(self) -> float:
@@ -60,13 +87,14 @@ class WanProfile:
     def is_passthrough(self) -> bool:
         """True when the profile adds no delay of any kind (bytes are forwarded as they come)."""
         return self.rtt_ms == 0 and self.jitter_ms == 0 and self.up_bps == 0 and self.down_bps == 0 \
-            and self.loss_pct == 0
+            and self.loss_pct == 0 and (self.alternate is None or self.alternate.is_passthrough)
 
     def describe(self) -> str:
         """One line for status output, e.g. `rtt=100ms jitter=20ms up=5Mbit/s down=20Mbit/s loss=0% seed=0`."""
         return (f"rtt={_fmt_num(self.rtt_ms)}ms jitter={_fmt_num(self.jitter_ms)}ms "
                 f"up={format_rate(self.up_bps)} down={format_rate(self.down_bps)} "
-                f"loss={_fmt_num(self.loss_pct)}% seed={self.seed}")
+                f"loss={_fmt_num(self.loss_pct)}% seed={self.seed}"
+                + (f", switching every {_fmt_num(self.switch_s)}s with {self.alternate.describe()}" if self.varies else ""))
 
 
 _MBIT = 1_000_000.0
@@ -76,6 +104,11 @@ PROFILES: dict[str, WanProfile] = {
     "wan": WanProfile(rtt_ms=100, jitter_ms=20, up_bps=5 * _MBIT, down_bps=20 * _MBIT),
     "transcontinental": WanProfile(rtt_ms=250, jitter_ms=25, up_bps=5 * _MBIT, down_bps=20 * _MBIT),
     "lte": WanProfile(rtt_ms=60, jitter_ms=30, up_bps=2 * _MBIT, down_bps=10 * _MBIT),
+    # The seed design's range in one link: every 10 s it goes from a good WAN (80 ms) to a bad one
+    # (250 ms, uplink down to 64 kbit/s, as on a congested cellular uplink) and back, so a draft depth
+    # chosen for one phase is wrong for the other, and a controller has to follow the link.
+    "varying": WanProfile(rtt_ms=80, jitter_ms=10, up_bps=5 * _MBIT, down_bps=20 * _MBIT, switch_s=10.0,
+                          alternate=WanProfile(rtt_ms=250, jitter_ms=25, up_bps=64_000, down_bps=1 * _MBIT)),
 }
 
 
@@ -198,12 +231,13 @@ def _parse_pct(value: str | int | float) -> float:
 
 
 def profile_from_args(name: str | None, rtt=None, jitter=None, up=None, down=None, loss=None,
-                      seed: int | None = None) -> WanProfile:
+                      seed: int | None = None, switch=None) -> WanProfile:
     """A named profile (see PROFILES; None = ideal link) with any given field overridden.
 
     rtt/jitter are milliseconds (numbers or strings like "80", "80ms", "0.08s"), up/down are rates as
-    accepted by `parse_rate`, loss is a percentage ("1", "0.5%"). Raises ValueError on an unknown name
-    or a bad value.
+    accepted by `parse_rate`, loss is a percentage ("1", "0.5%"). On a varying profile they override
+    the good phase; `switch` (seconds, e.g. "10", "2.5s", "500ms") sets how long each phase lasts.
+    Raises ValueError on an unknown name or a bad value.
     """
     if name is None:
         base = WanProfile()
@@ -230,4 +264,14 @@ def profile_from_args(name: str | None, rtt=None, jitter=None, up=None, down=Non
             changes["seed"] = int(seed)
         except (TypeError, ValueError):
             raise ValueError(f"invalid seed {seed!r}: expected an integer") from None
+    if switch is not None:
+        if not base.varies:
+            raise ValueError(f"switch applies to a varying profile (e.g. 'varying'), not {name!r}")
+        if isinstance(switch, str):  # seconds unless it says otherwise: "10", "2.5s", "500ms"
+            text = switch.strip().lower()
+            changes["switch_s"] = _parse_ms("switch", text if text.endswith("s") else f"{text}s") / 1000.0
+        else:
+            changes["switch_s"] = _parse_ms("switch", switch)  # a number of seconds (validated as such)
+        if changes["switch_s"] <= 0:
+            raise ValueError(f"invalid switch {switch!r}: must be > 0")
     return dataclasses.replace(base, **changes)

@@ -20,6 +20,10 @@ Faults, for tests and for live runs:
   give up on a dead path; the reset models that, without waiting minutes for it).
 * `set_profile(profile)`: swap the profile live; it applies to chunks read from then on.
 
+A varying profile (`WanProfile.switch_s > 0`, e.g. the `varying` profile) switches phase on the
+proxy's own clock: its first phase starts when the proxy starts, and again at every `set_profile`, so
+a benchmark that sets the profile before each run gives every run the same sequence of phases.
+
 Running `acespec wan` (see `run_wan`) also maps signals to faults, so they can be injected into a
 running process from a shell:
 
@@ -169,7 +173,7 @@ class _Pipe:
                 if not data:
                     return
                 continue
-            deliver_at, stalled = self.clock.schedule(self.proxy.profile, self.direction, now, len(data))
+            deliver_at, stalled = self.clock.schedule(self.proxy.profile_at(now), self.direction, now, len(data))
             if not data:
                 self.queue.put_nowait((deliver_at, None))  # EOF travels in order, after the last byte
                 return
@@ -244,6 +248,7 @@ class WanProxy:
         self._hold_until = -math.inf
         self._drop_until = -math.inf
         self._drop_timer: asyncio.TimerHandle | None = None
+        self._epoch = 0.0  # loop.time() when the profile's first phase began (a varying profile's clock)
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
@@ -252,6 +257,7 @@ class WanProxy:
         if self._server is not None:
             raise RuntimeError("WanProxy already started")
         self._loop = asyncio.get_running_loop()
+        self._epoch = self._loop.time()
         self._stopped = asyncio.Event()
         self._server = await asyncio.start_server(self._handle, self.listen_host, self.listen_port)
 
@@ -297,6 +303,10 @@ class WanProxy:
     def profile(self) -> WanProfile:
         return self._profile
 
+    def profile_at(self, now: float) -> WanProfile:
+        """The fixed profile in force at loop time `now` (a varying profile's current phase)."""
+        return self._profile.at(now - self._epoch)
+
     @property
     def counters(self) -> WanCounters:
         """A snapshot of the counters (a copy: later traffic does not change it)."""
@@ -316,9 +326,12 @@ class WanProxy:
     def set_profile(self, profile: WanProfile) -> None:
         """Use `profile` for every chunk read from now on (chunks already scheduled keep their times).
 
-        The RNG seed of existing connections is kept; new connections use the new profile's seed.
+        The RNG seed of existing connections is kept; new connections use the new profile's seed. A
+        varying profile starts in its first phase.
         """
         self._profile = self._check_profile(profile)
+        if self._loop is not None:
+            self._epoch = self._loop.time()
 
     def reset_connections(self) -> int:
         """Abort every proxied connection with RST on both sides. Returns how many were reset.

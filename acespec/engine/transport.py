@@ -1,0 +1,85 @@
+"""The loop's link to the target: blocks up, verdicts down, and what the link measured on the way.
+
+A `Transport` carries `Block`s to a target and brings its `Verdict`s back in block order. The loop
+does not care whether the target is a direct call (`LocalTransport`), a TCP connection through a WAN
+(`acespec.edge.client.TcpTransport`) or a simulated link on a virtual clock; it only needs the same
+few facts about every link, so they are declared here rather than probed for:
+
+- `rtt_samples`: recent round trips, each a verdict's arrival minus its block's send minus the
+  target's verify time (queueing behind earlier blocks at the target stays in it, which is why the
+  scheduler takes the minimum of the last few);
+- `last_arrival`: when the latest verdict reached the edge;
+- `link_samples`: the same trips with the bytes that crossed each way, for the bandwidth estimate.
+
+All times are on the loop's clock. The defaults describe a link that measured nothing: the scheduler
+then has no estimate and keeps to the configured window (a transport that never calls `_record` opts
+out of timing openly, not because an attribute was missing).
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from collections import deque
+from typing import Callable, Sequence
+
+from acespec.engine.records import Block, Disconnected, LinkSample
+from acespec.engine.verifier import TargetVerifier, Verdict
+
+Clock = Callable[[], float]  # seconds, monotonic: time.perf_counter, or a simulator's virtual clock
+
+RTT_SAMPLES_KEPT = 64  # recent round trips a transport keeps (the scheduler reads the last few)
+
+
+class Transport(ABC):
+    # Link timing (see the module docstring). Class-level defaults: a transport that measures nothing
+    # still has them, and `_record` replaces them with bounded per-instance deques on first use.
+    rtt_samples: Sequence[float] = ()
+    last_arrival: float | None = None
+    link_samples: Sequence[LinkSample] = ()
+
+    @abstractmethod
+    def send(self, block: Block) -> None: ...
+
+    @abstractmethod
+    def recv(self, timeout: float | None = None) -> Verdict | Disconnected | None:
+        """The next verdict, in block order; None if none arrived within `timeout` (None = wait)."""
+
+    def resume(self, committed: Sequence[int]) -> int:
+        """Re-establish the link, continuing from the `committed` tokens (prompt included); returns the
+        agreed committed length."""
+        raise RuntimeError("this transport cannot reconnect")
+
+    def close(self) -> None:
+        pass
+
+    def _record(self, sample: LinkSample) -> None:
+        """Keep one verdict's round trip (subclasses call this as each verdict arrives)."""
+        if not isinstance(self.link_samples, deque):
+            self.link_samples = deque(maxlen=RTT_SAMPLES_KEPT)
+            self.rtt_samples = deque(maxlen=RTT_SAMPLES_KEPT)
+        self.link_samples.append(sample)
+        self.rtt_samples.append(sample.rtt_s)
+        self.last_arrival = sample.arrival
+
+
+class LocalTransport(Transport):
+    """Direct calls into a `TargetVerifier` in the same process: the single-process engine.
+
+    The verdict exists as soon as `send` returns, so its round trip is what the call cost beyond the
+    verify itself (about zero), and that is what it reports: timing stays on, measuring a link that
+    costs nothing."""
+
+    def __init__(self, verifier: TargetVerifier, *, clock: Clock = time.perf_counter) -> None:
+        self.verifier = verifier
+        self.clock = clock
+        self._out: deque[Verdict] = deque()
+
+    def send(self, block: Block) -> None:
+        sent = self.clock()
+        v = self.verifier.verify(block.seq, block.base, block.tokens, block.q)
+        self._record(LinkSample(sent, self.clock(), v.verify_us / 1e6, 0, 0, len(block.tokens)))
+        self._out.append(v)
+
+    def recv(self, timeout: float | None = None) -> Verdict | None:
+        return self._out.popleft() if self._out else None
