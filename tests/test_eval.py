@@ -72,7 +72,7 @@ def test_toy_end_to_end_writes_records_report_and_plots(tmp_path, capsys):
     assert set(rep["arms"]) == {a.label for a in arms}
     assert rep["arms"]["strict"]["lambda"] == pytest.approx(1.0)
     md = (out / "report.md").read_text()
-    assert "| rule | runs | L | λ |" in md and "net win" in md and "## Command" in md and "acespec eval" in md
+    assert "| rule | pairs | L | λ |" in md and "net win" in md and "## Command" in md and "acespec eval" in md
     assert "Where the tokens go" in md  # math: before/after the first correct answer
     assert "report.md" in capsys.readouterr().out
 

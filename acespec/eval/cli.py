@@ -242,7 +242,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
     for arm, a in agg.items():
         lam = "n/a" if a["lambda"] is None else f"{a['lambda']:.3f}"
         gain = "n/a" if a["gain"] is None else f"{a['gain']:.3f}"
-        verdict = "baseline" if arm == "strict" else ("net win" if a["net_win"] else "no net win")
+        rnd = (a.get("ci") or {}).get("rounds_rel")
+        verdict = {"baseline": "baseline", "win": "net win", "loss": "net loss"}.get(a["verdict"], "inconclusive")
+        if rnd and arm != "strict":
+            verdict += f" (rounds vs strict {a['rounds_rel']:.3f} [{rnd[0]:.3f}, {rnd[1]:.3f}])"
         acc = "n/a" if a["accuracy"] is None else f"{100 * a['accuracy']:.0f}%"
         L = "n/a" if a["L"] is None else f"{a['L']:.1f}"
         print(f"{arm:36} L={L:>7} lambda={lam:>6} gain={gain:>6} acc={acc:>4}  {verdict}")
