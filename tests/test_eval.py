@@ -454,3 +454,51 @@ def test_real_pair_smoke(tmp_path):
         assert 0 < r["length"] <= 16 and r["text"].strip()
         assert r["rounds"] > 0 and len(r["acc_p"]) == r["accepted"]
     assert (out / "report.md").is_file() and (out / "lambda_vs_gain.png").is_file()
+
+
+# ------------------------------------------------------------------------------------------ ablations
+
+
+def test_ablate_adds_guarded_and_forced_rows_next_to_each_rule():
+    labels = [a.label for a in build_arms(["strict,cactus:delta=0.35,coupled"], ablate=["support", "netwin", "force"])]
+    assert labels == [
+        "strict", "strict+force",
+        "cactus:delta=0.35", "cactus:delta=0.35+support", "cactus:delta=0.35+support+force", "cactus:delta=0.35+netwin",
+        "cactus:delta=0.35+netwin+force", "cactus:delta=0.35+force",
+        "coupled", "coupled+force",  # lossless: no support filter or net-win guard to ablate
+    ]
+    assert [a.label for a in build_arms(["cactus"], ablate=["support"])] == ["strict", "cactus", "cactus+support"]
+
+
+@needs_relaxed
+def test_toy_ablation_run_pairs_forced_runs_with_unforced_ones(tmp_path):
+    out = tmp_path / "abl"
+    rc = run_cli(*TOY, "--dataset", "math", "--rules", f"strict,{RELAXED}", "--ablate", "support,force", "--think",
+                 "--n", "3", "--max-tokens", "40", "--out", str(out))
+    assert rc == 0
+    recs = by_arm(read_records(out / "records.jsonl"))
+    assert set(recs) == {"strict", "strict+force", RELAXED, f"{RELAXED}+support", f"{RELAXED}+support+force", f"{RELAXED}+force"}
+    for arm in (RELAXED, f"{RELAXED}+force"):
+        assert all(not r["forced"] for r in recs[arm.replace("+force", "")])
+    # a +force arm shares its unforced twin's run seed and every token up to the forcing point
+    # (28 here: ceil(0.85 * 40) = 34, moved to 40 - 11 - 1 so the toy's 11-token marker fits)
+    assert any(f["forced"] for f in recs["strict+force"])
+    for bare in ("strict", RELAXED, f"{RELAXED}+support"):
+        unforced = {(r["prompt_id"], r["seed"]): r for r in recs[bare]}
+        for f in recs[bare + "+force"]:
+            u = unforced[(f["prompt_id"], f["seed"])]
+            assert f["run_seed"] == u["run_seed"]
+            if f["forced"]:
+                assert f["text"][:28] == u["text"][:28] and u["length"] > 28
+    md = (out / "report.md").read_text()
+    assert "## Guard ablations" in md and f"| `{RELAXED}` | support | 3 |" in md
+    assert "## Budget forcing, measured" in md and "| `strict` | 3 |" in md
+    rep = json.loads((out / "report.json").read_text())
+    assert {r["arm"] for r in rep["budget_forcing"]} == {"strict+force", f"{RELAXED}+force", f"{RELAXED}+support+force"}
+
+
+def test_force_needs_think_and_excludes_the_global_budget_guard(tmp_path, capsys):
+    assert run_cli(*TOY, "--ablate", "force", "--n", "1", "--out", str(tmp_path / "a")) == 2
+    assert "--think" in capsys.readouterr().err
+    assert run_cli(*TOY, "--rules", "strict+force", "--think", "--guard", "budget", "--n", "1", "--out", str(tmp_path / "b")) == 2
+    assert "already forces" in capsys.readouterr().err

@@ -3,11 +3,13 @@
     acespec eval --rules strict,cactus:delta=0.35 --dataset math --n 20 --max-tokens 256 --seeds 2
     acespec eval --rules strict,cactus:delta=0.35 --dataset math --think --guard budget --n 20
     acespec eval --rules strict,mentored --guard support --dataset humaneval --n 20 --max-tokens 512
+    acespec eval --rules strict,cactus:delta=0.35 --ablate support,netwin --dataset sharegpt --n 30
+    acespec eval --rules strict,cactus:delta=0.35 --ablate force --think --dataset math --max-tokens 192 --n 30
     acespec eval --resume runs/eval-20250101-120000 [--n 40]      # continue / extend an interrupted run
     acespec eval --report-only runs/eval-20250101-120000            # rebuild the report from records
 
 Options left out on the command line take their defaults, or on `--resume` the values saved in the run
-folder's `config.json`. A resumed run may change `--n`, `--seeds` and `--rules`/`--guard support|netwin`
+folder's `config.json`. A resumed run may change `--n`, `--seeds`, `--ablate` and `--rules`/`--guard support|netwin`
 (new jobs are added, finished ones skipped); changing anything that alters what a record means
 (models, sampling, max tokens, dataset, --think, budget forcing, ...) is refused.
 
@@ -24,11 +26,11 @@ import sys
 import time
 from pathlib import Path
 
-from acespec.eval.runner import GUARD_NAMES, IDENTITY_FIELDS, EvalConfig, build_arms, read_records, run_eval
+from acespec.eval.runner import ABLATIONS, GUARD_NAMES, IDENTITY_FIELDS, EvalConfig, build_arms, read_records, run_eval
 
 # CLI option -> config field
 _FIELDS = {
-    "rules": "rules", "guard": "guards", "dataset": "dataset", "n": "n", "seeds": "seeds",
+    "rules": "rules", "guard": "guards", "ablate": "ablate", "dataset": "dataset", "n": "n", "seeds": "seeds",
     "max_tokens": "max_tokens", "think": "think", "draft": "draft", "target": "target", "n_ctx": "n_ctx",
     "k": "k", "temperature": "temperature", "top_k": "top_k", "top_p": "top_p", "data_seed": "data_seed",
     "min_p": "min_p", "max_rank": "max_rank", "budget_fraction": "budget_fraction", "netwin_min": "netwin_min",
@@ -91,6 +93,14 @@ def _guards(values: list[str] | None) -> list[str] | None:
     return out
 
 
+def _ablations(text: str) -> list[str]:
+    out = [g.strip() for g in text.split(",") if g.strip()]
+    bad = [g for g in out if g not in ABLATIONS]
+    if bad or not out:
+        raise argparse.ArgumentTypeError(f"{text!r}: choose from {', '.join(ABLATIONS)}")
+    return list(dict.fromkeys(out))
+
+
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "eval",
@@ -111,6 +121,9 @@ def register(subparsers) -> None:
     p.add_argument("--guard", action="append", default=S, metavar="support|netwin|budget",
                    help="support: support filter on every lossy rule; netwin: net-win guard on every lossy rule; "
                    "budget: budget forcing (needs --think). Repeatable or comma-separated.")
+    p.add_argument("--ablate", type=_ablations, default=S, metavar="support,netwin,force",
+                   help="add guarded copies as rows next to each rule: X+support and X+netwin after each lossy rule, "
+                   "X+force (budget forcing, needs --think) after every rule; the report compares each with X")
     p.add_argument("--draft", default=S, help="drafter model (default: the registry's default drafter)")
     p.add_argument("--target", default=S, help="target model (default: the registry's default target)")
     p.add_argument("--n-ctx", type=_pos_int, default=S, help="context window for llama.cpp models (default 4096)")
@@ -187,6 +200,8 @@ def command_line(cfg: EvalConfig, out: Path) -> str:
         parts.append("--think")
     for g in cfg.guards:
         parts += ["--guard", g]
+    if cfg.ablate:
+        parts += ["--ablate", ",".join(cfg.ablate)]
     for opt, field in (("--draft", "draft"), ("--target", "target"), ("--k", "k"), ("--temperature", "temperature"),
                        ("--top-k", "top_k"), ("--top-p", "top_p"), ("--data-seed", "data_seed"), ("--min-p", "min_p"),
                        ("--max-rank", "max_rank"), ("--budget-fraction", "budget_fraction"),
@@ -205,7 +220,7 @@ def settings_of(cfg: EvalConfig) -> dict:
     s = cfg.to_dict()
     s["draft"] = cfg.draft or DEFAULT_DRAFT
     s["target"] = cfg.target or DEFAULT_TARGET
-    s["arms"] = [a.label for a in build_arms(cfg.rules, cfg.guards)]
+    s["arms"] = [a.label for a in build_arms(cfg.rules, cfg.guards, cfg.ablate)]
     s["sampling"] = f"temperature {cfg.temperature}, top-k {cfg.top_k or 'off'}, top-p {cfg.top_p if cfg.top_p < 1 else 'off'}"
     s["prompting"] = ("completion (raw HumanEval stub)" if cfg.dataset == "humaneval" and cfg.humaneval_mode == "completion"
                       else "chat" + (" + <think> system turn, assistant pre-filled with <think>" if cfg.think else ""))
@@ -222,7 +237,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
             raise ValueError(f"no records in {out / 'records.jsonl'}")
         cfg_path = out / "config.json"
         cfg = EvalConfig.from_dict(json.loads(cfg_path.read_text())) if cfg_path.exists() else EvalConfig()
-        arms = [a.label for a in build_arms(cfg.rules, cfg.guards)]
+        arms = [a.label for a in build_arms(cfg.rules, cfg.guards, cfg.ablate)]
         write_report(recs, out, settings=settings_of(cfg), command=command_line(cfg, out), arms=arms)
         print(out / "report.md")
         return 0
@@ -237,7 +252,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     records = run_eval(cfg, out, progress=not args.quiet, log=log)
     from acespec.eval.report import write_report
 
-    arms = [a.label for a in build_arms(cfg.rules, cfg.guards)]
+    arms = [a.label for a in build_arms(cfg.rules, cfg.guards, cfg.ablate)]
     agg = write_report(records, out, settings=settings_of(cfg), command=cmd, arms=arms)
     for arm, a in agg.items():
         lam = "n/a" if a["lambda"] is None else f"{a['lambda']:.3f}"

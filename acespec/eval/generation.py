@@ -89,8 +89,10 @@ def prefill(model, ids: list[int]) -> None:
     model.eval(ids[n:-1], last=0)
 
 
-def run_generation(target, draft, ids: list[int], cfg: EvalConfig, rule: RuleSpec, seed: int, *, support: bool) -> Generation:
-    """Generate one answer (two segments under budget forcing); see the module docstring."""
+def run_generation(target, draft, ids: list[int], cfg: EvalConfig, rule: RuleSpec, seed: int, *, support: bool,
+                   force: bool = False) -> Generation:
+    """Generate one answer (two segments under budget forcing: `--guard budget`, or `force` for a `+force`
+    arm); see `acespec.eval.runner`'s docstring."""
     from acespec.control.guards import BudgetForcer
     from acespec.engine import SpecConfig, generate
 
@@ -128,7 +130,7 @@ def run_generation(target, draft, ids: list[int], cfg: EvalConfig, rule: RuleSpe
             gen.support.extend(verifiers[0].accepted_support)
         return list(res.tokens)
 
-    if cfg.think and cfg.budget:
+    if cfg.think and (cfg.budget or force):
         forcer = BudgetForcer(
             budget=cfg.max_tokens, fraction=cfg.budget_fraction, open_tag=THINK_OPEN, close_tag=THINK_CLOSE,
             marker=THINK_MARKER, opened_in_prompt=True,

@@ -5,11 +5,17 @@ the model write more tokens (`lambda = L / L_strict`). This module produces the 
 `report` module turns them into verdicts.
 
 **Arms.** Each entry of `--rules` is an *arm*: a rule spec (`strict`, `cactus:delta=0.35`,
-`typical:eps=0.09,delta=0.3`) optionally followed by guards, `+support` and/or `+netwin`
+`typical:eps=0.09,delta=0.3`) optionally followed by guards, `+support`, `+netwin` and/or `+force`
 (`cactus:delta=0.35+support`). `--guard support` / `--guard netwin` add that guard to every lossy rule
 in the list (lossless rules are left alone: they are the baseline). `--guard budget` is a generation
 guard and applies to every arm, strict included, so lengths stay comparable. `strict` is added if
 missing: it is the baseline that lambda is measured against.
+
+**Ablations.** `--ablate support,netwin,force` keeps every arm and adds guarded copies as rows next to
+it: `X+support` and `X+netwin` after each lossy rule `X`, `X+force` (budget forcing on that arm
+alone, needs `--think`) after every arm, strict included. A `+force` arm runs the same (prompt, seed)
+pairs with the same run seeds as its unforced arm, so the two share every token up to the forcing
+point and the report can count, run by run, what forcing rescued and what it broke.
 
 - `+support`: the support filter of `acespec.verify.guards` (reject a draft token with `p < min_p` or
   rank > `max_rank`) wrapped around the rule, on the target side.
@@ -78,7 +84,8 @@ from acespec.eval.datasets import Item, load_items
 from acespec.verify import RuleSpec, RuleSpecError
 
 GUARD_NAMES = ("support", "netwin", "budget")
-ARM_GUARDS = ("support", "netwin")
+ARM_GUARDS = ("support", "netwin", "force")
+ABLATIONS = ARM_GUARDS  # what --ablate can add next to each arm
 BASELINE = "strict"
 
 # Settings that change what a record means: a resumed run must not mix records made under others.
@@ -95,6 +102,7 @@ IDENTITY_FIELDS = (
 class EvalConfig:
     rules: list[str] = field(default_factory=lambda: ["strict", "cactus:delta=0.35"])  # as typed (arms before --guard)
     guards: list[str] = field(default_factory=list)  # support | netwin | budget
+    ablate: list[str] = field(default_factory=list)  # support | netwin | force: guarded copies next to each arm
     dataset: str = "math"
     n: int = 8  # prompts
     seeds: list[int] = field(default_factory=lambda: [0])
@@ -131,6 +139,15 @@ class EvalConfig:
                 raise ValueError(f"unknown guard {g!r}; choose from {', '.join(GUARD_NAMES)}")
         if self.budget and not self.think:
             raise ValueError("--guard budget forces the end of a <think> trace: it needs --think")
+        for g in self.ablate:
+            if g not in ABLATIONS:
+                raise ValueError(f"unknown ablation {g!r}; choose from {', '.join(ABLATIONS)}")
+        arms = build_arms(self.rules, self.guards, self.ablate)  # raises on a bad spec
+        if any(a.force for a in arms):
+            if not self.think:
+                raise ValueError("+force forces the end of a <think> trace: it needs --think")
+            if self.budget:
+                raise ValueError("--guard budget already forces every arm; +force arms compare forced with unforced runs")
         if self.n < 1 or self.max_tokens < 1 or not self.seeds:
             raise ValueError("--n, --max-tokens and --seeds must be at least 1")
         if not 0.0 < self.budget_fraction <= 1.0:
@@ -139,7 +156,6 @@ class EvalConfig:
             raise ValueError("--humaneval-mode must be chat or completion")
         if self.humaneval_mode == "completion" and self.think:
             raise ValueError("--think needs chat prompting (--humaneval-mode chat)")
-        build_arms(self.rules, self.guards)  # raises on a bad spec
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
@@ -161,6 +177,7 @@ class Arm:
     rule: RuleSpec
     support: bool = False
     netwin: bool = False
+    force: bool = False  # budget forcing on this arm alone (a generation guard: the rule stays what it is)
 
     @property
     def lossless(self) -> bool:
@@ -193,24 +210,45 @@ def parse_arm(text: str, extra_guards: Iterable[str] = ()) -> Arm:
     spec = RuleSpec.parse(rule_text)
     for g in guards:
         if g not in ARM_GUARDS:
-            raise RuleSpecError(f"unknown guard {g!r} in {text!r}; a rule takes +support and/or +netwin")
+            raise RuleSpecError(f"unknown guard {g!r} in {text!r}; a rule takes +support, +netwin and/or +force")
     gs = set(guards)
     if not spec.info.lossless:  # --guard applies to the lossy rules only
         gs |= set(extra_guards) & set(ARM_GUARDS)
     if "netwin" in gs and spec.name == BASELINE:
         raise RuleSpecError("the net-win guard compares a relaxed rule with strict; strict+netwin means nothing")
     label = str(spec) + "".join(f"+{g}" for g in ARM_GUARDS if g in gs)
-    return Arm(label, spec, "support" in gs, "netwin" in gs)
+    return Arm(label, spec, "support" in gs, "netwin" in gs, "force" in gs)
 
 
-def build_arms(rules: Iterable[str], guards: Iterable[str] = ()) -> list[Arm]:
+def ablated(arm: Arm, ablate: Iterable[str]) -> list[Arm]:
+    """The guarded copies `--ablate` puts next to `arm`: +support / +netwin for a lossy rule, +force for any."""
+    out = []
+    for g in ablate:
+        if g == "force" and not arm.force:
+            out.append(parse_arm(arm.label + "+force"))
+        elif g in ("support", "netwin") and not arm.rule.info.lossless and not getattr(arm, g) and not arm.force:
+            out.append(parse_arm(arm.label + "+" + g))
+    return out
+
+
+def build_arms(rules: Iterable[str], guards: Iterable[str] = (), ablate: Iterable[str] = ()) -> list[Arm]:
     arms: list[Arm] = []
-    for t in split_rules(list(rules)):
-        a = parse_arm(t, guards)
+
+    def add(a: Arm) -> None:
         if a.label not in {x.label for x in arms}:
             arms.append(a)
-    if not arms or not any(a.label == BASELINE for a in arms):
-        arms.insert(0, parse_arm(BASELINE))
+
+    parsed = [parse_arm(t, guards) for t in split_rules(list(rules))]
+    if not any(a.label == BASELINE for a in parsed):
+        parsed.insert(0, parse_arm(BASELINE))
+    ablate = list(ablate)
+    for a in parsed:
+        add(a)
+        for b in ablated(a, ablate):
+            add(b)
+            # +force also on the guarded copies, so every row has its forced twin
+            for c in ablated(b, ["force"] if "force" in ablate else []):
+                add(c)
     return arms
 
 
@@ -330,7 +368,7 @@ def run_eval(
     cfg.validate()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    arms = build_arms(cfg.rules, cfg.guards)
+    arms = build_arms(cfg.rules, cfg.guards, cfg.ablate)
     items = load_items(cfg.dataset, cfg.n, data_seed=cfg.data_seed, min_chars=cfg.min_chars, max_chars=cfg.max_chars)
     jobs = [Job(it, s, a) for it in items for s in cfg.seeds for a in arms]
     done = {r["key"]: r for r in read_records(out / "records.jsonl")}
@@ -384,7 +422,7 @@ def run_eval(
                 ids = prompt_cache[job.item.id] = prompt_ids(target.tokenizer, job.item, cfg)
             if bar is not None:
                 bar.set_postfix_str(f"{arm.label} {job.item.id} s{job.seed}", refresh=False)
-            gen = run_generation(target, draft, ids, cfg, rule, seed_for(job.seed, job.item.id), support=support)
+            gen = run_generation(target, draft, ids, cfg, rule, seed_for(job.seed, job.item.id), support=support, force=arm.force)
             analysis = analyse(job.item, gen, target.tokenizer, cfg)
             rec = make_record(job, gen, analysis, rule_used, len(ids), choice)
             if guard is not None:
