@@ -33,7 +33,7 @@ _FIELDS = {
     "rules": "rules", "guard": "guards", "ablate": "ablate", "dataset": "dataset", "n": "n", "seeds": "seeds",
     "max_tokens": "max_tokens", "think": "think", "draft": "draft", "target": "target", "n_ctx": "n_ctx",
     "k": "k", "temperature": "temperature", "top_k": "top_k", "top_p": "top_p", "data_seed": "data_seed",
-    "min_p": "min_p", "max_rank": "max_rank", "budget_fraction": "budget_fraction", "netwin_min": "netwin_min",
+    "min_p": "min_p", "max_rank": "max_rank", "budget_fraction": "budget_fraction", "netwin_min": "netwin_min", "parallel": "parallel",
     "humaneval_mode": "humaneval_mode", "exec_timeout": "exec_timeout", "min_chars": "min_chars",
     "max_chars": "max_chars",
 }
@@ -136,6 +136,9 @@ def register(subparsers) -> None:
     p.add_argument("--max-rank", type=_int, default=S, help="support filter: worst target rank, 0 = off (default 10)")
     p.add_argument("--budget-fraction", type=_float, default=S, help="budget forcing point, fraction of --max-tokens (default 0.85)")
     p.add_argument("--netwin-min", type=_pos_int, default=S, help="net-win guard: runs of each arm before trusting it (default 8)")
+    p.add_argument("--parallel", type=_pos_int, default=S, metavar="N",
+                   help="run N jobs at once, one batched model pass per step for all of them (llama.cpp: one unified "
+                   "KV cache, not batch-invariant; see acespec.eval.parallel). Default 1")
     p.add_argument("--humaneval-mode", choices=["chat", "completion"], default=S, help="HumanEval prompting (default chat)")
     p.add_argument("--exec-timeout", type=_float, default=S, help="HumanEval: seconds per test program (default 10)")
     p.add_argument("--min-chars", type=_int, default=S, help="ShareGPT: shortest first user turn, characters (default 32)")
@@ -205,7 +208,7 @@ def command_line(cfg: EvalConfig, out: Path) -> str:
     for opt, field in (("--draft", "draft"), ("--target", "target"), ("--k", "k"), ("--temperature", "temperature"),
                        ("--top-k", "top_k"), ("--top-p", "top_p"), ("--data-seed", "data_seed"), ("--min-p", "min_p"),
                        ("--max-rank", "max_rank"), ("--budget-fraction", "budget_fraction"),
-                       ("--netwin-min", "netwin_min"), ("--humaneval-mode", "humaneval_mode"),
+                       ("--netwin-min", "netwin_min"), ("--parallel", "parallel"), ("--humaneval-mode", "humaneval_mode"),
                        ("--n-ctx", "n_ctx"), ("--min-chars", "min_chars"), ("--max-chars", "max_chars")):
         v = getattr(cfg, field)
         if v != getattr(d, field):

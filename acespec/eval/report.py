@@ -134,6 +134,14 @@ def aggregate(records: list[dict], arms: list[str] | None = None, baseline: str 
             )
             ci = paired_intervals(_arrays(paired), _arrays(bl), boot)
             a["verdict"] = "baseline" if arm == baseline else ci["verdict"]
+            # time in a shared batch (--parallel N) is not time alone: compare TTLT only within one setting
+            same = [i for i, (r, b) in enumerate(zip(paired, bl)) if r.get("parallel", 1) == b.get("parallel", 1)]
+            a["ttlt_pairs"] = len(same)
+            if len(same) < len(paired):
+                w, ws = _arrays(paired)["wall_s"][same], _arrays(bl)["wall_s"][same]
+                a["ttlt_rel"] = _ratio(float(w.mean()), float(ws.mean())) if same else None
+                ci["ttlt_rel"] = paired_intervals(_arrays([paired[i] for i in same]), _arrays([bl[i] for i in same]),
+                                                  boot)["ttlt_rel"] if same else None
         else:
             a.update(L_strict=None, l_strict=None, **{"lambda": None}, gain=None, net_win=None, rounds_rel=None, ttlt_rel=None)
             ci = {"pairs": 0, "accuracy": accuracy_interval(_arrays(use)["correct"], boot) if use else None}

@@ -120,6 +120,7 @@ class EvalConfig:
     max_rank: int = 10
     budget_fraction: float = 0.85  # budget forcing point
     netwin_min: int = 8  # net-win guard: observations of each arm before trusting its estimate
+    parallel: int = 1  # jobs run at once through one batched pass per model (1: one at a time, batch-invariant)
     humaneval_mode: str = "chat"  # chat | completion
     exec_timeout: float = 10.0  # HumanEval: seconds per program
     min_chars: int = 32  # ShareGPT length filter (characters of the first user turn)
@@ -148,8 +149,8 @@ class EvalConfig:
                 raise ValueError("+force forces the end of a <think> trace: it needs --think")
             if self.budget:
                 raise ValueError("--guard budget already forces every arm; +force arms compare forced with unforced runs")
-        if self.n < 1 or self.max_tokens < 1 or not self.seeds:
-            raise ValueError("--n, --max-tokens and --seeds must be at least 1")
+        if self.n < 1 or self.max_tokens < 1 or not self.seeds or self.parallel < 1:
+            raise ValueError("--n, --max-tokens, --seeds and --parallel must be at least 1")
         if not 0.0 < self.budget_fraction <= 1.0:
             raise ValueError("--budget-fraction must be in (0, 1]")
         if self.humaneval_mode not in ("chat", "completion"):
@@ -353,6 +354,84 @@ def make_record(job: Job, gen: Generation, analysis: dict, rule_used: str, promp
     return rec
 
 
+class Harness:
+    """What the sequential and the parallel harness share: the job list, the finished records, the net-win
+    guards, and turning a finished generation into a written record."""
+
+    def __init__(self, cfg: EvalConfig, out: Path, log: Callable[[str], None] | None = None) -> None:
+        from acespec.control.guards import NetWinConfig, NetWinGuard
+
+        self.cfg = cfg
+        self.arms = build_arms(cfg.rules, cfg.guards, cfg.ablate)
+        items = load_items(cfg.dataset, cfg.n, data_seed=cfg.data_seed, min_chars=cfg.min_chars, max_chars=cfg.max_chars)
+        self.jobs = [Job(it, s, a) for it in items for s in cfg.seeds for a in self.arms]
+        self.path = out / "records.jsonl"
+        self.done = {r["key"]: r for r in read_records(self.path)}
+        self.todo = [j for j in self.jobs if j.key not in self.done]
+        if log:
+            log(f"{len(self.jobs)} jobs ({len(self.arms)} rules x {len(items)} prompts x {len(cfg.seeds)} seeds), "
+                f"{len(self.jobs) - len(self.todo)} already done")
+        self.guards = {
+            a.label: NetWinGuard(str(a.rule) + ("+support" if a.support else ""), NetWinConfig(n_min=cfg.netwin_min))
+            for a in self.arms if a.netwin
+        }
+        self.writer: RecordWriter | None = None
+        self._prompts: dict[str, list[int]] = {}
+
+    def replay(self, job: Job) -> dict:
+        """A finished job of this run: feed its decision and observation to its arm's guard, in job order."""
+        rec = self.done[job.key]
+        guard = self.guards.get(job.arm.label)
+        if guard is not None:
+            guard.use_relaxed(job.item.kind)
+            guard.observe(job.item.kind, rec["rule_used"], rec["length"], rec["l"])
+        return rec
+
+    def decide(self, job: Job) -> tuple[RuleSpec, bool, str | None]:
+        """(rule, support filter, net-win guard choice) for a job about to run."""
+        arm, guard = job.arm, self.guards.get(job.arm.label)
+        if guard is None:
+            return arm.rule, arm.support, None
+        if guard.use_relaxed(job.item.kind):
+            return arm.rule, arm.support, "relaxed"
+        return RuleSpec.parse(BASELINE), False, "strict"
+
+    def prompt(self, tokenizer, job: Job) -> list[int]:
+        ids = self._prompts.get(job.item.id)
+        if ids is None:
+            ids = self._prompts[job.item.id] = prompt_ids(tokenizer, job.item, self.cfg)
+        return ids
+
+    def finish(self, job: Job, gen: Generation, tokenizer, rule: RuleSpec, support: bool, choice: str | None,
+               prompt_len: int, **extra) -> dict:
+        """Score a finished generation, feed the arm's guard, write and keep the record."""
+        rule_used = str(rule) + ("+support" if support else "")
+        rec = make_record(job, gen, analyse(job.item, gen, tokenizer, self.cfg), rule_used, prompt_len, choice)
+        rec.update(extra)
+        guard = self.guards.get(job.arm.label)
+        if guard is not None:
+            guard.observe(job.item.kind, rule_used, rec["length"], rec["l"])
+        if self.writer is None:
+            self.writer = RecordWriter(self.path)
+        self.writer.write(rec)
+        self.done[job.key] = rec
+        return rec
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+def load_pair(cfg: EvalConfig, **kwargs):
+    """The (target, drafter) the config names; kwargs go to the runtime (llama.cpp: n_slots, ...)."""
+    from acespec.models import load_model
+    from acespec.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
+
+    n_ctx = kwargs.pop("n_ctx", cfg.n_ctx)
+    return (load_model(cfg.target or DEFAULT_TARGET, n_ctx=n_ctx, **kwargs),
+            load_model(cfg.draft or DEFAULT_DRAFT, n_ctx=n_ctx, **kwargs))
+
+
 def run_eval(
     cfg: EvalConfig,
     out_dir: str | Path,
@@ -362,86 +441,55 @@ def run_eval(
     progress: bool = True,
     log: Callable[[str], None] | None = None,
 ) -> list[dict]:
-    """Run every job not yet in `out_dir/records.jsonl`; returns the records of this job set (old + new)."""
-    from acespec.control.guards import NetWinConfig, NetWinGuard
-
+    """Run every job not yet in `out_dir/records.jsonl`; returns the records of this job set (old + new).
+    With `cfg.parallel > 1` the jobs run several at a time (`acespec.eval.parallel`)."""
     cfg.validate()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    arms = build_arms(cfg.rules, cfg.guards, cfg.ablate)
-    items = load_items(cfg.dataset, cfg.n, data_seed=cfg.data_seed, min_chars=cfg.min_chars, max_chars=cfg.max_chars)
-    jobs = [Job(it, s, a) for it in items for s in cfg.seeds for a in arms]
-    done = {r["key"]: r for r in read_records(out / "records.jsonl")}
-    todo = [j for j in jobs if j.key not in done]
-    if log:
-        log(f"{len(jobs)} jobs ({len(arms)} rules x {len(items)} prompts x {len(cfg.seeds)} seeds), {len(jobs) - len(todo)} already done")
+    h = Harness(cfg, out, log)
+    if cfg.parallel > 1:
+        from acespec.eval.parallel import run_parallel
 
-    if todo:
-        if target is None:
-            from acespec.models import load_model
-            from acespec.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
-
-            target = load_model(cfg.target or DEFAULT_TARGET, n_ctx=cfg.n_ctx)
-            draft = load_model(cfg.draft or DEFAULT_DRAFT, n_ctx=cfg.n_ctx)
+        return run_parallel(h, target=target, draft=draft, progress=progress)
+    if h.todo and target is None:
+        target, draft = load_pair(cfg)
+    if h.todo:
         from acespec.models.base import check_compatible
 
         check_compatible(draft, target)
-
-    guards = {
-        a.label: NetWinGuard(str(a.rule) + ("+support" if a.support else ""), NetWinConfig(n_min=cfg.netwin_min))
-        for a in arms if a.netwin
-    }
-    bar = None
-    if progress and todo:
-        from tqdm import tqdm
-
-        bar = tqdm(total=len(jobs), initial=len(jobs) - len(todo), file=sys.stderr, unit="run", dynamic_ncols=True)
-    writer = RecordWriter(out / "records.jsonl") if todo else None
+    bar = progress_bar(h) if progress else None
     results: list[dict] = []
-    prompt_cache: dict[str, list[int]] = {}
     try:
-        for job in jobs:
-            arm = job.arm
-            guard = guards.get(arm.label)
-            if job.key in done:
-                rec = done[job.key]
-                if guard is not None:  # replay the guard's decision and observation
-                    guard.use_relaxed(job.item.kind)
-                    guard.observe(job.item.kind, rec["rule_used"], rec["length"], rec["l"])
-                results.append(rec)
+        for job in h.jobs:
+            if job.key in h.done:
+                results.append(h.replay(job))
                 continue
-            rule, support, choice = arm.rule, arm.support, None
-            if guard is not None:
-                if guard.use_relaxed(job.item.kind):
-                    choice = "relaxed"
-                else:
-                    choice, rule, support = "strict", RuleSpec.parse(BASELINE), False
-            rule_used = str(rule) + ("+support" if support else "")
-            ids = prompt_cache.get(job.item.id)
-            if ids is None:
-                ids = prompt_cache[job.item.id] = prompt_ids(target.tokenizer, job.item, cfg)
+            rule, support, choice = h.decide(job)
+            ids = h.prompt(target.tokenizer, job)
             if bar is not None:
-                bar.set_postfix_str(f"{arm.label} {job.item.id} s{job.seed}", refresh=False)
-            gen = run_generation(target, draft, ids, cfg, rule, seed_for(job.seed, job.item.id), support=support, force=arm.force)
-            analysis = analyse(job.item, gen, target.tokenizer, cfg)
-            rec = make_record(job, gen, analysis, rule_used, len(ids), choice)
-            if guard is not None:
-                guard.observe(job.item.kind, rule_used, rec["length"], rec["l"])
-            writer.write(rec)
-            done[job.key] = rec
-            results.append(rec)
+                bar.set_postfix_str(f"{job.arm.label} {job.item.id} s{job.seed}", refresh=False)
+            gen = run_generation(target, draft, ids, cfg, rule, seed_for(job.seed, job.item.id), support=support,
+                                 force=job.arm.force)
+            results.append(h.finish(job, gen, target.tokenizer, rule, support, choice, len(ids)))
             if bar is not None:
                 bar.update(1)
     finally:
         if bar is not None:
             bar.close()
-        if writer is not None:
-            writer.close()
+        h.close()
     return results
 
 
+def progress_bar(h: Harness):
+    if not h.todo:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=len(h.jobs), initial=len(h.jobs) - len(h.todo), file=sys.stderr, unit="run", dynamic_ncols=True)
+
+
 __all__ = [
-    "THINK_CLOSE", "THINK_MARKER", "THINK_OPEN", "THINK_SYSTEM", "Arm", "EvalConfig", "Generation", "Job",
+    "THINK_CLOSE", "THINK_MARKER", "THINK_OPEN", "THINK_SYSTEM", "Arm", "EvalConfig", "Generation", "Harness", "Job",
     "RecordWriter", "SupportFilteredSpec", "analyse", "build_arms", "parse_arm", "prefill", "prompt_ids",
-    "read_records", "record_key", "run_eval", "run_generation", "seed_for", "split_rules", "token_index_of_byte",
+    "load_pair", "read_records", "record_key", "run_eval", "run_generation", "seed_for", "split_rules", "token_index_of_byte",
 ]
