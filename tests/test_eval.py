@@ -525,7 +525,7 @@ def test_parallel_matches_one_at_a_time_on_a_batch_invariant_model_and_resumes(t
     assert set(seq) == set(par) and len(seq) == 3 * 2 * 6
     for k, r in seq.items():
         assert {f: r.get(f) for f in SAME} == {f: par[k].get(f) for f in SAME}, k
-        assert par[k]["parallel"] == 3 and "parallel" not in r
+        assert par[k]["parallel"] == 3 and par[k]["batching"] == "shared" and "parallel" not in r
     assert any(r.get("guard_choice") == "strict" for r in seq.values())  # the guard really chose
     assert "--parallel 3" in (tmp_path / "par" / "report.md").read_text()
 

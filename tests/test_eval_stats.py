@@ -200,3 +200,16 @@ def test_write_report_renders_intervals_ablations_and_forcing(tmp_path):
     assert rep["arms"]["fast"]["ci"]["rounds_rel"][1] < 1.0
     assert rep["budget_forcing"][0]["arm"] == "fast+force" and rep["guard_ablations"][0]["arm"] == "fast+support"
     assert (tmp_path / "lambda_vs_gain.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_ttlt_is_compared_only_within_one_batching_setting():
+    recs = []
+    for i in range(6):
+        recs.append(rec("strict", f"p{i}", 0, 100, 40, 60, wall=2.0))
+        if i < 3:  # made under --parallel 8: ten times the wall time, which says nothing about the rule
+            recs.append(rec("r", f"p{i}", 0, 100, 40, 60, wall=20.0, parallel=8, batching="shared"))
+        else:
+            recs.append(rec("r", f"p{i}", 0, 100, 40, 60, wall=3.0))
+    a = aggregate(recs, boot=BOOT)["r"]
+    assert a["ttlt_pairs"] == 3 and a["ttlt_rel"] == pytest.approx(1.5)
+    assert a["ci"]["ttlt_rel"] == pytest.approx((1.5, 1.5)) and a["ci"]["lambda"] == pytest.approx((1.0, 1.0))

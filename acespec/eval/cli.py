@@ -33,7 +33,8 @@ _FIELDS = {
     "rules": "rules", "guard": "guards", "ablate": "ablate", "dataset": "dataset", "n": "n", "seeds": "seeds",
     "max_tokens": "max_tokens", "think": "think", "draft": "draft", "target": "target", "n_ctx": "n_ctx",
     "k": "k", "temperature": "temperature", "top_k": "top_k", "top_p": "top_p", "data_seed": "data_seed",
-    "min_p": "min_p", "max_rank": "max_rank", "budget_fraction": "budget_fraction", "netwin_min": "netwin_min", "parallel": "parallel",
+    "min_p": "min_p", "max_rank": "max_rank", "budget_fraction": "budget_fraction", "netwin_min": "netwin_min",
+    "parallel": "parallel", "batching": "batching",
     "humaneval_mode": "humaneval_mode", "exec_timeout": "exec_timeout", "min_chars": "min_chars",
     "max_chars": "max_chars",
 }
@@ -139,6 +140,9 @@ def register(subparsers) -> None:
     p.add_argument("--parallel", type=_pos_int, default=S, metavar="N",
                    help="run N jobs at once, one batched model pass per step for all of them (llama.cpp: one unified "
                    "KV cache, not batch-invariant; see acespec.eval.parallel). Default 1")
+    p.add_argument("--batching", choices=["shared", "exact"], default=S,
+                   help="--parallel: shared (default; one pass for all jobs, weights read once) or exact (a pass per "
+                   "job: the same bits as one at a time, little speed-up on CPU)")
     p.add_argument("--humaneval-mode", choices=["chat", "completion"], default=S, help="HumanEval prompting (default chat)")
     p.add_argument("--exec-timeout", type=_float, default=S, help="HumanEval: seconds per test program (default 10)")
     p.add_argument("--min-chars", type=_int, default=S, help="ShareGPT: shortest first user turn, characters (default 32)")
@@ -208,7 +212,8 @@ def command_line(cfg: EvalConfig, out: Path) -> str:
     for opt, field in (("--draft", "draft"), ("--target", "target"), ("--k", "k"), ("--temperature", "temperature"),
                        ("--top-k", "top_k"), ("--top-p", "top_p"), ("--data-seed", "data_seed"), ("--min-p", "min_p"),
                        ("--max-rank", "max_rank"), ("--budget-fraction", "budget_fraction"),
-                       ("--netwin-min", "netwin_min"), ("--parallel", "parallel"), ("--humaneval-mode", "humaneval_mode"),
+                       ("--netwin-min", "netwin_min"), ("--parallel", "parallel"), ("--batching", "batching"),
+                       ("--humaneval-mode", "humaneval_mode"),
                        ("--n-ctx", "n_ctx"), ("--min-chars", "min_chars"), ("--max-chars", "max_chars")):
         v = getattr(cfg, field)
         if v != getattr(d, field):

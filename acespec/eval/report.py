@@ -89,6 +89,11 @@ def _arrays(recs: list[dict]) -> dict[str, np.ndarray]:
     }
 
 
+def _setting(r: dict) -> tuple:
+    """How a record was run: one at a time, or --parallel N under shared / exact batching."""
+    return (r.get("parallel", 1), r.get("batching", "shared"))
+
+
 def _opt(recs: list[dict], key: str) -> np.ndarray:  # -> [n], nan where the record lacks the value
     return np.array([np.nan if r.get(key) is None else float(r[key]) for r in recs], dtype=np.float64)
 
@@ -135,7 +140,7 @@ def aggregate(records: list[dict], arms: list[str] | None = None, baseline: str 
             ci = paired_intervals(_arrays(paired), _arrays(bl), boot)
             a["verdict"] = "baseline" if arm == baseline else ci["verdict"]
             # time in a shared batch (--parallel N) is not time alone: compare TTLT only within one setting
-            same = [i for i, (r, b) in enumerate(zip(paired, bl)) if r.get("parallel", 1) == b.get("parallel", 1)]
+            same = [i for i, (r, b) in enumerate(zip(paired, bl)) if _setting(r) == _setting(b)]
             a["ttlt_pairs"] = len(same)
             if len(same) < len(paired):
                 w, ws = _arrays(paired)["wall_s"][same], _arrays(bl)["wall_s"][same]

@@ -120,7 +120,8 @@ class EvalConfig:
     max_rank: int = 10
     budget_fraction: float = 0.85  # budget forcing point
     netwin_min: int = 8  # net-win guard: observations of each arm before trusting its estimate
-    parallel: int = 1  # jobs run at once through one batched pass per model (1: one at a time, batch-invariant)
+    parallel: int = 1  # jobs run at once through one batched pass per model (1: one at a time)
+    batching: str = "shared"  # --parallel: shared (one pass, weights read once) | exact (a pass per job, same bits as alone)
     humaneval_mode: str = "chat"  # chat | completion
     exec_timeout: float = 10.0  # HumanEval: seconds per program
     min_chars: int = 32  # ShareGPT length filter (characters of the first user turn)
@@ -149,6 +150,8 @@ class EvalConfig:
                 raise ValueError("+force forces the end of a <think> trace: it needs --think")
             if self.budget:
                 raise ValueError("--guard budget already forces every arm; +force arms compare forced with unforced runs")
+        if self.batching not in ("shared", "exact"):
+            raise ValueError("--batching must be shared or exact")
         if self.n < 1 or self.max_tokens < 1 or not self.seeds or self.parallel < 1:
             raise ValueError("--n, --max-tokens, --seeds and --parallel must be at least 1")
         if not 0.0 < self.budget_fraction <= 1.0:
