@@ -409,8 +409,9 @@ def render_markdown(agg: dict, settings: dict, command: str, *, dataset: str, th
                   "next to `X`, below). Δ: mean over the same (prompt, seed) pairs, rule minus strict.", ""]
     if forcing:
         lines += ["## Budget forcing, measured", "",
-                  "Each `X+force` arm against `X` on the same (prompt, seed) pairs and run seeds: the two runs share "
-                  "every token up to the forcing point. *hit budget*: the unforced run stopped at max tokens without "
+                  "Each `X+force` arm against `X` on the same (prompt, seed) pairs and run seeds: run one at a time or "
+                  "with `--batching exact`, the two share every token up to the forcing point (under shared batching "
+                  "they can part earlier, which adds noise in both directions). *hit budget*: the unforced run stopped at max tokens without "
                   "ending. *fired*: the forced run was still inside its trace at the forcing point. Over the pairs "
                   "where it fired: *rescued* = wrong without forcing and right with it; *regressions* = the reverse "
                   "(success is a correct answer; where nothing is scored, an answer that ended by itself).", "",

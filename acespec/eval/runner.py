@@ -14,8 +14,9 @@ missing: it is the baseline that lambda is measured against.
 **Ablations.** `--ablate support,netwin,force` keeps every arm and adds guarded copies as rows next to
 it: `X+support` and `X+netwin` after each lossy rule `X`, `X+force` (budget forcing on that arm
 alone, needs `--think`) after every arm, strict included. A `+force` arm runs the same (prompt, seed)
-pairs with the same run seeds as its unforced arm, so the two share every token up to the forcing
-point and the report can count, run by run, what forcing rescued and what it broke.
+pairs with the same run seeds as its unforced arm, so (one at a time, or `--parallel` with exact
+batching) the two share every token up to the forcing point and the report can count, run by run,
+what forcing rescued and what it broke.
 
 - `+support`: the support filter of `acespec.verify.guards` (reject a draft token with `p < min_p` or
   rank > `max_rank`) wrapped around the rule, on the target side.
