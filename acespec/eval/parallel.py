@@ -11,7 +11,9 @@ once) in a thread of its own, on a *lane*: a `LaneModel` view of one KV sequence
 (llama.cpp with `n_slots = parallel`, one unified KV cache). A lane's `eval` does not run the model:
 it hands its tokens to the `Gang` and waits. When every running job is waiting, the last one to arrive
 evaluates all pending calls, one `eval_batch` per model (target blocks and drafter steps of different
-jobs in the same call), and wakes the others. Between model calls the jobs' Python work (sampling,
+jobs in the same call), and wakes the others. A finished job holds the next pass until the harness has
+started its replacement, in lane order, so which jobs share each pass is fixed by the job list, not by
+thread timing: a rerun of the same run makes the same passes. Between model calls the jobs' Python work (sampling,
 the rules) runs as usual. Lanes keep their KV between jobs, and a free lane prefers the next job on
 the prompt it already holds, so the prompt is prefilled once per lane, not once per job.
 
@@ -58,14 +60,16 @@ class _Call:
 class Gang:
     """Gathers the model calls of the running jobs and evaluates them together (see the module docstring).
 
-    `live` counts the jobs that will call again before they finish; a flush happens when all of them
-    are waiting, so no call waits on a job that is busy elsewhere, and no two threads ever touch a model
-    at once (rollbacks take the same lock)."""
+    `live` counts the jobs that will call again before they finish. A flush happens when all of them
+    are waiting and nothing is *held*: a finished job holds the gang until the harness has replaced it
+    (`settle`, then `resume`), so which jobs share a pass never depends on thread timing, and the calls
+    of a pass are ordered by lane. No two threads ever touch a model at once (rollbacks take the lock)."""
 
     def __init__(self) -> None:
         self.lock = threading.Condition()
         self._live = 0
         self._pending: list[_Call] = []
+        self._hold = 1  # the harness is dispatching the first jobs
         self.flushes = 0  # batched steps
         self.calls = 0  # model calls they served
 
@@ -74,14 +78,29 @@ class Gang:
             self._live += 1
 
     def leave(self) -> None:
+        """A job finished: hold the gang until the harness has seen it and started what replaces it."""
         with self.lock:
             self._live -= 1
+            self._hold += 1
+            self.lock.notify_all()
+
+    def settle(self) -> None:
+        """Wait until every running job is waiting on a call (its finished company has left by then)."""
+        with self.lock:
+            while len(self._pending) < self._live:
+                self.lock.wait()
+
+    def resume(self) -> None:
+        """The harness has replaced the finished jobs: let the next pass go once everyone is waiting."""
+        with self.lock:
+            self._hold = 0
             self._flush_if_ready()
 
     def call(self, model: Model, slot: int, new: list[int], want: int) -> np.ndarray:
         c = _Call(model, slot, list(new), want)
         with self.lock:
             self._pending.append(c)
+            self.lock.notify_all()  # `settle` may be waiting for this
             self._flush_if_ready()
             while c.rows is None and c.error is None:
                 self.lock.wait()
@@ -90,9 +109,9 @@ class Gang:
         return c.rows
 
     def _flush_if_ready(self) -> None:  # holds the lock
-        if not self._pending or len(self._pending) < self._live:
+        if self._hold or not self._pending or len(self._pending) < self._live:
             return
-        calls, self._pending = self._pending, []
+        calls, self._pending = sorted(self._pending, key=lambda c: c.slot), []
         groups: dict[int, list[_Call]] = {}
         for c in calls:
             groups.setdefault(id(c.model), []).append(c)
@@ -210,7 +229,7 @@ def run_parallel(h: Harness, *, target=None, draft=None, progress: bool = True) 
     check_compatible(draft, target)
     gang, lanes = make_lanes(target, draft, n, cfg.n_ctx)
     held: list[str | None] = [None] * n  # the prompt each lane's KV holds
-    free = list(range(n))
+    free = list(range(n))  # lanes without a job
     done_q: queue.Queue = queue.Queue()
     running = 0
     error: BaseException | None = None
@@ -219,45 +238,58 @@ def run_parallel(h: Harness, *, target=None, draft=None, progress: bool = True) 
     def work(lane: int, job: Job, rule, support: bool, choice: str | None, ids: list[int]) -> None:
         t, d = lanes[lane]
         try:
-            gen = run_generation(t, d, ids, cfg, rule, seed_for(job.seed, job.item.id), support=support, force=job.arm.force)
-            out = gen
+            out = run_generation(t, d, ids, cfg, rule, seed_for(job.seed, job.item.id), support=support, force=job.arm.force)
         except BaseException as e:  # reported to the main thread, which stops dispatching
             out = e
-        finally:
-            gang.leave()
-        done_q.put((lane, job, rule, support, choice, out))
+        done_q.put((lane, job, rule, support, choice, out))  # before leaving: `settle` then finds it queued
+        gang.leave()
+
+    def dispatch() -> None:
+        nonlocal running
+        for lane in sorted(free):  # lane order, so a rerun puts the same jobs in the same lanes
+            if error is not None:
+                return
+            job = sched.next(held[lane])
+            if job is None:
+                return
+            free.remove(lane)
+            rule, support, choice = h.decide(job)
+            ids = h.prompt(target.tokenizer, job)
+            held[lane] = job.item.id
+            gang.join()  # before the thread starts: a pass must wait for its first call
+            threading.Thread(target=work, args=(lane, job, rule, support, choice, ids), daemon=True,
+                             name=f"acespec-eval-lane{lane}").start()
+            running += 1
 
     try:
-        while True:
-            while free and error is None:
-                lane = free[-1]
-                job = sched.next(held[lane])
-                if job is None:
-                    break
-                free.pop()
-                rule, support, choice = h.decide(job)
+        dispatch()
+        gang.resume()
+        while running:
+            finished = [done_q.get()]
+            gang.settle()  # every job that finished with this pass has queued its result by now
+            while not done_q.empty():
+                finished.append(done_q.get_nowait())
+            finished.sort(key=lambda f: f[0])
+            ok = []
+            for lane, job, rule, support, choice, out in finished:
+                running -= 1
+                free.append(lane)
+                sched.finished(job)
+                if isinstance(out, BaseException):
+                    error = error or out
+                    held[lane] = None  # its KV state is unknown: the next job there re-syncs from scratch
+                    continue
+                h.observe(job, out, rule, support)  # a net-win arm's next decision depends on it
+                ok.append((job, rule, support, choice, out))
+            dispatch()
+            gang.resume()
+            for job, rule, support, choice, out in ok:  # scoring (HumanEval runs tests) while the lanes work
                 ids = h.prompt(target.tokenizer, job)
-                held[lane] = job.item.id
-                gang.join()  # before the thread starts: a flush must wait for its first call
-                threading.Thread(target=work, args=(lane, job, rule, support, choice, ids), daemon=True,
-                                 name=f"acespec-eval-lane{lane}").start()
-                running += 1
-            if running == 0:
-                break
-            lane, job, rule, support, choice, out = done_q.get()
-            running -= 1
-            free.append(lane)
-            sched.finished(job)
-            if isinstance(out, BaseException):
-                error = error or out
-                held[lane] = None  # its KV state is unknown: the next job there re-syncs from scratch
-                continue
-            ids = h.prompt(target.tokenizer, job)
-            sched.results[job.key] = h.finish(job, out, target.tokenizer, rule, support, choice, len(ids), parallel=n,
-                                               batching=cfg.batching)
-            if bar is not None:
-                bar.set_postfix_str(f"{job.arm.label} {job.item.id} s{job.seed}", refresh=False)
-                bar.update(1)
+                sched.results[job.key] = h.finish(job, out, target.tokenizer, rule, support, choice, len(ids),
+                                                  observed=True, parallel=n, batching=cfg.batching)
+                if bar is not None:
+                    bar.set_postfix_str(f"{job.arm.label} {job.item.id} s{job.seed}", refresh=False)
+                    bar.update(1)
     finally:
         if bar is not None:
             bar.close()

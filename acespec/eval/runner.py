@@ -406,15 +406,21 @@ class Harness:
             ids = self._prompts[job.item.id] = prompt_ids(tokenizer, job.item, self.cfg)
         return ids
 
+    def observe(self, job: Job, gen: Generation, rule: RuleSpec, support: bool) -> None:
+        """Feed a finished generation to its arm's net-win guard (what the arm's next decision depends on)."""
+        guard = self.guards.get(job.arm.label)
+        if guard is not None:
+            guard.observe(job.item.kind, str(rule) + ("+support" if support else ""), len(gen.tokens),
+                          gen.accepted / gen.rounds if gen.rounds else 0.0)
+
     def finish(self, job: Job, gen: Generation, tokenizer, rule: RuleSpec, support: bool, choice: str | None,
-               prompt_len: int, **extra) -> dict:
-        """Score a finished generation, feed the arm's guard, write and keep the record."""
+               prompt_len: int, *, observed: bool = False, **extra) -> dict:
+        """Score a finished generation, feed the arm's guard (unless `observed` already), write and keep the record."""
         rule_used = str(rule) + ("+support" if support else "")
         rec = make_record(job, gen, analyse(job.item, gen, tokenizer, self.cfg), rule_used, prompt_len, choice)
         rec.update(extra)
-        guard = self.guards.get(job.arm.label)
-        if guard is not None:
-            guard.observe(job.item.kind, rule_used, rec["length"], rec["l"])
+        if not observed:
+            self.observe(job, gen, rule, support)
         if self.writer is None:
             self.writer = RecordWriter(self.path)
         self.writer.write(rec)
