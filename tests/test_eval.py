@@ -72,7 +72,7 @@ def test_toy_end_to_end_writes_records_report_and_plots(tmp_path, capsys):
     assert set(rep["arms"]) == {a.label for a in arms}
     assert rep["arms"]["strict"]["lambda"] == pytest.approx(1.0)
     md = (out / "report.md").read_text()
-    assert "| rule | runs | L | λ |" in md and "net win" in md and "## Command" in md and "acespec eval" in md
+    assert "| rule | pairs | L | λ |" in md and "net win" in md and "## Command" in md and "acespec eval" in md
     assert "Where the tokens go" in md  # math: before/after the first correct answer
     assert "report.md" in capsys.readouterr().out
 
@@ -454,3 +454,146 @@ def test_real_pair_smoke(tmp_path):
         assert 0 < r["length"] <= 16 and r["text"].strip()
         assert r["rounds"] > 0 and len(r["acc_p"]) == r["accepted"]
     assert (out / "report.md").is_file() and (out / "lambda_vs_gain.png").is_file()
+
+
+# ------------------------------------------------------------------------------------------ ablations
+
+
+def test_ablate_adds_guarded_and_forced_rows_next_to_each_rule():
+    labels = [a.label for a in build_arms(["strict,cactus:delta=0.35,coupled"], ablate=["support", "netwin", "force"])]
+    assert labels == [
+        "strict", "strict+force",
+        "cactus:delta=0.35", "cactus:delta=0.35+support", "cactus:delta=0.35+support+force", "cactus:delta=0.35+netwin",
+        "cactus:delta=0.35+netwin+force", "cactus:delta=0.35+force",
+        "coupled", "coupled+force",  # lossless: no support filter or net-win guard to ablate
+    ]
+    assert [a.label for a in build_arms(["cactus"], ablate=["support"])] == ["strict", "cactus", "cactus+support"]
+
+
+@needs_relaxed
+def test_toy_ablation_run_pairs_forced_runs_with_unforced_ones(tmp_path):
+    out = tmp_path / "abl"
+    rc = run_cli(*TOY, "--dataset", "math", "--rules", f"strict,{RELAXED}", "--ablate", "support,force", "--think",
+                 "--n", "3", "--max-tokens", "40", "--out", str(out))
+    assert rc == 0
+    recs = by_arm(read_records(out / "records.jsonl"))
+    assert set(recs) == {"strict", "strict+force", RELAXED, f"{RELAXED}+support", f"{RELAXED}+support+force", f"{RELAXED}+force"}
+    for arm in (RELAXED, f"{RELAXED}+force"):
+        assert all(not r["forced"] for r in recs[arm.replace("+force", "")])
+    # a +force arm shares its unforced twin's run seed and every token up to the forcing point
+    # (28 here: ceil(0.85 * 40) = 34, moved to 40 - 11 - 1 so the toy's 11-token marker fits)
+    assert any(f["forced"] for f in recs["strict+force"])
+    for bare in ("strict", RELAXED, f"{RELAXED}+support"):
+        unforced = {(r["prompt_id"], r["seed"]): r for r in recs[bare]}
+        for f in recs[bare + "+force"]:
+            u = unforced[(f["prompt_id"], f["seed"])]
+            assert f["run_seed"] == u["run_seed"]
+            if f["forced"]:
+                assert f["text"][:28] == u["text"][:28] and u["length"] > 28
+    md = (out / "report.md").read_text()
+    assert "## Guard ablations" in md and f"| `{RELAXED}` | support | 3 |" in md
+    assert "## Budget forcing, measured" in md and "| `strict` | 3 |" in md
+    rep = json.loads((out / "report.json").read_text())
+    assert {r["arm"] for r in rep["budget_forcing"]} == {"strict+force", f"{RELAXED}+force", f"{RELAXED}+support+force"}
+
+
+def test_force_needs_think_and_excludes_the_global_budget_guard(tmp_path, capsys):
+    assert run_cli(*TOY, "--ablate", "force", "--n", "1", "--out", str(tmp_path / "a")) == 2
+    assert "--think" in capsys.readouterr().err
+    assert run_cli(*TOY, "--rules", "strict+force", "--think", "--guard", "budget", "--n", "1", "--out", str(tmp_path / "b")) == 2
+    assert "already forces" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------------ parallel
+
+
+SAME = ("key", "run_seed", "rule_used", "length", "rounds", "drafted", "accepted", "text", "acc_p", "acc_rank", "correct",
+        "forced", "guard_choice")
+
+
+@needs_relaxed
+def test_parallel_matches_one_at_a_time_on_a_batch_invariant_model_and_resumes(tmp_path):
+    # the toy model computes every sequence on its own, so running 3 jobs at once must give exactly the
+    # records of one at a time (timings aside): same scheduling of the net-win guard, same forcing
+    common = (*TOY, "--dataset", "math", "--rules", f"strict,{RELAXED},{RELAXED}+netwin", "--ablate", "force", "--think",
+              "--max-tokens", "40", "--netwin-min", "1", "--seeds", "2")
+    assert run_cli(*common, "--n", "3", "--out", str(tmp_path / "seq")) == 0
+    assert run_cli(*common, "--n", "2", "--parallel", "3", "--out", str(tmp_path / "par")) == 0
+    assert run_cli("--resume", str(tmp_path / "par"), "--n", "3", "--quiet") == 0  # --parallel 3 comes from config.json
+    seq = {r["key"]: r for r in read_records(tmp_path / "seq" / "records.jsonl")}
+    par = {r["key"]: r for r in read_records(tmp_path / "par" / "records.jsonl")}
+    assert set(seq) == set(par) and len(seq) == 3 * 2 * 6
+    for k, r in seq.items():
+        assert {f: r.get(f) for f in SAME} == {f: par[k].get(f) for f in SAME}, k
+        assert par[k]["parallel"] == 3 and par[k]["batching"] == "shared" and "parallel" not in r
+    assert any(r.get("guard_choice") == "strict" for r in seq.values())  # the guard really chose
+    assert "--parallel 3" in (tmp_path / "par" / "report.md").read_text()
+
+
+def test_gang_batches_every_waiting_call_into_one_eval_batch():
+    import threading
+
+    from acespec.eval.parallel import make_lanes
+    from acespec.models import load_model
+
+    target, draft = load_model("toy:vocab=64,seed=1"), load_model("toy:vocab=64,seed=1,noise=0.5")
+    calls = []
+    real = target.eval_batch
+
+    def spy(items):
+        calls.append(len(items))
+        return real(items)
+
+    target.eval_batch = spy
+    gang, lanes = make_lanes(target, draft, 4, 1024)
+    alone = [target.logits_for_context([1, 2, 3 + i]) for i in range(4)]
+    out = [None] * 4
+
+    def job(i):
+        try:
+            out[i] = lanes[i][0].eval([1, 2, 3 + i], last=1)[0]
+        finally:
+            gang.leave()
+
+    threads = [threading.Thread(target=job, args=(i,)) for i in range(4)]
+    for _ in threads:
+        gang.join()
+    for t in threads:
+        t.start()
+    gang.resume()  # the harness has dispatched: the pass goes once all four wait
+    for t in threads:
+        t.join(10)
+    assert calls == [4] and gang.flushes == 1
+    for a, b in zip(out, alone):
+        assert a is not None and (a == b).all()
+    assert [lanes[i][0].tokens for i in range(4)] == [[1, 2, 3 + i] for i in range(4)]
+    lanes[2][0].rollback(1)
+    assert target.held(2) == 1 and target.held(1) == 3
+
+
+@needs_relaxed
+def test_parallel_passes_do_not_depend_on_thread_timing(tmp_path):
+    # which jobs share each batched pass (and in what order) must be fixed by the job list, or shared
+    # batching on llama.cpp would give another text on every rerun
+    from acespec.eval.runner import EvalConfig, run_eval
+    from acespec.models import load_model
+
+    def passes(out):
+        target, draft = load_model("toy:vocab=64,seed=1,eos=0"), load_model("toy:vocab=64,seed=1,noise=0.5,eos=0")
+        log = []
+        for m, name in ((target, "t"), (draft, "d")):
+            real = m.eval_batch
+
+            def spy(items, real=real, name=name):
+                log.append((name, tuple((slot, len(new), want) for slot, new, want in items)))
+                return real(items)
+
+            m.eval_batch = spy
+        cfg = EvalConfig(rules=[f"strict,{RELAXED},mentored"], dataset="math", n=3, seeds=[0, 1], max_tokens=24, parallel=4)
+        run_eval(cfg, out, target=target, draft=draft, progress=False)
+        return log
+
+    first, second = passes(tmp_path / "a"), passes(tmp_path / "b")
+    assert first == second
+    assert max(len(items) for _, items in first) == 4  # the lanes really shared passes
+    assert all([s for s, _, _ in items] == sorted(s for s, _, _ in items) for _, items in first)

@@ -3,11 +3,13 @@
     acespec eval --rules strict,cactus:delta=0.35 --dataset math --n 20 --max-tokens 256 --seeds 2
     acespec eval --rules strict,cactus:delta=0.35 --dataset math --think --guard budget --n 20
     acespec eval --rules strict,mentored --guard support --dataset humaneval --n 20 --max-tokens 512
+    acespec eval --rules strict,cactus:delta=0.35 --ablate support,netwin --dataset sharegpt --n 30
+    acespec eval --rules strict,cactus:delta=0.35 --ablate force --think --dataset math --max-tokens 192 --n 30
     acespec eval --resume runs/eval-20250101-120000 [--n 40]      # continue / extend an interrupted run
     acespec eval --report-only runs/eval-20250101-120000            # rebuild the report from records
 
 Options left out on the command line take their defaults, or on `--resume` the values saved in the run
-folder's `config.json`. A resumed run may change `--n`, `--seeds` and `--rules`/`--guard support|netwin`
+folder's `config.json`. A resumed run may change `--n`, `--seeds`, `--ablate` and `--rules`/`--guard support|netwin`
 (new jobs are added, finished ones skipped); changing anything that alters what a record means
 (models, sampling, max tokens, dataset, --think, budget forcing, ...) is refused.
 
@@ -24,14 +26,15 @@ import sys
 import time
 from pathlib import Path
 
-from acespec.eval.runner import GUARD_NAMES, IDENTITY_FIELDS, EvalConfig, build_arms, read_records, run_eval
+from acespec.eval.runner import ABLATIONS, GUARD_NAMES, IDENTITY_FIELDS, EvalConfig, build_arms, read_records, run_eval
 
 # CLI option -> config field
 _FIELDS = {
-    "rules": "rules", "guard": "guards", "dataset": "dataset", "n": "n", "seeds": "seeds",
+    "rules": "rules", "guard": "guards", "ablate": "ablate", "dataset": "dataset", "n": "n", "seeds": "seeds",
     "max_tokens": "max_tokens", "think": "think", "draft": "draft", "target": "target", "n_ctx": "n_ctx",
     "k": "k", "temperature": "temperature", "top_k": "top_k", "top_p": "top_p", "data_seed": "data_seed",
     "min_p": "min_p", "max_rank": "max_rank", "budget_fraction": "budget_fraction", "netwin_min": "netwin_min",
+    "parallel": "parallel", "batching": "batching",
     "humaneval_mode": "humaneval_mode", "exec_timeout": "exec_timeout", "min_chars": "min_chars",
     "max_chars": "max_chars",
 }
@@ -91,6 +94,14 @@ def _guards(values: list[str] | None) -> list[str] | None:
     return out
 
 
+def _ablations(text: str) -> list[str]:
+    out = [g.strip() for g in text.split(",") if g.strip()]
+    bad = [g for g in out if g not in ABLATIONS]
+    if bad or not out:
+        raise argparse.ArgumentTypeError(f"{text!r}: choose from {', '.join(ABLATIONS)}")
+    return list(dict.fromkeys(out))
+
+
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "eval",
@@ -111,6 +122,9 @@ def register(subparsers) -> None:
     p.add_argument("--guard", action="append", default=S, metavar="support|netwin|budget",
                    help="support: support filter on every lossy rule; netwin: net-win guard on every lossy rule; "
                    "budget: budget forcing (needs --think). Repeatable or comma-separated.")
+    p.add_argument("--ablate", type=_ablations, default=S, metavar="support,netwin,force",
+                   help="add guarded copies as rows next to each rule: X+support and X+netwin after each lossy rule, "
+                   "X+force (budget forcing, needs --think) after every rule; the report compares each with X")
     p.add_argument("--draft", default=S, help="drafter model (default: the registry's default drafter)")
     p.add_argument("--target", default=S, help="target model (default: the registry's default target)")
     p.add_argument("--n-ctx", type=_pos_int, default=S, help="context window for llama.cpp models (default 4096)")
@@ -123,6 +137,12 @@ def register(subparsers) -> None:
     p.add_argument("--max-rank", type=_int, default=S, help="support filter: worst target rank, 0 = off (default 10)")
     p.add_argument("--budget-fraction", type=_float, default=S, help="budget forcing point, fraction of --max-tokens (default 0.85)")
     p.add_argument("--netwin-min", type=_pos_int, default=S, help="net-win guard: runs of each arm before trusting it (default 8)")
+    p.add_argument("--parallel", type=_pos_int, default=S, metavar="N",
+                   help="run N jobs at once, one batched model pass per step for all of them (llama.cpp: one unified "
+                   "KV cache, not batch-invariant; see acespec.eval.parallel). Default 1")
+    p.add_argument("--batching", choices=["shared", "exact"], default=S,
+                   help="--parallel: shared (default; one pass for all jobs, weights read once) or exact (a pass per "
+                   "job: the same bits as one at a time, little speed-up on CPU)")
     p.add_argument("--humaneval-mode", choices=["chat", "completion"], default=S, help="HumanEval prompting (default chat)")
     p.add_argument("--exec-timeout", type=_float, default=S, help="HumanEval: seconds per test program (default 10)")
     p.add_argument("--min-chars", type=_int, default=S, help="ShareGPT: shortest first user turn, characters (default 32)")
@@ -187,10 +207,13 @@ def command_line(cfg: EvalConfig, out: Path) -> str:
         parts.append("--think")
     for g in cfg.guards:
         parts += ["--guard", g]
+    if cfg.ablate:
+        parts += ["--ablate", ",".join(cfg.ablate)]
     for opt, field in (("--draft", "draft"), ("--target", "target"), ("--k", "k"), ("--temperature", "temperature"),
                        ("--top-k", "top_k"), ("--top-p", "top_p"), ("--data-seed", "data_seed"), ("--min-p", "min_p"),
                        ("--max-rank", "max_rank"), ("--budget-fraction", "budget_fraction"),
-                       ("--netwin-min", "netwin_min"), ("--humaneval-mode", "humaneval_mode"),
+                       ("--netwin-min", "netwin_min"), ("--parallel", "parallel"), ("--batching", "batching"),
+                       ("--humaneval-mode", "humaneval_mode"),
                        ("--n-ctx", "n_ctx"), ("--min-chars", "min_chars"), ("--max-chars", "max_chars")):
         v = getattr(cfg, field)
         if v != getattr(d, field):
@@ -205,7 +228,7 @@ def settings_of(cfg: EvalConfig) -> dict:
     s = cfg.to_dict()
     s["draft"] = cfg.draft or DEFAULT_DRAFT
     s["target"] = cfg.target or DEFAULT_TARGET
-    s["arms"] = [a.label for a in build_arms(cfg.rules, cfg.guards)]
+    s["arms"] = [a.label for a in build_arms(cfg.rules, cfg.guards, cfg.ablate)]
     s["sampling"] = f"temperature {cfg.temperature}, top-k {cfg.top_k or 'off'}, top-p {cfg.top_p if cfg.top_p < 1 else 'off'}"
     s["prompting"] = ("completion (raw HumanEval stub)" if cfg.dataset == "humaneval" and cfg.humaneval_mode == "completion"
                       else "chat" + (" + <think> system turn, assistant pre-filled with <think>" if cfg.think else ""))
@@ -222,7 +245,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
             raise ValueError(f"no records in {out / 'records.jsonl'}")
         cfg_path = out / "config.json"
         cfg = EvalConfig.from_dict(json.loads(cfg_path.read_text())) if cfg_path.exists() else EvalConfig()
-        arms = [a.label for a in build_arms(cfg.rules, cfg.guards)]
+        arms = [a.label for a in build_arms(cfg.rules, cfg.guards, cfg.ablate)]
         write_report(recs, out, settings=settings_of(cfg), command=command_line(cfg, out), arms=arms)
         print(out / "report.md")
         return 0
@@ -237,12 +260,15 @@ def cmd_eval(args: argparse.Namespace) -> int:
     records = run_eval(cfg, out, progress=not args.quiet, log=log)
     from acespec.eval.report import write_report
 
-    arms = [a.label for a in build_arms(cfg.rules, cfg.guards)]
+    arms = [a.label for a in build_arms(cfg.rules, cfg.guards, cfg.ablate)]
     agg = write_report(records, out, settings=settings_of(cfg), command=cmd, arms=arms)
     for arm, a in agg.items():
         lam = "n/a" if a["lambda"] is None else f"{a['lambda']:.3f}"
         gain = "n/a" if a["gain"] is None else f"{a['gain']:.3f}"
-        verdict = "baseline" if arm == "strict" else ("net win" if a["net_win"] else "no net win")
+        rnd = (a.get("ci") or {}).get("rounds_rel")
+        verdict = {"baseline": "baseline", "win": "net win", "loss": "net loss"}.get(a["verdict"], "inconclusive")
+        if rnd and arm != "strict":
+            verdict += f" (rounds vs strict {a['rounds_rel']:.3f} [{rnd[0]:.3f}, {rnd[1]:.3f}])"
         acc = "n/a" if a["accuracy"] is None else f"{100 * a['accuracy']:.0f}%"
         L = "n/a" if a["L"] is None else f"{a['L']:.1f}"
         print(f"{arm:36} L={L:>7} lambda={lam:>6} gain={gain:>6} acc={acc:>4}  {verdict}")

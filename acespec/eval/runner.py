@@ -5,11 +5,18 @@ the model write more tokens (`lambda = L / L_strict`). This module produces the 
 `report` module turns them into verdicts.
 
 **Arms.** Each entry of `--rules` is an *arm*: a rule spec (`strict`, `cactus:delta=0.35`,
-`typical:eps=0.09,delta=0.3`) optionally followed by guards, `+support` and/or `+netwin`
+`typical:eps=0.09,delta=0.3`) optionally followed by guards, `+support`, `+netwin` and/or `+force`
 (`cactus:delta=0.35+support`). `--guard support` / `--guard netwin` add that guard to every lossy rule
 in the list (lossless rules are left alone: they are the baseline). `--guard budget` is a generation
 guard and applies to every arm, strict included, so lengths stay comparable. `strict` is added if
 missing: it is the baseline that lambda is measured against.
+
+**Ablations.** `--ablate support,netwin,force` keeps every arm and adds guarded copies as rows next to
+it: `X+support` and `X+netwin` after each lossy rule `X`, `X+force` (budget forcing on that arm
+alone, needs `--think`) after every arm, strict included. A `+force` arm runs the same (prompt, seed)
+pairs with the same run seeds as its unforced arm, so (one at a time, or `--parallel` with exact
+batching) the two share every token up to the forcing point and the report can count, run by run,
+what forcing rescued and what it broke.
 
 - `+support`: the support filter of `acespec.verify.guards` (reject a draft token with `p < min_p` or
   rank > `max_rank`) wrapped around the rule, on the target side.
@@ -61,20 +68,26 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
 
-from acespec.eval import mathgen
+from acespec.eval.generation import (  # re-exported in __all__: the harness's public names
+    THINK_CLOSE,
+    THINK_MARKER,
+    THINK_OPEN,
+    THINK_SYSTEM,
+    Generation,
+    SupportFilteredSpec,
+    analyse,
+    prefill,
+    prompt_ids,
+    run_generation,
+    token_index_of_byte,
+)
 from acespec.eval.datasets import Item, load_items
-from acespec.verify import RULES, RuleSpec, RuleSpecError
+from acespec.verify import RuleSpec, RuleSpecError
 
 GUARD_NAMES = ("support", "netwin", "budget")
-ARM_GUARDS = ("support", "netwin")
+ARM_GUARDS = ("support", "netwin", "force")
+ABLATIONS = ARM_GUARDS  # what --ablate can add next to each arm
 BASELINE = "strict"
-THINK_OPEN = "<think>"
-THINK_CLOSE = "</think>"
-THINK_MARKER = "\n</think>\n\n"
-THINK_SYSTEM = (
-    "You are a careful assistant. First reason step by step inside <think> and </think> tags. "
-    "After </think>, give your final answer."
-)
 
 # Settings that change what a record means: a resumed run must not mix records made under others.
 IDENTITY_FIELDS = (
@@ -90,6 +103,7 @@ IDENTITY_FIELDS = (
 class EvalConfig:
     rules: list[str] = field(default_factory=lambda: ["strict", "cactus:delta=0.35"])  # as typed (arms before --guard)
     guards: list[str] = field(default_factory=list)  # support | netwin | budget
+    ablate: list[str] = field(default_factory=list)  # support | netwin | force: guarded copies next to each arm
     dataset: str = "math"
     n: int = 8  # prompts
     seeds: list[int] = field(default_factory=lambda: [0])
@@ -107,6 +121,8 @@ class EvalConfig:
     max_rank: int = 10
     budget_fraction: float = 0.85  # budget forcing point
     netwin_min: int = 8  # net-win guard: observations of each arm before trusting its estimate
+    parallel: int = 1  # jobs run at once through one batched pass per model (1: one at a time)
+    batching: str = "shared"  # --parallel: shared (one pass, weights read once) | exact (a pass per job, same bits as alone)
     humaneval_mode: str = "chat"  # chat | completion
     exec_timeout: float = 10.0  # HumanEval: seconds per program
     min_chars: int = 32  # ShareGPT length filter (characters of the first user turn)
@@ -126,15 +142,25 @@ class EvalConfig:
                 raise ValueError(f"unknown guard {g!r}; choose from {', '.join(GUARD_NAMES)}")
         if self.budget and not self.think:
             raise ValueError("--guard budget forces the end of a <think> trace: it needs --think")
-        if self.n < 1 or self.max_tokens < 1 or not self.seeds:
-            raise ValueError("--n, --max-tokens and --seeds must be at least 1")
+        for g in self.ablate:
+            if g not in ABLATIONS:
+                raise ValueError(f"unknown ablation {g!r}; choose from {', '.join(ABLATIONS)}")
+        arms = build_arms(self.rules, self.guards, self.ablate)  # raises on a bad spec
+        if any(a.force for a in arms):
+            if not self.think:
+                raise ValueError("+force forces the end of a <think> trace: it needs --think")
+            if self.budget:
+                raise ValueError("--guard budget already forces every arm; +force arms compare forced with unforced runs")
+        if self.batching not in ("shared", "exact"):
+            raise ValueError("--batching must be shared or exact")
+        if self.n < 1 or self.max_tokens < 1 or not self.seeds or self.parallel < 1:
+            raise ValueError("--n, --max-tokens, --seeds and --parallel must be at least 1")
         if not 0.0 < self.budget_fraction <= 1.0:
             raise ValueError("--budget-fraction must be in (0, 1]")
         if self.humaneval_mode not in ("chat", "completion"):
             raise ValueError("--humaneval-mode must be chat or completion")
         if self.humaneval_mode == "completion" and self.think:
             raise ValueError("--think needs chat prompting (--humaneval-mode chat)")
-        build_arms(self.rules, self.guards)  # raises on a bad spec
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
@@ -156,6 +182,7 @@ class Arm:
     rule: RuleSpec
     support: bool = False
     netwin: bool = False
+    force: bool = False  # budget forcing on this arm alone (a generation guard: the rule stays what it is)
 
     @property
     def lossless(self) -> bool:
@@ -188,53 +215,46 @@ def parse_arm(text: str, extra_guards: Iterable[str] = ()) -> Arm:
     spec = RuleSpec.parse(rule_text)
     for g in guards:
         if g not in ARM_GUARDS:
-            raise RuleSpecError(f"unknown guard {g!r} in {text!r}; a rule takes +support and/or +netwin")
+            raise RuleSpecError(f"unknown guard {g!r} in {text!r}; a rule takes +support, +netwin and/or +force")
     gs = set(guards)
     if not spec.info.lossless:  # --guard applies to the lossy rules only
         gs |= set(extra_guards) & set(ARM_GUARDS)
     if "netwin" in gs and spec.name == BASELINE:
         raise RuleSpecError("the net-win guard compares a relaxed rule with strict; strict+netwin means nothing")
     label = str(spec) + "".join(f"+{g}" for g in ARM_GUARDS if g in gs)
-    return Arm(label, spec, "support" in gs, "netwin" in gs)
+    return Arm(label, spec, "support" in gs, "netwin" in gs, "force" in gs)
 
 
-def build_arms(rules: Iterable[str], guards: Iterable[str] = ()) -> list[Arm]:
+def ablated(arm: Arm, ablate: Iterable[str]) -> list[Arm]:
+    """The guarded copies `--ablate` puts next to `arm`: +support / +netwin for a lossy rule, +force for any."""
+    out = []
+    for g in ablate:
+        if g == "force" and not arm.force:
+            out.append(parse_arm(arm.label + "+force"))
+        elif g in ("support", "netwin") and not arm.rule.info.lossless and not getattr(arm, g) and not arm.force:
+            out.append(parse_arm(arm.label + "+" + g))
+    return out
+
+
+def build_arms(rules: Iterable[str], guards: Iterable[str] = (), ablate: Iterable[str] = ()) -> list[Arm]:
     arms: list[Arm] = []
-    for t in split_rules(list(rules)):
-        a = parse_arm(t, guards)
+
+    def add(a: Arm) -> None:
         if a.label not in {x.label for x in arms}:
             arms.append(a)
-    if not arms or not any(a.label == BASELINE for a in arms):
-        arms.insert(0, parse_arm(BASELINE))
+
+    parsed = [parse_arm(t, guards) for t in split_rules(list(rules))]
+    if not any(a.label == BASELINE for a in parsed):
+        parsed.insert(0, parse_arm(BASELINE))
+    ablate = list(ablate)
+    for a in parsed:
+        add(a)
+        for b in ablated(a, ablate):
+            add(b)
+            # +force also on the guarded copies, so every row has its forced twin
+            for c in ablated(b, ["force"] if "force" in ablate else []):
+                add(c)
     return arms
-
-
-class SupportFilteredSpec(RuleSpec):
-    """A rule spec whose verify function runs the rule under the support filter.
-
-    The target verifier calls `verify_block(self.rule, ...)`, which looks the rule up through
-    `spec.info`; overriding `info` here puts the filter in that path without changing the engine."""
-
-    def __init__(self, base: RuleSpec, min_p: float, max_rank: int) -> None:
-        object.__setattr__(self, "name", base.name)
-        object.__setattr__(self, "params", base.params)
-        object.__setattr__(self, "_base", RuleSpec(base.name, base.params))
-        object.__setattr__(self, "_min_p", float(min_p))
-        object.__setattr__(self, "_max_rank", int(max_rank))
-
-    @property
-    def info(self):
-        from acespec.verify.guards import verify_with_support_filter
-
-        base_spec, min_p, max_rank = self._base, self._min_p, self._max_rank
-
-        def fn(draft, q, p, rng, **kw):
-            return verify_with_support_filter(base_spec, draft, q, p, rng, min_p=min_p, max_rank=max_rank, **kw)
-
-        return dataclasses.replace(RULES[self.name], fn=fn)
-
-    def __str__(self) -> str:
-        return str(self._base) + "+support"
 
 
 # ------------------------------------------------------------------------------------------ records
@@ -292,177 +312,6 @@ class RecordWriter:
         self._f.close()
 
 
-# ------------------------------------------------------------------------------------------ one generation
-
-
-@dataclass
-class Generation:
-    tokens: list[int]
-    rounds: int = 0
-    drafted: int = 0
-    accepted: int = 0
-    wall_s: float = 0.0  # time to last token: from the start of generation (prompt already prefilled) to the last token
-    ttft_s: float = 0.0
-    support: list[tuple[float, int]] = field(default_factory=list)  # (p, rank) of every accepted draft token
-    forced: bool = False  # budget forcing injected the end-of-thinking marker
-    marker_tokens: int = 0
-    segments: int = 1
-
-
-def prompt_ids(tokenizer, item: Item, cfg: EvalConfig) -> list[int]:
-    if item.kind == "humaneval" and cfg.humaneval_mode == "completion":
-        ids = tokenizer.encode(item.payload["problem"]["prompt"])
-    elif cfg.think:
-        msgs = [{"role": "system", "content": THINK_SYSTEM}, {"role": "user", "content": item.text}]
-        ids = list(tokenizer.chat_prompt(msgs)) + tokenizer.encode(THINK_OPEN + "\n")
-    else:
-        ids = list(tokenizer.chat_prompt([{"role": "user", "content": item.text}]))
-    if not ids:
-        raise ValueError(f"prompt of {item.id} is empty after tokenization")
-    return ids
-
-
-def prefill(model, ids: list[int]) -> None:
-    """Make the model's KV cache hold ids[:-1] (what the engine syncs to before its first pass)."""
-    n = model.sync(ids[:-1])
-    model.eval(ids[n:-1], last=0)
-
-
-def run_generation(target, draft, ids: list[int], cfg: EvalConfig, rule: RuleSpec, seed: int, *, support: bool) -> Generation:
-    """Generate one answer (two segments under budget forcing); see the module docstring."""
-    from acespec.control.guards import BudgetForcer
-    from acespec.engine import SpecConfig, generate
-
-    tok = target.tokenizer
-    # Evaluate the prompt into both KV caches before the clock starts, the same way for every rule: with
-    # caches reused across jobs, whichever rule ran first on a prompt would otherwise pay its prefill alone.
-    for m in (target, draft):
-        if m is not None:
-            prefill(m, ids)
-    t0 = time.perf_counter()
-    times: list[float] = []
-    gen = Generation([])
-    spec: RuleSpec = SupportFilteredSpec(rule, cfg.min_p, cfg.max_rank) if support else rule
-
-    def segment(context: list[int], budget: int, seg_seed: int) -> list[int]:
-        verifiers = []
-
-        def hook(v) -> None:
-            v.record_accepted = True
-            v.rule = spec
-            verifiers.append(v)
-
-        def on_tokens(_toks: list[int]) -> None:
-            times.append(time.perf_counter())
-
-        sc = SpecConfig(
-            rule=str(rule), k=cfg.k, policy="fixed", temperature=cfg.temperature, top_k=cfg.top_k,
-            top_p=cfg.top_p, seed=seg_seed, max_tokens=budget,
-        )
-        res = generate(target, context, sc, draft=draft, on_tokens=on_tokens, verifier_hook=hook)
-        gen.rounds += res.stats.rounds
-        gen.drafted += res.stats.drafted
-        gen.accepted += res.stats.accepted
-        if verifiers:
-            gen.support.extend(verifiers[0].accepted_support)
-        return list(res.tokens)
-
-    if cfg.think and cfg.budget:
-        forcer = BudgetForcer(
-            budget=cfg.max_tokens, fraction=cfg.budget_fraction, open_tag=THINK_OPEN, close_tag=THINK_CLOSE,
-            marker=THINK_MARKER, opened_in_prompt=True,
-        )
-        marker_ids = list(tok.encode(THINK_MARKER, special=True))
-        # the forcing point, moved earlier only where the whole marker and one answer token would not fit
-        cut = max(1, min(forcer.threshold, cfg.max_tokens - len(marker_ids) - 1))
-        out = segment(ids, cut, seed)
-        ended = bool(out) and out[-1] in tok.eos_ids
-        if not ended and len(out) < cfg.max_tokens:
-            # at the forcing point by construction; check() decides whether the trace is still open
-            marker = forcer.check(tok.decode(out), max(len(out), forcer.threshold))
-            ext: list[int] = []
-            if marker is not None:
-                ext = marker_ids[: cfg.max_tokens - len(out)]
-                gen.forced, gen.marker_tokens = True, len(ext)
-            out += ext
-            left = cfg.max_tokens - len(out)
-            if left > 0:
-                gen.segments = 2
-                out += segment(ids + out, left, (seed * 31 + 7) & 0x7FFFFFFF)
-    else:
-        out = segment(ids, cfg.max_tokens, seed)
-    gen.tokens = out
-    if times:
-        gen.wall_s = times[-1] - t0
-        gen.ttft_s = times[0] - t0
-    return gen
-
-
-# ------------------------------------------------------------------------------------------ scoring
-
-
-def token_index_of_byte(pieces: list[bytes], byte_end: int) -> int:
-    """How many leading tokens it takes to produce the first `byte_end` bytes of the output."""
-    total = 0
-    for i, b in enumerate(pieces):
-        total += len(b)
-        if total >= byte_end:
-            return i + 1
-    return len(pieces)
-
-
-def analyse(item: Item, gen: Generation, tokenizer, cfg: EvalConfig) -> dict:
-    """Text, accuracy and where the tokens fall (before/after the first correct answer; in/out of the trace)."""
-    toks = gen.tokens
-    pieces = [tokenizer.decode_bytes([t]) for t in toks]
-    out_bytes = b"".join(pieces)
-    text = tokenizer.decode(toks)
-    eos = bool(toks) and toks[-1] in tokenizer.eos_ids
-    rec: dict = {"text": text, "finished_eos": eos, "hit_budget": (not eos) and len(toks) >= cfg.max_tokens}
-
-    answer_text = text
-    if cfg.think:
-        close = out_bytes.find(THINK_CLOSE.encode())
-        if close >= 0:
-            think = token_index_of_byte(pieces, close + len(THINK_CLOSE))
-            rec["trace_closed"] = True
-            answer_text = text[text.find(THINK_CLOSE) + len(THINK_CLOSE):] if THINK_CLOSE in text else ""
-        else:
-            think = len(toks)
-            rec["trace_closed"] = False
-            answer_text = ""  # no answer outside an unclosed trace
-        rec["think_tokens"] = think
-        rec["answer_tokens"] = len(toks) - think
-
-    correct: bool | None = None
-    if item.kind == "math":
-        ans = int(item.payload["answer"])
-        got = mathgen.parse_answer(answer_text)
-        correct = got == ans
-        rec["answer"] = ans
-        rec["parsed_answer"] = got
-        end = mathgen.first_answer_end(out_bytes, ans)
-        if end is None:
-            rec["pre_answer_tokens"] = None
-            rec["post_answer_tokens"] = None
-        else:
-            t = token_index_of_byte(pieces, end)
-            rec["pre_answer_tokens"] = t
-            rec["post_answer_tokens"] = len(toks) - t
-    elif item.kind == "humaneval":
-        from acespec.eval import humaneval
-
-        res = humaneval.score(item.payload["problem"], answer_text, mode=cfg.humaneval_mode, timeout=cfg.exec_timeout)
-        correct = res.passed
-        rec["exec_status"] = res.status
-        if res.detail:
-            rec["exec_detail"] = res.detail
-    rec["correct"] = correct
-    if gen.forced:
-        rec["rescued"] = bool(correct) if correct is not None else bool(eos)
-    return rec
-
-
 # ------------------------------------------------------------------------------------------ the harness
 
 
@@ -509,6 +358,90 @@ def make_record(job: Job, gen: Generation, analysis: dict, rule_used: str, promp
     return rec
 
 
+class Harness:
+    """What the sequential and the parallel harness share: the job list, the finished records, the net-win
+    guards, and turning a finished generation into a written record."""
+
+    def __init__(self, cfg: EvalConfig, out: Path, log: Callable[[str], None] | None = None) -> None:
+        from acespec.control.guards import NetWinConfig, NetWinGuard
+
+        self.cfg = cfg
+        self.arms = build_arms(cfg.rules, cfg.guards, cfg.ablate)
+        items = load_items(cfg.dataset, cfg.n, data_seed=cfg.data_seed, min_chars=cfg.min_chars, max_chars=cfg.max_chars)
+        self.jobs = [Job(it, s, a) for it in items for s in cfg.seeds for a in self.arms]
+        self.path = out / "records.jsonl"
+        self.done = {r["key"]: r for r in read_records(self.path)}
+        self.todo = [j for j in self.jobs if j.key not in self.done]
+        if log:
+            log(f"{len(self.jobs)} jobs ({len(self.arms)} rules x {len(items)} prompts x {len(cfg.seeds)} seeds), "
+                f"{len(self.jobs) - len(self.todo)} already done")
+        self.guards = {
+            a.label: NetWinGuard(str(a.rule) + ("+support" if a.support else ""), NetWinConfig(n_min=cfg.netwin_min))
+            for a in self.arms if a.netwin
+        }
+        self.writer: RecordWriter | None = None
+        self._prompts: dict[str, list[int]] = {}
+
+    def replay(self, job: Job) -> dict:
+        """A finished job of this run: feed its decision and observation to its arm's guard, in job order."""
+        rec = self.done[job.key]
+        guard = self.guards.get(job.arm.label)
+        if guard is not None:
+            guard.use_relaxed(job.item.kind)
+            guard.observe(job.item.kind, rec["rule_used"], rec["length"], rec["l"])
+        return rec
+
+    def decide(self, job: Job) -> tuple[RuleSpec, bool, str | None]:
+        """(rule, support filter, net-win guard choice) for a job about to run."""
+        arm, guard = job.arm, self.guards.get(job.arm.label)
+        if guard is None:
+            return arm.rule, arm.support, None
+        if guard.use_relaxed(job.item.kind):
+            return arm.rule, arm.support, "relaxed"
+        return RuleSpec.parse(BASELINE), False, "strict"
+
+    def prompt(self, tokenizer, job: Job) -> list[int]:
+        ids = self._prompts.get(job.item.id)
+        if ids is None:
+            ids = self._prompts[job.item.id] = prompt_ids(tokenizer, job.item, self.cfg)
+        return ids
+
+    def observe(self, job: Job, gen: Generation, rule: RuleSpec, support: bool) -> None:
+        """Feed a finished generation to its arm's net-win guard (what the arm's next decision depends on)."""
+        guard = self.guards.get(job.arm.label)
+        if guard is not None:
+            guard.observe(job.item.kind, str(rule) + ("+support" if support else ""), len(gen.tokens),
+                          gen.accepted / gen.rounds if gen.rounds else 0.0)
+
+    def finish(self, job: Job, gen: Generation, tokenizer, rule: RuleSpec, support: bool, choice: str | None,
+               prompt_len: int, *, observed: bool = False, **extra) -> dict:
+        """Score a finished generation, feed the arm's guard (unless `observed` already), write and keep the record."""
+        rule_used = str(rule) + ("+support" if support else "")
+        rec = make_record(job, gen, analyse(job.item, gen, tokenizer, self.cfg), rule_used, prompt_len, choice)
+        rec.update(extra)
+        if not observed:
+            self.observe(job, gen, rule, support)
+        if self.writer is None:
+            self.writer = RecordWriter(self.path)
+        self.writer.write(rec)
+        self.done[job.key] = rec
+        return rec
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+def load_pair(cfg: EvalConfig, **kwargs):
+    """The (target, drafter) the config names; kwargs go to the runtime (llama.cpp: n_slots, ...)."""
+    from acespec.models import load_model
+    from acespec.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
+
+    n_ctx = kwargs.pop("n_ctx", cfg.n_ctx)
+    return (load_model(cfg.target or DEFAULT_TARGET, n_ctx=n_ctx, **kwargs),
+            load_model(cfg.draft or DEFAULT_DRAFT, n_ctx=n_ctx, **kwargs))
+
+
 def run_eval(
     cfg: EvalConfig,
     out_dir: str | Path,
@@ -518,85 +451,55 @@ def run_eval(
     progress: bool = True,
     log: Callable[[str], None] | None = None,
 ) -> list[dict]:
-    """Run every job not yet in `out_dir/records.jsonl`; returns the records of this job set (old + new)."""
-    from acespec.control.guards import NetWinConfig, NetWinGuard
-
+    """Run every job not yet in `out_dir/records.jsonl`; returns the records of this job set (old + new).
+    With `cfg.parallel > 1` the jobs run several at a time (`acespec.eval.parallel`)."""
     cfg.validate()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    arms = build_arms(cfg.rules, cfg.guards)
-    items = load_items(cfg.dataset, cfg.n, data_seed=cfg.data_seed, min_chars=cfg.min_chars, max_chars=cfg.max_chars)
-    jobs = [Job(it, s, a) for it in items for s in cfg.seeds for a in arms]
-    done = {r["key"]: r for r in read_records(out / "records.jsonl")}
-    todo = [j for j in jobs if j.key not in done]
-    if log:
-        log(f"{len(jobs)} jobs ({len(arms)} rules x {len(items)} prompts x {len(cfg.seeds)} seeds), {len(jobs) - len(todo)} already done")
+    h = Harness(cfg, out, log)
+    if cfg.parallel > 1:
+        from acespec.eval.parallel import run_parallel
 
-    if todo:
-        if target is None:
-            from acespec.models import load_model
-            from acespec.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
-
-            target = load_model(cfg.target or DEFAULT_TARGET, n_ctx=cfg.n_ctx)
-            draft = load_model(cfg.draft or DEFAULT_DRAFT, n_ctx=cfg.n_ctx)
+        return run_parallel(h, target=target, draft=draft, progress=progress)
+    if h.todo and target is None:
+        target, draft = load_pair(cfg)
+    if h.todo:
         from acespec.models.base import check_compatible
 
         check_compatible(draft, target)
-
-    guards = {
-        a.label: NetWinGuard(str(a.rule) + ("+support" if a.support else ""), NetWinConfig(n_min=cfg.netwin_min))
-        for a in arms if a.netwin
-    }
-    bar = None
-    if progress and todo:
-        from tqdm import tqdm
-
-        bar = tqdm(total=len(jobs), initial=len(jobs) - len(todo), file=sys.stderr, unit="run", dynamic_ncols=True)
-    writer = RecordWriter(out / "records.jsonl") if todo else None
+    bar = progress_bar(h) if progress else None
     results: list[dict] = []
-    prompt_cache: dict[str, list[int]] = {}
     try:
-        for job in jobs:
-            arm = job.arm
-            guard = guards.get(arm.label)
-            if job.key in done:
-                rec = done[job.key]
-                if guard is not None:  # replay the guard's decision and observation
-                    guard.use_relaxed(job.item.kind)
-                    guard.observe(job.item.kind, rec["rule_used"], rec["length"], rec["l"])
-                results.append(rec)
+        for job in h.jobs:
+            if job.key in h.done:
+                results.append(h.replay(job))
                 continue
-            rule, support, choice = arm.rule, arm.support, None
-            if guard is not None:
-                if guard.use_relaxed(job.item.kind):
-                    choice = "relaxed"
-                else:
-                    choice, rule, support = "strict", RuleSpec.parse(BASELINE), False
-            rule_used = str(rule) + ("+support" if support else "")
-            ids = prompt_cache.get(job.item.id)
-            if ids is None:
-                ids = prompt_cache[job.item.id] = prompt_ids(target.tokenizer, job.item, cfg)
+            rule, support, choice = h.decide(job)
+            ids = h.prompt(target.tokenizer, job)
             if bar is not None:
-                bar.set_postfix_str(f"{arm.label} {job.item.id} s{job.seed}", refresh=False)
-            gen = run_generation(target, draft, ids, cfg, rule, seed_for(job.seed, job.item.id), support=support)
-            analysis = analyse(job.item, gen, target.tokenizer, cfg)
-            rec = make_record(job, gen, analysis, rule_used, len(ids), choice)
-            if guard is not None:
-                guard.observe(job.item.kind, rule_used, rec["length"], rec["l"])
-            writer.write(rec)
-            done[job.key] = rec
-            results.append(rec)
+                bar.set_postfix_str(f"{job.arm.label} {job.item.id} s{job.seed}", refresh=False)
+            gen = run_generation(target, draft, ids, cfg, rule, seed_for(job.seed, job.item.id), support=support,
+                                 force=job.arm.force)
+            results.append(h.finish(job, gen, target.tokenizer, rule, support, choice, len(ids)))
             if bar is not None:
                 bar.update(1)
     finally:
         if bar is not None:
             bar.close()
-        if writer is not None:
-            writer.close()
+        h.close()
     return results
 
 
+def progress_bar(h: Harness):
+    if not h.todo:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=len(h.jobs), initial=len(h.jobs) - len(h.todo), file=sys.stderr, unit="run", dynamic_ncols=True)
+
+
 __all__ = [
-    "Arm", "EvalConfig", "Generation", "Job", "RecordWriter", "SupportFilteredSpec", "build_arms", "parse_arm",
-    "read_records", "record_key", "run_eval", "run_generation", "seed_for", "split_rules",
+    "THINK_CLOSE", "THINK_MARKER", "THINK_OPEN", "THINK_SYSTEM", "Arm", "EvalConfig", "Generation", "Harness", "Job",
+    "RecordWriter", "SupportFilteredSpec", "analyse", "build_arms", "parse_arm", "prefill", "prompt_ids",
+    "load_pair", "read_records", "record_key", "run_eval", "run_generation", "seed_for", "split_rules", "token_index_of_byte",
 ]
