@@ -54,6 +54,10 @@ def add_parser(bench_subparsers: argparse._SubParsersAction) -> argparse.Argumen
     p.add_argument("--rule", default="coupled")
     p.add_argument("--rtt", type=nonneg_float, default=0.0, help="put `acespec wan` with this round trip (ms) in between (0 = none)")
     p.add_argument("--n-ctx", type=pos_int, default=2048)
+    p.add_argument("--cores", choices=("split", "shared"), default="split",
+                   help="split (default): the cloud gets one core, the edges (the API and acespec edge, which never run "
+                        "at once) the other, like two devices; shared: every process uses every core, and llama.cpp "
+                        "threads of two processes computing at once slow each other several-fold")
     p.add_argument("--json", metavar="OUT")
     p.set_defaults(func=cmd_bench_api)
     return p
@@ -128,19 +132,28 @@ def cmd_bench_api(args: argparse.Namespace) -> int:
     from acespec.models import load_model
     from acespec.models.registry import resolve
 
+    import os
+
+    from acespec.models.llama import split_threads
+
     exe = [sys.executable, "-m", "acespec.cli"]
+    edge_threads, cloud_threads = split_threads(args.cores)
+    cloud_env = {**os.environ, **({"ACESPEC_THREADS": str(cloud_threads)} if cloud_threads else {})}
+    edge_env = {**os.environ, **({"ACESPEC_THREADS": str(edge_threads)} if edge_threads else {})}
     kids = ChildProcesses()
     try:
-        cloud = kids.start([*exe, "serve", "--target", args.target, "--port", "0", "--n-ctx", str(args.n_ctx)])
+        cloud = kids.start([*exe, "serve", "--target", args.target, "--port", "0", "--n-ctx", str(args.n_ctx)], env=cloud_env)
         cloud_port = int(wait_for_line(cloud, r"listening on [\d.]+:(\d+)", 300, "the cloud").group(1))
         if args.rtt > 0:
             wan = kids.start([*exe, "wan", "--listen", "127.0.0.1:0", "--upstream", f"127.0.0.1:{cloud_port}",
                               "--profile", "lan", "--rtt", f"{args.rtt:g}", "--jitter", "0"])
             cloud_port = int(wait_for_line(wan, r"listening on [\d.]+:(\d+)", 60, "the WAN emulator").group(1))
         api = kids.start([*exe, "edge", "serve", "--cloud", f"127.0.0.1:{cloud_port}", "--draft", args.draft,
-                          "--port", "0", "--n-ctx", str(args.n_ctx), "--rule", args.rule, "--mode", args.mode])
+                          "--port", "0", "--n-ctx", str(args.n_ctx), "--rule", args.rule, "--mode", args.mode], env=edge_env)
         api_port = int(wait_for_line(api, r"http://[\d.]+:(\d+)", 300, "the edge API").group(1))
         slots = {"n_slots": DRAFTER_SLOTS} if resolve(args.draft).kind == "gguf" else {}  # as `edge serve` loads it
+        if edge_threads and resolve(args.draft).kind == "gguf":
+            slots["n_threads"] = edge_threads
         drafter = load_model(args.draft, n_ctx=args.n_ctx, **slots)
         base = EdgeConfig(rule=args.rule, temperature=0.0, seed=0, max_tokens=args.max_tokens,
                           connect=ConnectConfig(port=cloud_port))
@@ -191,7 +204,7 @@ def format_table(r: dict) -> str:
     c = r["config"]
     lines = [
         f"=== bench api: {c['draft']} -> {c['target']}, mode {c['mode']}, rule {c['rule']}, {c['max_tokens']} tokens, "
-        f"rtt {c['rtt']:g} ms, {len(r['pairs'])} pairs (A B / B A) ===",
+        f"rtt {c['rtt']:g} ms, cores {c.get('cores', 'shared')}, {len(r['pairs'])} pairs (A B / B A) ===",
         f"{'':28}{'acespec edge':>14}{'edge serve API':>16}{'api / edge':>12}{'api - edge':>14}",
         f"{'time to first token (s)':28}{r['edge']['ttft_s']:>14.3f}{r['api']['ttft_s']:>16.3f}{r['ratio']['ttft']:>11.3f}x"
         f"{1e3 * r['diff_s']['ttft']:>+11.1f} ms",
