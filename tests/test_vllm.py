@@ -166,6 +166,9 @@ def test_coupled_identical_where_the_top_k_covers(engines):
     assert all(r["exactness"] == "bounded" and r["rows"] > 0 for r in reports)
     # the reported bound is a probability, and the random model leaves a few percent outside its top 20
     assert all(0.0 < r["tail_mass_mean"] <= r["tail_mass_max"] < 1.0 for r in reports)
+    m = vl.metrics()  # and the engine's histogram (acespec:topk_tail_mass) counted every one of those rows
+    assert sum(n for _, n in m["tail_buckets"]) >= sum(r["rows"] for r in reports)
+    assert m["tail_mass_max"] >= max(r["tail_mass_max"] for r in reports)
 
 
 def test_coupled_with_top_k_inside_k_is_exact(engines):
@@ -307,6 +310,9 @@ def test_edge_through_acespec_serve_vllm_equals_cloud_only(tiny, tmp_path):
         requests = fams["acespec:engine_requests"].samples[0].value
         assert requests > sum(len(t) for t, _ in out.values()) / 5  # one request per block, not per run
         assert fams["acespec:verdicts"].samples[0].value > 0
+        # every session here was exact (greedy, or top_k <= K): no row needed a tail bound
+        tail = {s.name: s.value for s in fams["acespec:topk_tail_mass"].samples}
+        assert tail["acespec:topk_tail_mass_count"] == 0 and fams["acespec:topk_tail_mass_max"].samples[0].value == 0.0
     finally:
         proc.terminate()
         proc.wait(60)
