@@ -168,8 +168,10 @@ def aggregate(records: list[dict], arms: list[str] | None = None, baseline: str 
             a["answer_found"] = len(found)
             a["pre_answer_tokens"] = _mean(r["pre_answer_tokens"] for r in found)
             a["post_answer_tokens"] = _mean(r["post_answer_tokens"] for r in found)
-            if bl:  # pairs where the answer appears in both runs
+            if bl:  # pairs where the answer appears in both runs: the Δ and its interval are over the same pairs
                 for key in ("pre_answer_tokens", "post_answer_tokens"):
+                    a[key + "_delta"] = _mean(
+                        r[key] - b[key] for r, b in zip(paired, bl) if r.get(key) is not None and b.get(key) is not None)
                     ci[key + "_delta"] = mean_delta_interval(_opt(paired, key), _opt(bl, key), boot)
         if any("think_tokens" in r for r in use):
             a["think_tokens"] = _mean(r.get("think_tokens") for r in use)
@@ -381,12 +383,13 @@ def render_markdown(agg: dict, settings: dict, command: str, *, dataset: str, th
                   "where it appears). The Δ intervals are over the pairs where it appears under both rules.", "",
                   "| rule | answer appears | tokens before | tokens after | Δ before vs strict | Δ after vs strict |",
                   "|---|---:|---:|---:|---:|---:|"]
-        b = agg.get(BASELINE, {})
         for arm, a in agg.items():
             if "pre_answer_tokens" not in a:
                 continue
-            db = None if a["pre_answer_tokens"] is None or b.get("pre_answer_tokens") is None else a["pre_answer_tokens"] - b["pre_answer_tokens"]
-            da = None if a["post_answer_tokens"] is None or b.get("post_answer_tokens") is None else a["post_answer_tokens"] - b["post_answer_tokens"]
+            # paired: the mean of rule - strict over the pairs where both found the answer (the means in the
+            # columns before are over every run that found it, so their difference is not the paired Δ)
+            db = 0.0 if arm == BASELINE else a.get("pre_answer_tokens_delta")
+            da = 0.0 if arm == BASELINE else a.get("post_answer_tokens_delta")
             ci = {} if arm == BASELINE else a.get("ci", {})
             lines.append(f"| `{arm}` | {a['answer_found']}/{a['paired'] or a['runs']} | {_f(a['pre_answer_tokens'], 1)} | "
                          f"{_f(a['post_answer_tokens'], 1)} | {_ci(db, ci.get('pre_answer_tokens_delta'), 1)} | "
