@@ -39,6 +39,30 @@ def time_eval(model, prefix: list[int], sizes: list[int], repeats: int) -> list[
     return out
 
 
+def time_prefill(model, prompt: list[int], repeats: int = 1) -> float:
+    """Seconds per token to prefill `prompt` into an empty cache (the fastest of `repeats`)."""
+    best = float("inf")
+    for _ in range(repeats):
+        model.reset()
+        t0 = time.perf_counter()
+        model.prefill(prompt)
+        best = min(best, time.perf_counter() - t0)
+    model.reset()
+    return best / max(1, len(prompt))
+
+
+def calibrate(draft, target, prompt: list[int], sizes: list[int], repeats: int) -> dict:
+    """Both models' call costs after `prompt` and their prompt-prefill rates: what `bench cost` prints,
+    and what `acespec.sim.profiles.DeviceProfile.from_cost` builds this machine's profile from."""
+    result: dict = {"prompt_tokens": len(prompt), "sizes": list(sizes), "models": {}, "prefill": {}}
+    for role, model in (("drafter", draft), ("target", target)):
+        secs = time_eval(model, prompt, sizes, repeats)
+        c0, c1 = fit_line(sizes, secs)
+        result["models"][role] = {"name": getattr(model, "name", "?"), "seconds": secs, "c0_s": c0, "c1_s": c1}
+        result["prefill"][f"{role}_s_per_token"] = time_prefill(model, prompt)
+    return result
+
+
 def fit_line(sizes: list[int], seconds: list[float]) -> tuple[float, float]:
     """(c0, c1) of the least-squares line seconds = c0 + c1 n (c1 = 0 with a single size)."""
     if len(set(sizes)) < 2:
@@ -55,7 +79,8 @@ def add_parser(bench_subparsers: argparse._SubParsersAction) -> argparse.Argumen
     p = bench_subparsers.add_parser("cost", help="what a model call costs per token evaluated (drafter and target)")
     p.add_argument("--draft", default=DEFAULT_DRAFT)
     p.add_argument("--target", default=DEFAULT_TARGET)
-    p.add_argument("--sizes", default="1,2,3,5,8,14", type=_sizes, help="comma-separated token counts per call")
+    p.add_argument("--sizes", default="1,2,3,5,8,14", type=_sizes,
+                   help="token counts per call, comma-separated, ranges allowed (1-12: what `bench sim` profiles need)")
     p.add_argument("--repeats", type=pos_int, default=3, help="evaluations per size; the fastest counts")
     p.add_argument("--n-ctx", type=pos_int, default=2048)
     add_cores_arg(p)
@@ -66,7 +91,11 @@ def add_parser(bench_subparsers: argparse._SubParsersAction) -> argparse.Argumen
 
 def _sizes(text: str) -> list[int]:
     try:
-        sizes = [int(x) for x in text.split(",") if x.strip()]
+        sizes = []
+        for part in (x.strip() for x in text.split(",")):
+            lo, sep, hi = part.partition("-")
+            if part:
+                sizes += list(range(int(lo), int(hi) + 1)) if sep else [int(part)]
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers") from None
     if not sizes or min(sizes) < 1:
@@ -83,12 +112,7 @@ def cmd_bench_cost(args: argparse.Namespace) -> int:
         (pid, prompt), = humaneval_prompts(target.tokenizer, 1)
         if len(prompt) + max(args.sizes) > min(draft.n_ctx, target.n_ctx):
             raise ValueError(f"the prompt ({len(prompt)} tokens) + {max(args.sizes)} exceeds the context; use a larger --n-ctx")
-        models = {"drafter": draft, "target": target}
-        result = {"prompt": pid, "prompt_tokens": len(prompt), "sizes": args.sizes, "cores": args.cores, "models": {}}
-        for role, model in models.items():
-            secs = time_eval(model, prompt, args.sizes, args.repeats)
-            c0, c1 = fit_line(args.sizes, secs)
-            result["models"][role] = {"name": getattr(model, "name", "?"), "seconds": secs, "c0_s": c0, "c1_s": c1}
+        result = {"prompt": pid, "cores": args.cores, **calibrate(draft, target, prompt, args.sizes, args.repeats)}
     finally:
         draft.close()
         target.close()
@@ -99,7 +123,8 @@ def cmd_bench_cost(args: argparse.Namespace) -> int:
     for n, a, b in zip(args.sizes, d, t):
         print(f"{n:>6}  {1e3 * a:>10.1f}  {1e3 * a / n:>8.1f}  {1e3 * b:>10.1f}  {1e3 * b / n:>8.1f}")
     for role, m in result["models"].items():
-        print(f"{role}: t(n) = {1e3 * m['c0_s']:.1f} ms + {1e3 * m['c1_s']:.1f} ms x n")
+        print(f"{role}: t(n) = {1e3 * m['c0_s']:.1f} ms + {1e3 * m['c1_s']:.1f} ms x n; prompt prefill "
+              f"{1e3 * result['prefill'][role + '_s_per_token']:.2f} ms/token")
     print()
     print(caveat(args.cores))
     write_result(args.json, result)

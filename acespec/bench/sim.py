@@ -2,12 +2,18 @@
 
     acespec bench sim --record [--n-prompts 4] [--max-tokens 96] [--out runs/traces/X.json]
     acespec bench sim [--traces PATH] [--profile edge-npu+h200] [--rtt 0,50,100,200] [--modes ...] [--json OUT]
-    acespec bench sim --validate [--live wan.json] [--traces PATH]
+    acespec bench sim --validate [--n-prompts 2] [--max-tokens 64] [--rtt 0,200] [--live F] [--cost F] [--traces F]
 
-`--record` runs the real model pair on HumanEval prompts (greedy, K = 4), stores per-position acceptance
-and this machine's timings (see `acespec.sim.trace`). The default replays the newest trace file under
-runs/traces/. `--validate` replays the `cpu-here` profile (this machine's measured timings, drafter and
-target sharing the cores) and prints it next to live figures from `acespec bench wan --json`.
+`--record` runs the real model pair on HumanEval prompts (greedy, K = 4) and stores per-position
+acceptance (see `acespec.sim.trace`). The default replays the newest trace file under runs/traces/
+through the live edge's own loop on virtual time (`acespec.sim.edge`).
+
+`--validate` checks the simulator against the live system on this machine, like with like: with the
+pair loaded on split cores (drafter and target one core each, as two devices), it calibrates this
+machine's profile (`bench cost`), records traces of the very prompts and lengths the live side runs,
+runs `bench acespec --cores split` live, simulates the same variants and RTTs, and prints both side by
+side; its last line is the largest tokens/s error over modes and RTTs. Any of the three inputs can be
+given instead (`--cost`, `--traces`, `--live`); what it measured is kept under runs/validate-STAMP/.
 """
 
 from __future__ import annotations
@@ -24,12 +30,14 @@ from acespec.argtypes import pos_int as _pos_int
 
 DEFAULT_DIR = Path("runs/traces")
 DEFAULT_RTTS = "0,50,100,200"
+VALIDATE_RTTS = "0,200"
+CALIBRATION_SIZES = list(range(1, 13))  # drafter and target calls of 1..12 tokens: blocks up to K = 11, batches up to 12
 
 
 def add_parser(bench_subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add `sim` to the `acespec bench` subcommands."""
     from acespec.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
-    from acespec.sim.model import MODES_DEFAULT
+    from acespec.sim.edge import MODES_DEFAULT
     from acespec.sim.profiles import DEVICE_PROFILES
 
     profiles = ["cpu-here", *DEVICE_PROFILES]
@@ -41,16 +49,16 @@ def add_parser(bench_subparsers: argparse._SubParsersAction) -> argparse.Argumen
     )
     act = p.add_mutually_exclusive_group()
     act.add_argument("--record", action="store_true", help="record traces from HumanEval prompts with the real models")
-    act.add_argument("--validate", action="store_true", help="simulate cpu-here next to live figures (--live)")
-    act.add_argument("--remeasure", action="store_true",
-                     help="measure this machine's timings again into the trace file (--traces), keeping its acceptance")
+    act.add_argument("--validate", action="store_true",
+                     help="calibrate, record, run live on split cores and simulate the same runs; print the errors")
     p.add_argument("--traces", help=f"trace file to replay (default: the newest {DEFAULT_DIR}/*.json)")
     p.add_argument("--profile", default="edge-npu+h200",
                    help=f"device profile(s), comma-separated, or 'all': {', '.join(profiles)} (default edge-npu+h200)")
-    p.add_argument("--rtt", default=DEFAULT_RTTS, help=f"round-trip times in ms (default {DEFAULT_RTTS})")
+    p.add_argument("--rtt", help=f"round-trip times in ms (default {DEFAULT_RTTS}; --validate: {VALIDATE_RTTS})")
     p.add_argument("--modes", default=",".join(MODES_DEFAULT),
                    help="comma-separated modes: cloud-only, sync, pipelined, each with optional +cache, +branches, "
-                        f"+ideal, +adaptive, +ctrl (default {','.join(MODES_DEFAULT)})")
+                        "+adaptive, +ctrl, +autowin and :k=N, or `bench acespec`'s variant names "
+                        f"(default {','.join(MODES_DEFAULT)})")
     p.add_argument("--k", type=_pos_int, default=4, help="draft depth (start depth for adaptive policies; default 4)")
     p.add_argument("--window", type=_pos_int, default=2, help="pipelined: blocks in flight (default 2)")
     p.add_argument("--net", default="wan", help="network profile for jitter/bandwidth/loss, RTT replaced by --rtt: "
@@ -60,12 +68,14 @@ def add_parser(bench_subparsers: argparse._SubParsersAction) -> argparse.Argumen
     p.add_argument("--up", help="override the uplink rate, e.g. 5mbit (0 = unlimited)")
     p.add_argument("--down", help="override the downlink rate, e.g. 20mbit (0 = unlimited)")
     p.add_argument("--seed", type=int, default=0, help="jitter / loss seed (default 0)")
-    p.add_argument("--no-handshake", action="store_true", help="send the first DRAFT with HELLO (no WELCOME round trip)")
     p.add_argument("--json", metavar="OUT", help="also write the result (rows, sensitivity, assumptions) here")
-    p.add_argument("--live", metavar="FILE", help="--validate: live figures from `acespec bench wan --json`")
-    rec = p.add_argument_group("recording (--record)")
-    rec.add_argument("--n-prompts", type=_pos_int, default=4, help="HumanEval problems (default 4)")
-    rec.add_argument("--max-tokens", type=_pos_int, default=96, help="tokens per generation (default 96)")
+    val = p.add_argument_group("validation (--validate)")
+    val.add_argument("--live", metavar="FILE", help="live figures from `acespec bench acespec --json` instead of running them")
+    val.add_argument("--cost", metavar="FILE", help="this machine's calibration from `acespec bench cost --sizes 1-12 "
+                     "--json` instead of measuring it")
+    rec = p.add_argument_group("recording (--record, --validate)")
+    rec.add_argument("--n-prompts", type=_pos_int, help="HumanEval problems (default 4; --validate: 2)")
+    rec.add_argument("--max-tokens", type=_pos_int, help="tokens per generation (default 96; --validate: 64)")
     rec.add_argument("--out", help=f"trace file to write (default {DEFAULT_DIR}/humaneval-nN-tT-STAMP.json)")
     rec.add_argument("--prompt-style", choices=["sim", "eval"], default="sim",
                      help="sim: 'Complete this Python function: ...' (default); eval: the eval harness / bench wan "
@@ -74,6 +84,8 @@ def add_parser(bench_subparsers: argparse._SubParsersAction) -> argparse.Argumen
     rec.add_argument("--target", default=DEFAULT_TARGET, help=f"target model (default {DEFAULT_TARGET})")
     rec.add_argument("--n-ctx", type=_pos_int, default=2048, help="context window for llama.cpp models (default 2048)")
     rec.add_argument("--no-timings", action="store_true", help="skip measuring this machine's timings")
+    rec.add_argument("--cores", choices=["shared", "split"], default=None,
+                     help="--validate: how the pair shares this machine's cores (default split: one core each, as two devices)")
     p.set_defaults(func=cmd_bench_sim)
     return p
 
@@ -116,7 +128,7 @@ def _devices(spec: str, timings: dict):
 
 
 def _modes(text: str) -> list[str]:
-    from acespec.sim.model import parse_mode
+    from acespec.sim.edge import parse_mode
 
     modes = [m.strip() for m in text.split(",") if m.strip()]
     for m in modes:
@@ -132,13 +144,14 @@ def cmd_bench_sim(args: argparse.Namespace) -> int:
         return _record(args)
     if args.validate:
         return _validate(args)
-    if args.remeasure:
-        return _remeasure(args)
     return _simulate(args)
 
 
 def _record(args) -> int:
     from acespec.models import load_model
+
+    args.n_prompts = args.n_prompts or 4
+    args.max_tokens = args.max_tokens or 96
     from acespec.sim.trace import humaneval_prompts, record_traces
 
     out = Path(args.out) if args.out else DEFAULT_DIR / f"humaneval-n{args.n_prompts}-t{args.max_tokens}-{time.strftime('%Y%m%d-%H%M%S')}.json"
@@ -166,33 +179,6 @@ def _record(args) -> int:
     return 0
 
 
-def _remeasure(args) -> int:
-    from acespec.models import load_model
-    from acespec.sim.trace import measure_timings, system_load
-
-    path, ts = _load(args)
-    if not ts.prompts:
-        raise ValueError(f"{path} holds no prompts")
-    first = ts.prompts[0]
-    target = load_model(args.target, n_ctx=args.n_ctx)
-    draft = load_model(args.draft, n_ctx=args.n_ctx)
-    try:
-        load0 = system_load()
-        t0 = time.perf_counter()
-        tim = measure_timings(target, draft, list(first.prompt_tokens) + list(first.tokens))
-        tim["measure_s"] = round(time.perf_counter() - t0, 2)
-    finally:
-        draft.close()
-        target.close()
-    tim["load_avg_before"], tim["load_avg_after"] = load0, system_load()
-    ts.timings = tim
-    ts.save(path)
-    print(f"updated timings in {path}: draft {1e3 * tim['draft_s_per_token']:.1f} ms/token, verify K=0..8 "
-          + ", ".join(f"{1e3 * v:.0f}" for v in tim["verify_s"]) + f" ms, contention draft x{tim.get('contention_draft', 1):.2f} "
-          f"verify x{tim.get('contention_verify', 1):.2f}; load average {tim['load_avg_before']} -> {tim['load_avg_after']}")
-    return 0
-
-
 def _load(args):
     from acespec.sim.trace import TraceSet
 
@@ -205,11 +191,10 @@ def _simulate(args) -> int:
 
     path, ts = _load(args)
     devices = _devices(args.profile, ts.timings)
-    rtts = parse_rtts(args.rtt)
+    rtts = parse_rtts(args.rtt or DEFAULT_RTTS)
     modes = _modes(args.modes)
     net = _net(args)
-    result = run_grid(ts.prompts, devices, rtts, modes, k=args.k, window=args.window, net=net,
-                      handshake=not args.no_handshake)
+    result = run_grid(ts.prompts, devices, rtts, modes, k=args.k, window=args.window, net=net)
     print(f"acespec bench sim: {path} ({len(ts.prompts)} prompts, {sum(p.n for p in ts.prompts)} tokens; "
           f"{ts.drafter} -> {ts.target}, greedy)")
     print(format_assumptions(devices, net, args.k, args.window))
@@ -218,7 +203,7 @@ def _simulate(args) -> int:
     if args.json:
         doc = {"traces": str(path), "assumptions": format_assumptions(devices, net, args.k, args.window).splitlines(),
                "config": {"k": args.k, "window": args.window, "rtts": rtts, "modes": modes, "net": net.describe(),
-                          "handshake": not args.no_handshake}, **result}
+                          }, **result}
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(doc, indent=2))
         print(f"wrote {args.json}")
@@ -226,38 +211,93 @@ def _simulate(args) -> int:
 
 
 def _validate(args) -> int:
-    from acespec.net.profile import profile_from_args
-    from acespec.sim.profiles import device_profile
-    from acespec.sim.report import format_validation, parse_live, run_grid, validation_rows
+    from acespec.sim.profiles import DeviceProfile
+    from acespec.sim.report import format_validation, max_error, parse_live, run_grid, validation_rows
+    from acespec.sim.trace import TraceSet
 
-    path, ts = _load(args)
-    dev = device_profile("cpu-here", ts.timings)
-    live_rows, live_cfg = [], {}
-    if args.live:
-        live_rows, live_cfg = parse_live(json.loads(Path(args.live).read_text()))
-    rtts = sorted({r["rtt_ms"] for r in live_rows}) if live_rows else parse_rtts(args.rtt)
-    modes = list(dict.fromkeys(r["mode"] for r in live_rows)) if live_rows else ["cloud-only", "sync", "pipelined"]
-    k = int(live_cfg.get("k", args.k))
-    window = int(live_cfg.get("window", args.window))
-    net = _net(args)
-    if "profile" in live_cfg:  # replay the network the live run used
-        net = profile_from_args(live_cfg["profile"], rtt=0, seed=args.seed)  # None = the ideal link
-    result = run_grid(ts.prompts, [dev], rtts, modes, k=k, window=window, net=net, handshake=not args.no_handshake)
-    print(f"acespec bench sim --validate: {path}; {dev.describe()}")
-    print(f"network {net.describe()}; K = {k}, window = {window}")
-    if live_rows:
-        lp = live_cfg.get("max_tokens")
-        if lp and lp != ts.meta.get("max_tokens"):
-            print(f"note: live max_tokens {lp} vs trace {ts.meta.get('max_tokens')}: compare with care")
-        rows = validation_rows(result["rows"], live_rows)
-        print(format_validation(rows))
-    else:
-        rows = validation_rows(result["rows"], [])
-        print("(no --live file: simulated figures only)")
-        print(format_validation(rows))
+    n_prompts, max_tokens = args.n_prompts or 2, args.max_tokens or 64
+    rtts = parse_rtts(args.rtt or VALIDATE_RTTS)
+    variants = _modes(args.modes)
+    out_dir = Path("runs") / f"validate-{time.strftime('%Y%m%d-%H%M%S')}"
+    cost = json.loads(Path(args.cost).read_text()) if args.cost else None
+    ts = TraceSet.load(args.traces) if args.traces else None
+    live = json.loads(Path(args.live).read_text()) if args.live else None
+    if cost is None or ts is None or live is None:
+        cost, ts, live = _measure(args, cost, ts, live, n_prompts, max_tokens, rtts, variants, out_dir)
+    live_rows, live_cfg = parse_live(live)
+    dev = DeviceProfile.from_cost(cost)
+    if live_cfg.get("rtts"):
+        rtts = sorted(float(r) for r in live_cfg["rtts"])
+    live_modes = [m for m in variants if any(r["mode"] == m for r in live_rows)]
+    if not live_modes:
+        raise ValueError(f"the live figures hold none of the modes {', '.join(variants)}")
+    net = _live_net(live_cfg.get("profile", "wan"), args.seed)
+    k, window = int(live_cfg.get("k", args.k)), int(live_cfg.get("window", args.window))
+    result = run_grid(ts.prompts, [dev], rtts, live_modes, k=k, window=window, net=net)
+    rows = validation_rows(result["rows"], live_rows)
+    print(f"acespec bench sim --validate: {len(ts.prompts)} prompt(s) x {max(p.n for p in ts.prompts)} tokens, "
+          f"K = {k}, window = {window}, network {net.describe()} with RTT {', '.join(f'{r:g}' for r in rtts)} ms")
+    print(dev.describe())
+    print(format_validation(rows))
+    err = max_error(rows)
+    hit = [abs(r["hit_rate_points"]) for r in rows if r.get("hit_rate_points") is not None]
+    if hit:
+        print(f"largest cache hit-rate difference: {max(hit):.1f} points")
     if args.json:
-        Path(args.json).write_text(json.dumps({"traces": str(path), "device": dev.describe(), "rows": rows}, indent=2))
+        write = {"device": dev.describe(), "cost": cost, "rtts": rtts, "modes": live_modes, "rows": rows,
+                 "max_tok_s_error": err, "traces": [p.id for p in ts.prompts]}
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(write, indent=2))
         print(f"wrote {args.json}")
+    print("max |sim/live - 1| = " + ("-" if err is None else f"{100 * err:.1f}%"))
     return 0
 
 
+def _live_net(profile: str | None, seed: int):
+    """The network the live run went through (its RTT replaced per row); None or `none`: an ideal link."""
+    from acespec.net.profile import WanProfile, profile_from_args
+
+    return (profile_from_args(profile, rtt=0, seed=seed) if profile else None) or WanProfile()
+
+
+def _measure(args, cost, ts, live, n_prompts: int, max_tokens: int, rtts: list[float], variants: list[str], out_dir: Path):
+    """Whatever the validation was not given, measured here with the pair loaded on split cores; each
+    input is saved under `out_dir` so the comparison can be rerun from files."""
+    from acespec.bench.acespec_bench import POLICY_VARIANTS, VARIANTS
+    from acespec.bench.cost import calibrate
+    from acespec.bench.wan import BenchConfig, caveat, humaneval_prompts, load_pair, run_wan_bench
+    from acespec.draft.cache import DRAFTER_SLOTS
+    from acespec.sim.trace import record_traces
+
+    cores = args.cores or "split"
+    print(caveat(cores), file=sys.stderr)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    draft, target = load_pair(args.draft, args.target, n_ctx=args.n_ctx, cores=cores, draft_slots=DRAFTER_SLOTS)
+    try:
+        prompts = humaneval_prompts(target.tokenizer, n_prompts)  # the live bench's prompts and template
+        if cost is None:
+            print("calibrating this machine (bench cost) ...", file=sys.stderr)
+            cost = {"prompt": prompts[0][0], "cores": cores, **calibrate(draft, target, prompts[0][1], CALIBRATION_SIZES, 3)}
+            (out_dir / "cost.json").write_text(json.dumps(cost, indent=2))
+        if ts is None:
+            print("recording traces of the same prompts and lengths ...", file=sys.stderr)
+            ts = record_traces(target, draft, prompts, max_tokens=max_tokens, k=4, timings=False,
+                               progress=lambda s: print(s, file=sys.stderr))
+            ts.meta["prompt_style"] = "eval"
+            ts.save(out_dir / "traces.json")
+        if live is None:
+            known = {**VARIANTS, **POLICY_VARIANTS}
+            unknown = [v for v in variants if v not in known and v not in ("cloud-only", "sync", "pipelined")]
+            if unknown:
+                raise ValueError(f"--validate runs `bench acespec` variants live; {', '.join(unknown)} is not one "
+                                 f"(choose from {', '.join(known)})")
+            cfg = BenchConfig(rtts=rtts, modes=variants, profile="wan", k=args.k, window=args.window, max_tokens=max_tokens,
+                              variants=known)
+            live = run_wan_bench(draft, target, prompts, cfg)
+            live["cores"] = cores
+            (out_dir / "live.json").write_text(json.dumps(live, indent=2))
+    finally:
+        draft.close()
+        target.close()
+    print(f"kept the calibration, traces and live figures under {out_dir}/", file=sys.stderr)
+    return cost, ts, live

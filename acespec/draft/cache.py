@@ -27,7 +27,7 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -107,10 +107,12 @@ class CacheMetrics:
 
 
 class StateCache:
-    def __init__(self, drafter: ChainDrafter, config: CacheConfig | None = None, *, coupled: bool = False) -> None:
+    def __init__(self, drafter: ChainDrafter, config: CacheConfig | None = None, *, coupled: bool = False,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
         self.drafter = drafter
         self.model = drafter.model
         self.cfg = config or CacheConfig()
+        self.clock = clock  # step timing, which the scheduler's budgets compare with the loop's clock
         self.coupled = coupled  # rankings come from the shared Gumbel noise: weight them geometrically
         self.entries: OrderedDict[tuple[int, int, int], Entry] = OrderedDict()
         self.metrics = CacheMetrics()
@@ -216,11 +218,11 @@ class StateCache:
         group = self._next_group(n, max_level)
         if not group:
             return []
-        t0 = time.perf_counter()
+        t0 = self.clock()
         keep_q = self.drafter.rule.info.needs_q
         steps = self.drafter.step_many([(a["slot"], a["ctx"] + a["tokens"]) for a in group],
                                        keep_top=self.cfg.alternatives + 1)
-        dt = time.perf_counter() - t0
+        dt = self.clock() - t0
         self._step_s[n] = dt if n not in self._step_s else 0.7 * self._step_s[n] + 0.3 * dt
         self.metrics.predraft_s += dt
         self.metrics.steps += 1

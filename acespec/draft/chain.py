@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -60,7 +60,8 @@ class TokenPicker:
 
 class ChainDrafter:
     def __init__(
-        self, model: Model, *, sampling: SamplingParams, rule: RuleSpec, seed: int = 0, q_topn: int = 0
+        self, model: Model, *, sampling: SamplingParams, rule: RuleSpec, seed: int = 0, q_topn: int = 0,
+        clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self.model = model
         # q_topn > 0: draft from the top-n truncation of q, the form in which q crosses the wire
@@ -69,6 +70,7 @@ class ChainDrafter:
         self.rule = rule
         self.picker = TokenPicker(rule, sampling, seed)
         self.tokens_drafted = 0
+        self.clock = clock  # what `DraftBlock.seconds` is measured on (a simulator's virtual clock)
 
     def prefill(self, context: Sequence[int]) -> None:
         """Put all of `context` but its last token in the drafter's cache (draft() evaluates the last
@@ -89,7 +91,7 @@ class ChainDrafter:
         (after `min_tokens`), since a low-confidence token is likely rejected and everything after it
         wasted. `keep_top` > 0 also records the drafter's best `keep_top` candidates at each position
         (what the state cache plans outcomes from)."""
-        t0 = time.perf_counter()
+        t0 = self.clock()
         keep_q = self.rule.info.needs_q if keep_q is None else keep_q
         tokens: list[int] = []
         rows: list[np.ndarray] = []
@@ -114,7 +116,7 @@ class ChainDrafter:
             logits = self.model.eval([x])[0]
         self.tokens_drafted += len(tokens)
         qarr = np.stack(rows) if keep_q else None
-        return DraftBlock(tokens, qarr, conf, time.perf_counter() - t0, top=top)
+        return DraftBlock(tokens, qarr, conf, self.clock() - t0, top=top)
 
     def step_many(
         self, items: Sequence[tuple[int, Sequence[int]]], *, keep_top: int = 0

@@ -22,6 +22,7 @@ from acespec.draft.chain import ChainDrafter
 from acespec.edge.client import CloudSession, ConnectConfig, EdgeError, TcpTransport
 from acespec.engine.loop import ORIGIN_TARGET, LoopConfig, LoopResult, Round, SpecLoop
 from acespec.engine.stats import RunStats
+from acespec.engine.transport import Clock, Transport
 from acespec.models.base import Model
 from acespec.verify import RuleSpec, SamplingParams
 
@@ -92,21 +93,8 @@ def run_edge(
         if drafter is None:
             return _cloud_only(session, prompt, cfg, on_tokens, t0, on_round, should_stop)
         transport = TcpTransport(session, send_q=rule.info.needs_q)
-        cache = None
-        if cfg.cache:
-            if drafter_model.n_slots < 2:
-                raise EdgeError("the state cache needs a drafter loaded with n_slots > 1")
-            cache = StateCache(
-                drafter, CacheConfig(budget_bytes=int(cfg.cache_budget_mb * (1 << 20))), coupled=rule.name == "coupled"
-            )
-        loop_cfg = LoopConfig(
-            mode=cfg.mode, window=cfg.window, max_tokens=cfg.max_tokens, min_conf=cfg.min_conf,
-            branches=cfg.branches, auto_window=cfg.auto_window,
-        )
-        policy = policy or make_policy(cfg.policy, cfg.k, pipelined=cfg.mode == "pipelined", auto_window=cfg.auto_window,
-                                       pass_budget=cfg.pass_budget, max_window=loop_cfg.max_window)
-        loop = SpecLoop(transport, prompt, drafter=drafter, policy=policy, config=loop_cfg, on_tokens=on_tokens, cache=cache,
-                        on_round=on_round, should_stop=should_stop)
+        loop = build_loop(transport, drafter, prompt, cfg, policy=policy, on_tokens=on_tokens, on_round=on_round,
+                          should_stop=should_stop)
         res = loop.run(t0)
         res.stats.wall_s = time.perf_counter() - t0
         res.stats.bytes_up, res.stats.bytes_down = session.total_bytes()
@@ -117,6 +105,29 @@ def run_edge(
         session.close()
         if on_session_closed is not None:
             on_session_closed(session)
+
+
+def build_loop(transport: Transport, drafter: ChainDrafter, prompt: Sequence[int], cfg: EdgeConfig, *,
+               policy: DepthPolicy | None = None, clock: Clock = time.perf_counter,
+               on_tokens: Callable[[list[int]], None] | None = None, on_round: Callable[[Round], None] | None = None,
+               should_stop: Callable[[], bool] | None = None) -> SpecLoop:
+    """The edge's loop for `cfg` over any transport: the state cache, the depth policy and the loop's
+    configuration, built one way for the live edge and for the simulator (which passes its virtual
+    `clock` and a simulated link), so the two cannot drift apart."""
+    cache = None
+    if cfg.cache:
+        if drafter.model.n_slots < 2:
+            raise EdgeError("the state cache needs a drafter loaded with n_slots > 1")
+        cache = StateCache(drafter, CacheConfig(budget_bytes=int(cfg.cache_budget_mb * (1 << 20))),
+                           coupled=drafter.rule.name == "coupled", clock=clock)
+    loop_cfg = LoopConfig(
+        mode=cfg.mode, window=cfg.window, max_tokens=cfg.max_tokens, min_conf=cfg.min_conf,
+        branches=cfg.branches, auto_window=cfg.auto_window,
+    )
+    policy = policy or make_policy(cfg.policy, cfg.k, pipelined=cfg.mode == "pipelined", auto_window=cfg.auto_window,
+                                   pass_budget=cfg.pass_budget, max_window=loop_cfg.max_window)
+    return SpecLoop(transport, prompt, drafter=drafter, policy=policy, config=loop_cfg, on_tokens=on_tokens, cache=cache,
+                    on_round=on_round, should_stop=should_stop, clock=clock)
 
 
 def _open_while_prefilling(connect: ConnectConfig, hello: wire.Hello, drafter: ChainDrafter | None, prompt) -> CloudSession:

@@ -8,10 +8,14 @@ Built-in profiles (the numbers are assumptions, each with its rationale next to 
 - `edge-npu+h200`: a phone-class NPU runs the 0.5B drafter; an H200-class GPU serves the 1.5B target.
 - `edge-cpu+gpu`: a laptop CPU runs the drafter (llama.cpp); a commodity inference GPU (L4 / A10 class)
   serves the target.
-- `cpu-here`: this development machine, with the timings measured when the trace was recorded
-  (`DeviceProfile.from_timings`). Drafter and target share the same 2 cores, so `shared_cpu` is on:
-  while both compute at once, each runs slower by its measured contention factor (processor sharing;
-  see `acespec.sim.model`).
+- `cpu-here`: this development machine, from the timings a trace file recorded (`from_timings`).
+- `cpu-split` (`from_cost`): this machine as `acespec bench cost --cores split` measured it, drafter and
+  target each on its own core like two devices; `bench sim --validate` calibrates with it.
+
+A drafter call that evaluates n tokens at once (a prompt, a catch-up after a verdict, a batched
+pre-draft step over n cache outcomes) costs `draft_call_s`: the measured table where it has n, else
+one decode step plus the prefill rate per further token. A cloud pass costs `pass_s`: t_v over the
+tokens it verifies, plus the prompt tokens it prefills.
 """
 
 from __future__ import annotations
@@ -35,9 +39,7 @@ class DeviceProfile:
     verify_table_s: tuple[float, ...] = ()  # measured t_v(K) for K = 0, 1, ...; overrides c0 + c1 K where given
     cloud_overhead_s: float = 0.0  # cloud: per-pass work besides the model (framing, scheduling), seconds
     edge_overhead_s: float = 0.0005  # edge: per-verdict bookkeeping (decode, apply, controller), seconds
-    shared_cpu: bool = False  # drafter and target compete for the same cores (processor sharing)
-    contention_draft: float = 1.0  # shared_cpu: drafter slowdown while the target computes at the same time
-    contention_verify: float = 1.0  # shared_cpu: target slowdown while the drafter computes at the same time
+    draft_table_s: tuple[float, ...] = ()  # measured drafter call evaluating n = 1, 2, ... tokens at once (overrides the rates)
     notes: tuple[str, ...] = field(default=(), compare=False)  # assumptions, one line each
 
     def __post_init__(self) -> None:
@@ -45,8 +47,6 @@ class DeviceProfile:
             v = getattr(self, f.name)
             if isinstance(v, float) and not (v >= 0.0):
                 raise ValueError(f"DeviceProfile.{f.name} must be >= 0, got {v}")
-        if self.contention_draft < 1.0 or self.contention_verify < 1.0:
-            raise ValueError("contention factors must be >= 1 (1 = no slowdown)")
 
     def verify_s(self, k: int) -> float:
         """t_v(K): one cloud pass verifying K draft tokens (K = 0: a plain decode step)."""
@@ -61,6 +61,26 @@ class DeviceProfile:
             base = self.verify_c0_s + self.verify_c1_s * k
         return base + self.cloud_overhead_s
 
+    def pass_s(self, ks, prefill: int = 0) -> float:
+        """One accelerator pass: verifying ks[i] draft tokens for each session in it (t_v over all the
+        tokens of the pass, one row per session beyond its drafts) and prefilling `prefill` prompt tokens."""
+        t = self.verify_s(sum(k + 1 for k in ks) - 1) if len(ks) else 0.0
+        if prefill:
+            t += prefill * self.target_prefill_s_per_token + (0.0 if len(ks) else self.cloud_overhead_s)
+        return t
+
+    def draft_call_s(self, sizes) -> float:
+        """One drafter call evaluating sizes[i] new tokens for each sequence in it (one batch)."""
+        n = int(sum(sizes))
+        if n <= 0:
+            return 0.0
+        t = self.draft_table_s
+        if n <= len(t):
+            return t[n - 1]
+        if t:
+            return t[-1] + (n - len(t)) * self.draft_prefill_s_per_token
+        return self.draft_s_per_token + (n - 1) * self.draft_prefill_s_per_token
+
     @property
     def cloud_step_s(self) -> float:
         """Cloud-only decoding: one target step per token."""
@@ -73,8 +93,6 @@ class DeviceProfile:
         tv = ", ".join(f"{1e3 * self.verify_s(k):.1f}" for k in (0, 1, 4, 8))
         s = (f"{self.name}: draft {1e3 * self.draft_s_per_token:.1f} ms/token (prefill {1e3 * self.draft_prefill_s_per_token:.2f} ms/token), "
              f"verify t_v(0,1,4,8) = {tv} ms, target prefill {1e3 * self.target_prefill_s_per_token:.3f} ms/token")
-        if self.shared_cpu:
-            s += f", shared CPU (contention draft x{self.contention_draft:.2f}, verify x{self.contention_verify:.2f})"
         return s
 
     @classmethod
@@ -94,13 +112,36 @@ class DeviceProfile:
             verify_table_s=table,
             cloud_overhead_s=float(timings.get("cloud_overhead_s", 0.0005)),  # asyncio + framing in the server
             edge_overhead_s=float(timings.get("edge_overhead_s", 0.0005)),
-            shared_cpu=True,
-            contention_draft=max(1.0, float(timings.get("contention_draft", 2.0))),
-            contention_verify=max(1.0, float(timings.get("contention_verify", 2.0))),
             notes=(
                 "measured on this machine when the trace was recorded (TargetVerifier.verify and ChainDrafter.draft code paths)",
-                "drafter and target share the cores: processor sharing with the measured slowdown factors",
             ),
+        )
+
+    @classmethod
+    def from_cost(cls, cost: dict, name: str = "cpu-split") -> "DeviceProfile":
+        """This machine as `acespec bench cost` measured it (its JSON): the drafter's call table, t_v(K) =
+        the target evaluating K + 1 tokens, and both prompt-prefill rates."""
+        d, t = cost["models"]["drafter"], cost["models"]["target"]
+        sizes = [int(n) for n in cost["sizes"]]
+        if sizes != list(range(1, len(sizes) + 1)):
+            raise ValueError(f"the cost file must measure every size from 1 (it has {sizes}); run `acespec bench cost "
+                             "--sizes 1-N`")
+        draft_tab = tuple(_isotonic([float(x) for x in d["seconds"]]))
+        verify_tab = tuple(_isotonic([float(x) for x in t["seconds"]]))
+        pre = cost.get("prefill", {})
+        return cls(
+            name=name,
+            draft_s_per_token=draft_tab[0],
+            draft_prefill_s_per_token=float(pre.get("drafter_s_per_token", d["c1_s"])),
+            verify_c0_s=verify_tab[0],
+            verify_c1_s=max(0.0, float(t["c1_s"])),
+            target_prefill_s_per_token=float(pre.get("target_s_per_token", t["c1_s"])),
+            verify_table_s=verify_tab,
+            cloud_overhead_s=float(cost.get("cloud_overhead_s", 0.0005)),  # asyncio + framing in the server
+            edge_overhead_s=float(cost.get("edge_overhead_s", 0.0005)),  # frame decode + the loop's bookkeeping
+            draft_table_s=draft_tab,
+            notes=(f"measured on this machine by `acespec bench cost --cores {cost.get('cores', '?')}`: drafter and "
+                   "target calls of n tokens, prompt prefill rates",),
         )
 
 

@@ -8,10 +8,12 @@ sensitivity = tokens/s at the highest RTT / tokens/s at the lowest (RTT 0 when s
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Iterable, Sequence
 
 from acespec.net.profile import WanProfile
-from acespec.sim.model import FrameSizer, SimResult, parse_mode, simulate
+from acespec.sim.edge import SimResult, parse_mode, simulate
+from acespec.sim.link import FrameSizer
 from acespec.sim.profiles import DeviceProfile
 from acespec.sim.trace import PromptTrace
 
@@ -19,34 +21,33 @@ __all__ = ["aggregate", "run_grid", "format_table", "format_assumptions", "parse
 
 
 def aggregate(results: Sequence[SimResult]) -> dict:
-    n = sum(r.n for r in results)
-    wall = sum(r.wall_s for r in results)
-    after = sum(r.wall_s - r.ttft_s for r in results)
-    rounds = sum(r.passes for r in results)
-    drafted = sum(r.rounds_drafted for r in results)
-    lookups = sum(r.lookups for r in results)
+    """Totals over the prompts, computed as `acespec bench wan` summarises live runs."""
+    st = [r.stats for r in results]
+    n = sum(s.emitted for s in st)
+    wall = sum(s.wall_s for s in st)
+    after = sum(s.wall_s - s.ttft_s for s in st)
+    drafted = sum(s.drafted for s in st)
+    lookups = sum(s.cache.get("lookups", 0) for s in st)
+    ks = [k for s in st for k in s.k_chosen]
     return {
         "tokens": n,
         "wall_s": round(wall, 4),
         "tok_s": round(n / wall, 3) if wall > 0 else 0.0,
-        "tok_s_after_ttft": round(sum(max(r.n - 1, 0) for r in results) / after, 3) if after > 0 else 0.0,
-        "ttft_s": round(sum(r.ttft_s for r in results) / len(results), 4) if results else 0.0,
-        "passes_per_token": round(rounds / n, 4) if n else 0.0,
-        "up_bytes_per_token": round(sum(r.bytes_up for r in results) / n, 2) if n else 0.0,
-        "down_bytes_per_token": round(sum(r.bytes_down for r in results) / n, 2) if n else 0.0,
-        "acceptance_rate": round(sum(r.rounds_accepted for r in results) / drafted, 4) if drafted else None,
-        "mean_k": round(sum(r.mean_k * r.blocks_sent for r in results) / max(1, sum(r.blocks_sent for r in results)), 2),
-        "dropped_per_token": round(sum(r.dropped for r in results) / n, 4) if n else 0.0,
-        "cache_hit_rate": round(sum(r.hits for r in results) / lookups, 4) if lookups else None,
-        "cache_partial_hit_rate": round(sum(r.partial_hits for r in results) / lookups, 4) if lookups else None,
-        "branches_per_token": round(sum(r.branches_sent for r in results) / n, 4) if n else 0.0,
-        "stale_ready": sum(r.stale_ready for r in results),
+        "tok_s_after_ttft": round(sum(max(s.emitted - 1, 0) for s in st) / after, 3) if after > 0 else 0.0,
+        "ttft_s": round(sum(s.ttft_s for s in st) / len(st), 4) if st else 0.0,
+        "passes_per_token": round(sum(s.rounds for s in st) / n, 4) if n else 0.0,
+        "up_bytes_per_token": round(sum(s.bytes_up for s in st) / n, 2) if n else 0.0,
+        "down_bytes_per_token": round(sum(s.bytes_down for s in st) / n, 2) if n else 0.0,
+        "acceptance_rate": round(sum(s.accepted for s in st) / drafted, 4) if drafted else None,
+        "mean_k": round(sum(ks) / len(ks), 2) if ks else 0.0,
+        "dropped_per_token": round(sum(s.dropped for s in st) / n, 4) if n else 0.0,
+        "cache_hit_rate": round(sum(s.cache.get("hits", 0) for s in st) / lookups, 4) if lookups else None,
+        "branches_per_token": round(sum(s.cache.get("branches_sent", 0) for s in st) / n, 4) if n else 0.0,
     }
 
 
 def run_grid(traces: Sequence[PromptTrace], devices: Sequence[DeviceProfile], rtts: Sequence[float],
-             modes: Sequence[str], *, k: int = 4, window: int = 2, net: WanProfile | None = None,
-             handshake: bool = True) -> dict:
+             modes: Sequence[str], *, k: int = 4, window: int = 2, net: WanProfile | None = None) -> dict:
     """Every (device, RTT, mode) over every trace. Returns {"rows": [...], "sensitivity": {...}}."""
     if not traces:
         raise ValueError("no traces to replay")
@@ -55,11 +56,10 @@ def run_grid(traces: Sequence[PromptTrace], devices: Sequence[DeviceProfile], rt
     rows = []
     for dev in devices:
         for rtt in rtts:
-            n = WanProfile(rtt_ms=float(rtt), jitter_ms=net.jitter_ms, up_bps=net.up_bps, down_bps=net.down_bps,
-                           loss_pct=net.loss_pct, seed=net.seed)
+            n = dataclasses.replace(net, rtt_ms=float(rtt))
             by_mode = {}
             for mode in modes:
-                cfg = parse_mode(mode, k=k, window=window, handshake=handshake)
+                cfg = parse_mode(mode, k=k, window=window)
                 res = [simulate(t, dev, n, cfg, sizer) for t in traces]
                 row = {"profile": dev.name, "rtt_ms": float(rtt), "mode": mode, **aggregate(res)}
                 by_mode[mode] = row
@@ -118,23 +118,14 @@ def format_assumptions(devices: Iterable[DeviceProfile], net: WanProfile, k: int
 
 # ------------------------------------------------------------------------------------------ validation
 _TOK_KEYS = ("tokens_per_s", "tok_s", "tokens_per_sec")
-# `acespec bench acespec` variant names -> simulator modes (same K and window as the live run unless named)
-LIVE_ALIASES = {
-    "+cache": "pipelined+cache",
-    "+branches": "pipelined+branches",
-    "acespec": "pipelined+branches+ctrl",
-    "acespec:k=2": "pipelined+branches:k=2",
-    "acespec:k=4": "pipelined+branches:k=4",
-    "acespec:k=8": "pipelined+branches:k=8",
-    "acespec:+2/-1": "pipelined+branches+adaptive",
-}
 
 
 def parse_live(doc) -> tuple[list[dict], dict]:
-    """Live figures from `acespec bench wan --json` / `acespec bench acespec --json` (its variant names are
-    mapped to simulator modes, LIVE_ALIASES), or a list of {mode, rtt_ms, tokens_per_s, ...} rows.
+    """Live figures from `acespec bench acespec --json` / `acespec bench wan --json` (mode and variant
+    names are simulator modes too), or a list of {mode, rtt_ms, tokens_per_s, ...} rows.
 
-    Returns (rows, config) with rows {mode, rtt_ms, tok_s, ttft_s, passes_per_token, up/down bytes per token}."""
+    Returns (rows, config) with rows {mode, rtt_ms, tok_s, ttft_s, passes_per_token, up bytes per token,
+    cache_hit_rate}."""
     rows: list[dict] = []
     config = doc.get("config", {}) if isinstance(doc, dict) else {}
     if isinstance(doc, dict) and isinstance(doc.get("summary"), dict):
@@ -147,7 +138,7 @@ def parse_live(doc) -> tuple[list[dict], dict]:
             st = m.get("stats", {}) if isinstance(m.get("stats"), dict) else {}
             rows.append(_live_row(m.get("mode", "?"), float(m.get("rtt_ms", m.get("rtt", 0.0))), {**st, **m}))
     if not rows:
-        raise ValueError("no live figures found: expected `acespec bench wan --json` output or a list of rows")
+        raise ValueError("no live figures found: expected `acespec bench acespec --json` output or a list of rows")
     return rows, config
 
 
@@ -155,37 +146,50 @@ def _live_row(mode: str, rtt: float, m: dict) -> dict:
     tok = next((m[k] for k in _TOK_KEYS if k in m), None)
     if tok is None and m.get("wall_s"):
         tok = m.get("emitted", 0) / m["wall_s"]
+    cache = m.get("cache") if isinstance(m.get("cache"), dict) else {}
     return {
-        "mode": LIVE_ALIASES.get(mode, mode), "live_name": mode, "rtt_ms": rtt, "tok_s": tok, "ttft_s": m.get("ttft_s"),
+        "mode": mode, "rtt_ms": rtt, "tok_s": tok, "ttft_s": m.get("ttft_s"),
         "passes_per_token": m.get("target_passes_per_token", m.get("passes_per_token")),
-        "up_bytes_per_token": m.get("bytes_up_per_token"), "down_bytes_per_token": m.get("bytes_down_per_token"),
+        "up_bytes_per_token": m.get("bytes_up_per_token"), "cache_hit_rate": cache.get("hit_rate"),
     }
 
 
+VALIDATED = ("tok_s", "ttft_s", "passes_per_token", "up_bytes_per_token")
+
+
 def validation_rows(sim_rows: Sequence[dict], live_rows: Sequence[dict]) -> list[dict]:
-    """Sim vs live per (mode, RTT): both figures and sim / live."""
+    """Sim vs live per (mode, RTT): both figures, sim / live, and the cache hit rates' difference in points."""
     out = []
     live = {(r["mode"], r["rtt_ms"]): r for r in live_rows}
     for s in sim_rows:
         l = live.get((s["mode"], s["rtt_ms"]), {})
-        row = {"mode": s["mode"], "live_name": l.get("live_name", s["mode"]), "rtt_ms": s["rtt_ms"]}
-        for key in ("tok_s", "ttft_s", "passes_per_token", "up_bytes_per_token"):
+        row = {"mode": s["mode"], "rtt_ms": s["rtt_ms"]}
+        for key in VALIDATED:
             a, b = s.get(key), l.get(key)
             row[f"sim_{key}"], row[f"live_{key}"] = a, b
             row[f"ratio_{key}"] = round(a / b, 3) if (a is not None and b) else None
+        a, b = s.get("cache_hit_rate"), l.get("cache_hit_rate")
+        row["sim_cache_hit_rate"], row["live_cache_hit_rate"] = a, b
+        row["hit_rate_points"] = round(100 * (a - b), 1) if (a is not None and b is not None) else None
         out.append(row)
     return out
 
 
+def max_error(rows: Sequence[dict], key: str = "tok_s") -> float | None:
+    """max |sim/live - 1| over the rows that have both figures (a fraction)."""
+    errs = [abs(r[f"ratio_{key}"] - 1.0) for r in rows if r.get(f"ratio_{key}") is not None]
+    return max(errs) if errs else None
+
+
 def format_validation(rows: Sequence[dict]) -> str:
-    head = (f"{'mode (live name)':<34} {'rtt':>5} {'sim tok/s':>9} {'live tok/s':>10} {'sim/live':>8} {'sim ttft':>8} {'live ttft':>9} "
-            f"{'sim/live':>8} {'sim pass/tok':>12} {'live pass/tok':>13} {'up B/tok sim/live':>17}")
+    head = (f"{'mode':<14} {'rtt':>5} {'sim tok/s':>9} {'live tok/s':>10} {'sim/live':>8} {'sim ttft':>8} {'live ttft':>9} "
+            f"{'sim pass/tok':>12} {'live pass/tok':>13} {'sim hit':>7} {'live hit':>8} {'up B/tok sim/live':>17}")
     lines = [head, "-" * len(head)]
     for r in rows:
-        name = r["mode"] if r.get("live_name", r["mode"]) == r["mode"] else f"{r['mode']} ({r['live_name']})"
         lines.append(
-            f"{name:<34} {r['rtt_ms']:>5g} {_f(r['sim_tok_s'], '.2f'):>9} {_f(r['live_tok_s'], '.2f'):>10} "
-            f"{_f(r['ratio_tok_s'], '.2f'):>8} {_f(r['sim_ttft_s'], '.3f'):>8} {_f(r['live_ttft_s'], '.3f'):>9} "
-            f"{_f(r['ratio_ttft_s'], '.2f'):>8} {_f(r['sim_passes_per_token'], '.3f'):>12} {_f(r['live_passes_per_token'], '.3f'):>13} "
+            f"{r['mode']:<14} {r['rtt_ms']:>5g} {_f(r['sim_tok_s'], '.2f'):>9} {_f(r['live_tok_s'], '.2f'):>10} "
+            f"{_f(r['ratio_tok_s'], '.3f'):>8} {_f(r['sim_ttft_s'], '.3f'):>8} {_f(r['live_ttft_s'], '.3f'):>9} "
+            f"{_f(r['sim_passes_per_token'], '.3f'):>12} {_f(r['live_passes_per_token'], '.3f'):>13} "
+            f"{_f(r['sim_cache_hit_rate'], '.2f'):>7} {_f(r['live_cache_hit_rate'], '.2f'):>8} "
             f"{_f(r['ratio_up_bytes_per_token'], '.2f'):>17}")
     return "\n".join(lines)

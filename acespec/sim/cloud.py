@@ -1,0 +1,167 @@
+"""The simulated cloud: one accelerator, real `TargetVerifier` sessions, passes that take virtual time.
+
+Every session is a real `TargetVerifier` over a replay target (`acespec.sim.replay`), so which blocks are
+dropped, what a verdict accepts and when a generation ends follow the shipped rule, not a copy of it.
+Only time is modelled. Like the serving engines, the accelerator runs one pass at a time, and a pass
+takes the head of every session's queue at once: a block to verify (a dropped block is answered at
+once and the next one taken), a plain decode step for a cloud-only session, or the prompt prefill of a
+new session. Its duration comes from a cost model, `pass_s(ks, prefill)`: the draft tokens verified
+per session in the pass and the prompt tokens prefilled in it (`DeviceProfile.pass_s` for one
+session; a batched curve for many, see `acespec.sim.capacity`).
+
+A session gets WELCOME as soon as its HELLO arrives and its prefill joins the next pass, as the live
+server warms a session while the edge drafts its first block.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Protocol, Sequence
+
+from acespec.engine.verifier import TargetVerifier, Verdict, VerifyJob
+from acespec.sim.kernel import Kernel, Mailbox
+from acespec.sim.link import FrameSizer, SimLink
+
+__all__ = ["CloudCost", "SimCloud", "CloudSession", "Streamed"]
+
+
+class CloudCost(Protocol):
+    def pass_s(self, ks: Sequence[int], prefill: int = 0) -> float:
+        """Seconds of one pass verifying ks[i] draft tokens for session i (0: a plain step) and
+        prefilling `prefill` prompt tokens."""
+
+
+@dataclass(frozen=True)
+class Streamed:
+    """A cloud-only TOKENS frame, as the simulated edge receives it."""
+
+    tokens: tuple[int, ...]
+    finished: bool
+
+
+@dataclass(frozen=True)
+class SentBlock:
+    """What crossed the uplink (the loop's `Block` keeps changing after it is sent)."""
+
+    seq: int
+    base: int
+    tokens: tuple[int, ...]
+
+
+@dataclass
+class CloudSession:
+    verifier: TargetVerifier
+    down: SimLink
+    inbox: Mailbox  # the edge's
+    real_id: Callable[[int], int]  # compact id -> real id, for frame sizes
+    cloud_only: bool = False
+    prefill: int = 0  # prompt tokens still to prefill (set when its HELLO arrives)
+    ready: bool = False  # HELLO arrived
+    queue: deque = field(default_factory=deque)  # blocks waiting for the accelerator
+    passes: int = 0
+
+
+class SimCloud:
+    def __init__(self, kernel: Kernel, cost: CloudCost, sizer: FrameSizer, *, max_batch: int = 1 << 30) -> None:
+        self.k = kernel
+        self.cost = cost
+        self.sizer = sizer
+        self.max_batch = max_batch  # sessions one pass may hold
+        self.sessions: list[CloudSession] = []
+        self.busy = False
+        self.passes = 0  # accelerator passes
+        self.busy_s = 0.0  # accelerator seconds
+        self.pass_sizes: list[int] = []  # sessions per pass
+        self._rr = 0  # round-robin start, so a capped batch serves every session in turn
+
+    # -- frames arriving from the edges -----------------------------------------------------------
+    def hello(self, s: CloudSession) -> None:
+        s.ready = True
+        s.prefill = max(0, s.verifier.committed - 1)  # verify() always evaluates the last prompt token itself
+        if not s.cloud_only:
+            nbytes = self.sizer.welcome(s.verifier.committed)
+            s.down.send(nbytes, lambda t: s.inbox.put((t, "welcome", nbytes)))
+        self.sessions.append(s)
+        self._kick()
+
+    def draft(self, s: CloudSession, block: SentBlock) -> None:
+        s.queue.append(block)
+        self._kick()
+
+    # -- the accelerator --------------------------------------------------------------------------
+    def _kick(self) -> None:
+        if not self.busy:
+            self._start_pass()
+
+    def _start_pass(self) -> None:
+        work: list[tuple[CloudSession, VerifyJob | None]] = []  # None: the session's prompt prefill
+        prefill = 0
+        n = len(self.sessions)
+        for i in range(n):
+            if len(work) >= self.max_batch:
+                break
+            s = self.sessions[(self._rr + i) % n]
+            if s.prefill:
+                work.append((s, None))
+                prefill += s.prefill
+            elif s.cloud_only:
+                if not s.verifier.finished:
+                    work.append((s, s.verifier.prepare(s.passes, s.verifier.committed, [])))
+            else:
+                job = self._next_job(s)
+                if job is not None:
+                    work.append((s, job))
+        self._rr = (self._rr + 1) % max(1, n)
+        if not work:
+            self.busy = False
+            return
+        self.busy = True
+        ks = [job.k for _, job in work if job is not None]
+        dt = self.cost.pass_s(ks, prefill)
+        self.passes += 1
+        self.busy_s += dt
+        self.pass_sizes.append(len(work))
+        self.k.at(self.k.t + dt, lambda: self._finish_pass(work, dt))
+
+    def _next_job(self, s: CloudSession) -> VerifyJob | None:
+        """The session's next block that is not stale; a stale one is answered at once (dropped)."""
+        while s.queue:
+            b = s.queue.popleft()
+            job = s.verifier.prepare(b.seq, b.base, list(b.tokens))
+            if isinstance(job, Verdict):
+                self._send_verdict(s, job)
+                continue
+            return job
+        return None
+
+    def _finish_pass(self, work: list, dt: float) -> None:
+        for s, job in work:
+            if job is None:
+                s.verifier.warm()
+                s.prefill = 0
+                continue
+            v = self._verify(s, job, dt)
+            s.passes += 1
+            if s.cloud_only:
+                nbytes = self.sizer.tokens(s.verifier.committed - 1, (s.real_id(v.next_token),), v.finished)
+                frame = Streamed((v.next_token,), v.finished)
+                s.down.send(nbytes, lambda t, f=frame, nb=nbytes, s=s: s.inbox.put((t, f, nb)))
+            else:
+                self._send_verdict(s, v)
+        self._start_pass()
+
+    @staticmethod
+    def _verify(s: CloudSession, job: VerifyJob, dt: float) -> Verdict:
+        """The verifier's own pass (`TargetVerifier.verify`), on the replay target, taking `dt` of virtual time."""
+        ver = s.verifier
+        n = ver.target.sync(ver.tokens[:-1])
+        logits = ver.target.eval(ver.tokens[n:] + job.draft.tolist(), last=job.k + 1)
+        v = ver.finish(job, logits, dt)
+        return dataclasses.replace(v, verify_us=int(dt * 1e6))
+
+    def _send_verdict(self, s: CloudSession, v: Verdict) -> None:
+        nbytes = self.sizer.verdict(v.seq, v.accepted, s.real_id(v.next_token) if v.next_token >= 0 else 0,
+                                    v.verify_us, v.committed, v.dropped, v.finished)
+        s.down.send(nbytes, lambda t: s.inbox.put((t, v, nbytes)))

@@ -1,0 +1,240 @@
+"""A simulated edge: the live edge's own loop, on virtual time, over a simulated link.
+
+`simulate` replays one trace: a `Kernel` (virtual time), a `SimCloud` (real `TargetVerifier`, passes
+priced by the device profile), and one `SimEdge`, which does what `acespec.edge.runtime.run_edge`
+does: send HELLO, prefill the drafter's prompt while the handshake is in flight, then run the
+`SpecLoop` that `build_loop` builds for the live edge, with the same `StateCache` and depth policy,
+over a `SimTransport`. The drafter is a replay model whose every call costs the profile's time, so
+`ChainDrafter`, the cache's step timings and the scheduler's budgets all read the virtual clock.
+Nothing of the loop is copied here: a change to the loop changes the simulation.
+
+Modes name live configurations: `cloud-only`, `sync`, `pipelined`, with `+cache`, `+branches`,
+`+adaptive` (the +2/-1 schedule), `+ctrl` (the cost-model controller), `+autowin` (a window sized to
+the round trip), and `:k=N`; `bench acespec`'s variant names (`+cache`, `acespec`, `acespec:k=8`, ...)
+mean what they mean there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+import numpy as np
+
+from acespec.draft.cache import DRAFTER_SLOTS
+from acespec.draft.chain import ChainDrafter
+from acespec.engine.records import Block, LinkSample
+from acespec.engine.stats import RunStats
+from acespec.engine.transport import Transport
+from acespec.engine.verifier import TargetVerifier, Verdict
+from acespec.net.profile import WanProfile
+from acespec.sim.cloud import CloudCost, CloudSession, SentBlock, SimCloud, Streamed
+from acespec.sim.kernel import Kernel, Mailbox, SimThread
+from acespec.sim.link import FrameSizer, SimLink
+from acespec.sim.profiles import DeviceProfile
+from acespec.sim.replay import ReplayModel, TraceVocab
+from acespec.sim.trace import PromptTrace
+from acespec.verify import RuleSpec, SamplingParams
+
+__all__ = ["SimConfig", "SimResult", "SimEdge", "SimTransport", "simulate", "parse_mode", "MODES_DEFAULT", "LIVE_VARIANTS"]
+
+MODES_DEFAULT = ("cloud-only", "sync", "pipelined", "+cache", "+branches", "acespec")
+
+# `acespec bench acespec`'s variants, as modes (the same settings that bench gives them)
+LIVE_VARIANTS = {
+    "+cache": "pipelined+cache",
+    "+branches": "pipelined+branches",
+    "acespec": "pipelined+branches+ctrl+autowin",
+    "acespec:k=2": "pipelined+branches+autowin:k=2",
+    "acespec:k=4": "pipelined+branches+autowin:k=4",
+    "acespec:k=8": "pipelined+branches+autowin:k=8",
+    "acespec:+2/-1": "pipelined+branches+adaptive+autowin",
+}
+
+
+@dataclass
+class SimConfig:
+    mode: str = "sync"  # cloud-only | sync | pipelined
+    k: int = 4  # draft depth (the starting depth for adaptive policies)
+    window: int = 2  # pipelined: blocks in flight (the least, with auto_window)
+    cache: bool = False  # the state cache
+    branches: bool = False  # send pre-drafted outcomes as branch blocks (implies cache)
+    policy: str = "fixed"  # fixed | adaptive (+2/-1) | controller
+    auto_window: bool = False  # pipelined: a window sized to the round trip
+    label: str = ""  # name in reports
+
+    def __post_init__(self) -> None:
+        from acespec.edge.runtime import MODES
+
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        if self.k < 0 or self.window < 1:
+            raise ValueError("need k >= 0 and window >= 1")
+        if self.policy not in ("fixed", "adaptive", "controller"):
+            raise ValueError(f"policy must be fixed, adaptive or controller, got {self.policy!r}")
+        self.cache = self.cache or self.branches
+        if not self.label:
+            self.label = self.mode + ("+branches" if self.branches else "+cache" if self.cache else "") + \
+                {"fixed": "", "adaptive": "+adaptive", "controller": "+ctrl"}[self.policy] + ("+autowin" if self.auto_window else "")
+
+    def edge_config(self, max_tokens: int):
+        """The live edge's configuration for this mode."""
+        from acespec.edge.runtime import EdgeConfig
+
+        return EdgeConfig(mode=self.mode, k=self.k, window=self.window, policy=self.policy, auto_window=self.auto_window,
+                          cache=self.cache, branches=self.branches, max_tokens=max_tokens)
+
+
+def parse_mode(spec: str, *, k: int = 4, window: int = 2) -> SimConfig:
+    """`pipelined+cache`, `sync`, `pipelined+branches+ctrl:k=8`, `acespec`, ... -> SimConfig."""
+    label = spec.strip()
+    text, _, opt = LIVE_VARIANTS.get(label, label).partition(":")
+    if opt:
+        key, _, val = opt.partition("=")
+        if key.strip() != "k" or not val.strip().isdigit():
+            raise ValueError(f"bad mode option {opt!r} in {spec!r}; the only option is k=N")
+        k = int(val)
+    parts = [p.strip() for p in text.split("+") if p.strip()]
+    if not parts:
+        raise ValueError("empty mode")
+    base, mods = parts[0], set(parts[1:])
+    unknown = mods - {"cache", "branches", "adaptive", "ctrl", "autowin"}
+    if unknown:
+        raise ValueError(f"unknown mode modifier(s) {sorted(unknown)} in {spec!r}; use +cache, +branches, +adaptive, "
+                         "+ctrl, +autowin")
+    policy = "controller" if "ctrl" in mods else "adaptive" if "adaptive" in mods else "fixed"
+    return SimConfig(mode=base, k=k, window=window, cache="cache" in mods, branches="branches" in mods, policy=policy,
+                     auto_window="autowin" in mods, label=label)
+
+
+@dataclass
+class SimResult:
+    label: str
+    stats: RunStats  # the loop's own statistics, as the live edge reports them
+    n: int  # tokens generated
+    passes: int  # accelerator passes that verified this session's blocks (or its cloud-only steps)
+    tokens: list[int] = field(default_factory=list)  # what the edge committed, in the trace's real ids
+
+    @property
+    def wall_s(self) -> float:
+        return self.stats.wall_s
+
+    @property
+    def ttft_s(self) -> float:
+        return self.stats.ttft_s
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.n / self.wall_s if self.wall_s > 0 else 0.0
+
+
+class SimTransport(Transport):
+    """DRAFT frames up a simulated link to the simulated cloud, verdicts back through the edge's
+    mailbox; link timing recorded exactly as `TcpTransport` records it."""
+
+    def __init__(self, edge: "SimEdge") -> None:
+        self.e = edge
+        self.sent_at: dict[int, tuple[float, int, int]] = {}
+
+    def send(self, block: Block) -> None:
+        e = self.e
+        toks = tuple(int(t) for t in block.tokens)
+        nbytes = e.sizer.draft(block.seq, block.base, tuple(int(e.vocab.real_id[t]) for t in toks))
+        self.sent_at[block.seq] = (e.k.now(), nbytes, len(toks))
+        sent = SentBlock(block.seq, block.base, toks)
+        e.up.send(nbytes, lambda t: e.cloud.draft(e.session, sent))
+
+    def recv(self, timeout: float | None = None) -> Verdict | None:
+        e = self.e
+        while True:
+            item = e.inbox.get(e.thread, timeout)
+            if item is None:
+                return None
+            t, v, nbytes = item
+            if not isinstance(v, Verdict):
+                continue
+            sent = self.sent_at.pop(v.seq, None)
+            if sent is not None:
+                self._record(LinkSample(sent[0], t, v.verify_us / 1e6, sent[1], nbytes, sent[2]))
+            e.thread.sleep(e.device.edge_overhead_s)  # decoding the frame and the loop's bookkeeping
+            return v
+
+
+class SimEdge:
+    """One edge on a kernel: its two links, its session at the cloud, and the simulated thread that
+    runs the live edge's code. `result` is set when its generation ends."""
+
+    def __init__(self, kernel: Kernel, cloud: SimCloud, trace: PromptTrace, device: DeviceProfile, net: WanProfile,
+                 cfg: SimConfig, sizer: FrameSizer, *, seed: int = 0, start: float = 0.0, name: str = "edge") -> None:
+        self.k, self.cloud, self.trace, self.device, self.cfg, self.sizer = kernel, cloud, trace, device, cfg, sizer
+        self.vocab = TraceVocab(trace)
+        rng = np.random.default_rng([int(net.seed) & 0xFFFFFFFF, 0x51, int(seed)])
+        self.up = SimLink(kernel, net, True, np.random.default_rng(rng.integers(1 << 62)))
+        self.down = SimLink(kernel, net, False, np.random.default_rng(rng.integers(1 << 62)))
+        self.inbox = Mailbox(kernel)
+        verifier = TargetVerifier(ReplayModel(self.vocab, "target", n_slots=1), self.vocab.prompt, rule="greedy",
+                                  max_tokens=trace.n, stop_ids=frozenset())
+        self.session = CloudSession(verifier, self.down, self.inbox, real_id=lambda i: int(self.vocab.real_id[i]),
+                                    cloud_only=cfg.mode == "cloud-only")
+        self.result: SimResult | None = None
+        self.thread: SimThread = kernel.spawn(self._run, name, at=start)
+
+    def _run(self) -> None:
+        tr, v = self.trace, self.vocab
+        t0 = self.k.now()
+        cloud_only = self.cfg.mode == "cloud-only"
+        nbytes = self.sizer.hello([int(v.real_id[t]) for t in v.prompt], tr.n, cloud_only)
+        self.up.send(nbytes, lambda t: self.cloud.hello(self.session))
+        stats, tokens = self._stream(t0) if cloud_only else self._speculate(t0)
+        stats.bytes_up, stats.bytes_down = self.up.bytes, self.down.bytes
+        self.result = SimResult(self.cfg.label, stats, stats.emitted, self.session.passes,
+                                [int(v.real_id[t]) for t in tokens])
+
+    def _speculate(self, t0: float) -> tuple[RunStats, list[int]]:
+        from acespec.edge.runtime import build_loop
+
+        model = ReplayModel(self.vocab, "draft", n_slots=DRAFTER_SLOTS,
+                            on_eval=lambda sizes: self.thread.sleep(self.device.draft_call_s(sizes)))
+        drafter = ChainDrafter(model, sampling=SamplingParams(), rule=RuleSpec.parse("greedy"), clock=self.k.now)
+        drafter.prefill(self.vocab.prompt)  # while HELLO -> WELCOME is in flight, as the live edge does
+        while True:  # the handshake
+            item = self.inbox.get(self.thread, None)
+            if item[1] == "welcome":
+                break
+        loop = build_loop(SimTransport(self), drafter, self.vocab.prompt, self.cfg.edge_config(self.trace.n), clock=self.k.now)
+        res = loop.run(t0)
+        return res.stats, res.tokens
+
+    def _stream(self, t0: float) -> tuple[RunStats, list[int]]:
+        """Cloud-only: count the streamed tokens as they arrive (the live edge's `_cloud_only`)."""
+        stats = RunStats()
+        tokens: list[int] = []
+        while True:
+            t, f, _ = self.inbox.get(self.thread, None)
+            if not isinstance(f, Streamed):
+                continue
+            now = t - t0
+            if not stats.emitted:
+                stats.ttft_s = now
+            stats.emitted += len(f.tokens)
+            stats.rounds += len(f.tokens)
+            stats.token_times.extend([now] * len(f.tokens))
+            tokens.extend(f.tokens)
+            if f.finished:
+                break
+        stats.wall_s = self.k.now() - t0
+        return stats, tokens
+
+
+def simulate(trace: PromptTrace, device: DeviceProfile, net: WanProfile, cfg: SimConfig,
+             sizer: FrameSizer | None = None, *, cost: CloudCost | None = None) -> SimResult:
+    """Replay one prompt's trace: one edge, one cloud accelerator (priced by `cost`, default the device
+    profile's t_v(K)), the network `net`, the live configuration `cfg`."""
+    if trace.n == 0:
+        raise ValueError(f"trace {trace.id} has no tokens to replay")
+    kernel = Kernel()
+    cloud = SimCloud(kernel, cost or device, sizer or FrameSizer())
+    edge = SimEdge(kernel, cloud, trace, device, net, cfg, cloud.sizer)
+    kernel.run()
+    if edge.result is None:
+        raise RuntimeError(f"simulated edge stalled at {kernel.t:.3f} s ({cfg.label}, trace {trace.id})")
+    return edge.result
+
