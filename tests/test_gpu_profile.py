@@ -28,3 +28,11 @@ def test_gpu_profile_dry_run_feeds_the_simulator(tmp_path):
     assert prof.draft_s_per_token == DEVICE_PROFILES["edge-npu+h200"].draft_s_per_token  # the edge side is kept
     with pytest.raises(ValueError, match="no measurements for shape '7b'"):
         measured_cloud(DEVICE_PROFILES["edge-npu+h200"], str(out), "7b")
+    # and the capacity simulation fits its batched cost curve to the same file's passes
+    from acespec.sim.capacity import GpuCost
+
+    gpu = GpuCost.from_profile(str(out), "tiny")
+    assert gpu.step_s >= 0 and gpu.token_s >= 0 and gpu.session_s >= 0
+    assert gpu.pass_s([8, 8]) >= gpu.pass_s([0])  # more work never costs less
+    with pytest.raises(ValueError, match="no batched passes"):
+        GpuCost.from_profile(str(out), "7b")

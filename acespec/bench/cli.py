@@ -3,7 +3,7 @@
 `bench` is a subcommand group. Each benchmark lives in its own module and, if that module exists and
 has `add_parser(bench_subparsers)`, adds its own subcommand: `acespec.bench.local` (`bench local`),
 `acespec.bench.wan` (`bench wan`), `acespec.bench.acespec_bench` (`bench acespec`), `acespec.bench.sim`
-(`bench sim`), `acespec.bench.cost` (`bench cost`), `acespec.bench.tenants` (`bench tenants`). A missing module is skipped, so benchmarks can
+(`bench sim`), `acespec.bench.cost` (`bench cost`), `acespec.bench.tenants` (`bench tenants`), `acespec.bench.capacity` (`bench capacity`). A missing module is skipped, so benchmarks can
 land independently; an import error *inside* an existing module is not swallowed.
 """
 
@@ -14,7 +14,7 @@ import argparse
 # benchmark modules that may register a subcommand, in help order
 _BENCH_MODULES = (
     "acespec.bench.local", "acespec.bench.wan", "acespec.bench.acespec_bench", "acespec.bench.sim", "acespec.bench.cost",
-    "acespec.bench.tenants", "acespec.bench.faults", "acespec.bench.fuzz", "acespec.bench.api",
+    "acespec.bench.tenants", "acespec.bench.faults", "acespec.bench.fuzz", "acespec.bench.api", "acespec.bench.capacity",
 )
 
 
