@@ -402,3 +402,19 @@ def test_bench_sim_command(tmp_path, capsys):
     lines = capsys.readouterr().out.strip().splitlines()
     assert "sim/live" in lines[2] and any(line.startswith("acespec") for line in lines)
     assert lines[-1].startswith("max |sim/live - 1| = ") and lines[-1].endswith("%")
+
+
+def test_profile_from_bench_cost():
+    """`bench cost`'s JSON is this machine's profile: the drafter's call table prices batched pre-draft
+    steps and catch-ups, t_v(K) is the target evaluating K + 1 tokens, and the prompt rates extend both."""
+    cost = {"cores": "split", "sizes": [1, 2, 3, 4], "prefill": {"drafter_s_per_token": 0.004, "target_s_per_token": 0.01},
+            "models": {"drafter": {"seconds": [0.03, 0.06, 0.05, 0.09], "c0_s": 0.01, "c1_s": 0.02},
+                       "target": {"seconds": [0.05, 0.09, 0.13, 0.17], "c0_s": 0.01, "c1_s": 0.04}}}
+    dev = DeviceProfile.from_cost(cost)
+    assert dev.draft_call_s([1]) == 0.03 and dev.draft_call_s([1, 1]) == dev.draft_call_s([2])
+    assert dev.draft_call_s([2]) == dev.draft_call_s([3]) == pytest.approx(0.055)  # never falling (isotonic)
+    assert dev.draft_call_s([10]) == pytest.approx(0.09 + 6 * 0.004)  # past the table: the prefill rate
+    assert dev.verify_s(2) == pytest.approx(0.13 + dev.cloud_overhead_s)
+    assert dev.pass_s([], prefill=100) == pytest.approx(1.0 + dev.cloud_overhead_s)
+    with pytest.raises(ValueError, match="every size from 1"):
+        DeviceProfile.from_cost({**cost, "sizes": [1, 2, 5, 8]})

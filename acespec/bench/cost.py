@@ -51,15 +51,46 @@ def time_prefill(model, prompt: list[int], repeats: int = 1) -> float:
     return best / max(1, len(prompt))
 
 
+def time_rows(draft, target, reps: int = 20) -> dict:
+    """What the Python around the model calls costs per vocabulary-sized row: the drafter choosing a token
+    and ranking its candidates for the state cache (`ChainDrafter._choose`), and the verifier turning a
+    target row into probabilities and judging it (`probs_from_logits` + the greedy rule). On a 150k-token
+    vocabulary these are milliseconds, which a model-call table alone would leave out."""
+    from acespec.draft.cache import CacheConfig
+    from acespec.draft.chain import ChainDrafter
+    from acespec.verify import RuleSpec, SamplingParams, probs_from_logits, verify_block
+
+    rng = np.random.default_rng(0)
+    sp, rule = SamplingParams(), RuleSpec.parse("greedy")
+    d = ChainDrafter(draft, sampling=sp, rule=rule)
+    row = rng.standard_normal(draft.vocab_size).astype(np.float32)
+    choose = _best(lambda: d._choose(row, 100, CacheConfig().alternatives + 1), reps)
+    rows = rng.standard_normal((5, target.vocab_size)).astype(np.float32)
+    draft4 = np.argmax(rows[:4], axis=-1)
+    judge = _best(lambda: verify_block(rule, draft4, None, probs_from_logits(rows, sp), rng), reps) / len(rows)
+    return {"draft_choose_s": choose, "verify_row_s": judge}
+
+
+def _best(fn, reps: int) -> float:
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
 def calibrate(draft, target, prompt: list[int], sizes: list[int], repeats: int) -> dict:
-    """Both models' call costs after `prompt` and their prompt-prefill rates: what `bench cost` prints,
-    and what `acespec.sim.profiles.DeviceProfile.from_cost` builds this machine's profile from."""
+    """Both models' call costs after `prompt`, their prompt-prefill rates and the per-row Python cost:
+    what `bench cost` prints, and what `acespec.sim.profiles.DeviceProfile.from_cost` builds this
+    machine's profile from."""
     result: dict = {"prompt_tokens": len(prompt), "sizes": list(sizes), "models": {}, "prefill": {}}
     for role, model in (("drafter", draft), ("target", target)):
         secs = time_eval(model, prompt, sizes, repeats)
         c0, c1 = fit_line(sizes, secs)
         result["models"][role] = {"name": getattr(model, "name", "?"), "seconds": secs, "c0_s": c0, "c1_s": c1}
         result["prefill"][f"{role}_s_per_token"] = time_prefill(model, prompt)
+    result["rows"] = time_rows(draft, target)
     return result
 
 
@@ -125,6 +156,9 @@ def cmd_bench_cost(args: argparse.Namespace) -> int:
     for role, m in result["models"].items():
         print(f"{role}: t(n) = {1e3 * m['c0_s']:.1f} ms + {1e3 * m['c1_s']:.1f} ms x n; prompt prefill "
               f"{1e3 * result['prefill'][role + '_s_per_token']:.2f} ms/token")
+    rows = result["rows"]
+    print(f"per vocabulary row: drafter picks a token in {1e3 * rows['draft_choose_s']:.2f} ms, the verifier judges a row "
+          f"in {1e3 * rows['verify_row_s']:.2f} ms")
     print()
     print(caveat(args.cores))
     write_result(args.json, result)

@@ -19,6 +19,7 @@ given instead (`--cost`, `--traces`, `--live`); what it measured is kept under r
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -63,7 +64,7 @@ def add_parser(bench_subparsers: argparse._SubParsersAction) -> argparse.Argumen
     p.add_argument("--window", type=_pos_int, default=2, help="pipelined: blocks in flight (default 2)")
     p.add_argument("--net", default="wan", help="network profile for jitter/bandwidth/loss, RTT replaced by --rtt: "
                    "none (ideal link), lan, wan, transcontinental, lte (default wan: jitter 20 ms, up 5, down 20 Mbit/s, "
-                   "as `bench wan`)")
+                   "as `bench wan`); varying: replayed as it is, switching between its two links every 10 s")
     p.add_argument("--jitter-ms", type=_nonneg, help="override the round-trip jitter (ms)")
     p.add_argument("--up", help="override the uplink rate, e.g. 5mbit (0 = unlimited)")
     p.add_argument("--down", help="override the downlink rate, e.g. 20mbit (0 = unlimited)")
@@ -107,6 +108,10 @@ def _net(args, rtt: float = 0.0):
         base = PROFILES[args.net]
     else:
         raise ValueError(f"--net: unknown network profile {args.net!r}; choose none, {', '.join(PROFILES)}")
+    if base.varies:  # a varying link is replayed as it is: its phases carry their own RTTs and rates
+        if args.jitter_ms is not None or args.up is not None or args.down is not None:
+            raise ValueError("--jitter-ms, --up and --down do not apply to a varying --net profile")
+        return dataclasses.replace(base, seed=args.seed)
     kw = {"rtt_ms": rtt, "jitter_ms": base.jitter_ms, "up_bps": base.up_bps, "down_bps": base.down_bps,
           "loss_pct": base.loss_pct, "seed": args.seed}
     if args.jitter_ms is not None:
@@ -194,6 +199,10 @@ def _simulate(args) -> int:
     rtts = parse_rtts(args.rtt or DEFAULT_RTTS)
     modes = _modes(args.modes)
     net = _net(args)
+    if net.varies:
+        if args.rtt:
+            raise ValueError("--rtt does not apply to a varying --net profile (its phases have their own)")
+        rtts = [net.rtt_ms]
     result = run_grid(ts.prompts, devices, rtts, modes, k=args.k, window=args.window, net=net)
     print(f"acespec bench sim: {path} ({len(ts.prompts)} prompts, {sum(p.n for p in ts.prompts)} tokens; "
           f"{ts.drafter} -> {ts.target}, greedy)")

@@ -225,14 +225,15 @@ class SimEdge:
 
 
 def simulate(trace: PromptTrace, device: DeviceProfile, net: WanProfile, cfg: SimConfig,
-             sizer: FrameSizer | None = None, *, cost: CloudCost | None = None) -> SimResult:
+             sizer: FrameSizer | None = None, *, cost: CloudCost | None = None, start: float = 0.0) -> SimResult:
     """Replay one prompt's trace: one edge, one cloud accelerator (priced by `cost`, default the device
-    profile's t_v(K)), the network `net`, the live configuration `cfg`."""
+    profile's t_v(K)), the network `net`, the live configuration `cfg`. `start`: when the request comes,
+    in seconds since the link came up (on a varying link, which phase it meets)."""
     if trace.n == 0:
         raise ValueError(f"trace {trace.id} has no tokens to replay")
     kernel = Kernel()
     cloud = SimCloud(kernel, cost or device, sizer or FrameSizer())
-    edge = SimEdge(kernel, cloud, trace, device, net, cfg, cloud.sizer)
+    edge = SimEdge(kernel, cloud, trace, device, net, cfg, cloud.sizer, start=start)
     kernel.run()
     if edge.result is None:
         raise RuntimeError(f"simulated edge stalled at {kernel.t:.3f} s ({cfg.label}, trace {trace.id})")

@@ -40,6 +40,8 @@ class DeviceProfile:
     cloud_overhead_s: float = 0.0  # cloud: per-pass work besides the model (framing, scheduling), seconds
     edge_overhead_s: float = 0.0005  # edge: per-verdict bookkeeping (decode, apply, controller), seconds
     draft_table_s: tuple[float, ...] = ()  # measured drafter call evaluating n = 1, 2, ... tokens at once (overrides the rates)
+    draft_choose_s: float = 0.0  # edge: picking a token (and ranking candidates) from one vocabulary-sized row
+    verify_row_s: float = 0.0  # cloud: turning one target row into probabilities and judging it
     notes: tuple[str, ...] = field(default=(), compare=False)  # assumptions, one line each
 
     def __post_init__(self) -> None:
@@ -64,7 +66,8 @@ class DeviceProfile:
     def pass_s(self, ks, prefill: int = 0) -> float:
         """One accelerator pass: verifying ks[i] draft tokens for each session in it (t_v over all the
         tokens of the pass, one row per session beyond its drafts) and prefilling `prefill` prompt tokens."""
-        t = self.verify_s(sum(k + 1 for k in ks) - 1) if len(ks) else 0.0
+        rows = sum(k + 1 for k in ks)
+        t = self.verify_s(rows - 1) + rows * self.verify_row_s if len(ks) else 0.0
         if prefill:
             t += prefill * self.target_prefill_s_per_token + (0.0 if len(ks) else self.cloud_overhead_s)
         return t
@@ -75,11 +78,12 @@ class DeviceProfile:
         if n <= 0:
             return 0.0
         t = self.draft_table_s
+        pick = len(sizes) * self.draft_choose_s  # a token chosen per sequence (a prompt prefill chooses none: a few ms off)
         if n <= len(t):
-            return t[n - 1]
+            return t[n - 1] + pick
         if t:
-            return t[-1] + (n - len(t)) * self.draft_prefill_s_per_token
-        return self.draft_s_per_token + (n - 1) * self.draft_prefill_s_per_token
+            return t[-1] + (n - len(t)) * self.draft_prefill_s_per_token + pick
+        return self.draft_s_per_token + (n - 1) * self.draft_prefill_s_per_token + pick
 
     @property
     def cloud_step_s(self) -> float:
@@ -129,6 +133,7 @@ class DeviceProfile:
         draft_tab = tuple(_isotonic([float(x) for x in d["seconds"]]))
         verify_tab = tuple(_isotonic([float(x) for x in t["seconds"]]))
         pre = cost.get("prefill", {})
+        rows = cost.get("rows", {})
         return cls(
             name=name,
             draft_s_per_token=draft_tab[0],
@@ -140,6 +145,8 @@ class DeviceProfile:
             cloud_overhead_s=float(cost.get("cloud_overhead_s", 0.0005)),  # asyncio + framing in the server
             edge_overhead_s=float(cost.get("edge_overhead_s", 0.0005)),  # frame decode + the loop's bookkeeping
             draft_table_s=draft_tab,
+            draft_choose_s=float(rows.get("draft_choose_s", 0.0)),
+            verify_row_s=float(rows.get("verify_row_s", 0.0)),
             notes=(f"measured on this machine by `acespec bench cost --cores {cost.get('cores', '?')}`: drafter and "
                    "target calls of n tokens, prompt prefill rates",),
         )

@@ -46,6 +46,17 @@ def aggregate(results: Sequence[SimResult]) -> dict:
     }
 
 
+PHASE_STARTS = 8  # a varying link: each trace is replayed from this many start times over one whole period
+
+
+def _starts(net: WanProfile) -> list[float]:
+    """When each replay starts: at once on a fixed link; on a varying one, spread over a whole period of
+    its switching, so the figures are averages over time, as a user on that link sees them."""
+    if not net.varies:
+        return [0.0]
+    return [2.0 * net.switch_s * i / PHASE_STARTS for i in range(PHASE_STARTS)]
+
+
 def run_grid(traces: Sequence[PromptTrace], devices: Sequence[DeviceProfile], rtts: Sequence[float],
              modes: Sequence[str], *, k: int = 4, window: int = 2, net: WanProfile | None = None) -> dict:
     """Every (device, RTT, mode) over every trace. Returns {"rows": [...], "sensitivity": {...}}."""
@@ -56,11 +67,11 @@ def run_grid(traces: Sequence[PromptTrace], devices: Sequence[DeviceProfile], rt
     rows = []
     for dev in devices:
         for rtt in rtts:
-            n = dataclasses.replace(net, rtt_ms=float(rtt))
+            n = net if net.varies else dataclasses.replace(net, rtt_ms=float(rtt))  # a varying link keeps its phases
             by_mode = {}
             for mode in modes:
                 cfg = parse_mode(mode, k=k, window=window)
-                res = [simulate(t, dev, n, cfg, sizer) for t in traces]
+                res = [simulate(t, dev, n, cfg, sizer, start=s) for t in traces for s in _starts(n)]
                 row = {"profile": dev.name, "rtt_ms": float(rtt), "mode": mode, **aggregate(res)}
                 by_mode[mode] = row
                 rows.append(row)
