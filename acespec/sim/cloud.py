@@ -80,9 +80,8 @@ class SimCloud:
     def hello(self, s: CloudSession) -> None:
         s.ready = True
         s.prefill = max(0, s.verifier.committed - 1)  # verify() always evaluates the last prompt token itself
-        if not s.cloud_only:
-            nbytes = self.sizer.welcome(s.verifier.committed)
-            s.down.send(nbytes, lambda t: s.inbox.put((t, "welcome", nbytes)))
+        nbytes = self.sizer.welcome(s.verifier.committed)
+        s.down.send(nbytes, lambda t: s.inbox.put((t, "welcome", nbytes)))
         self.sessions.append(s)
         self._kick()
 
