@@ -121,6 +121,49 @@ def test_acceptance_estimate_is_conditional_per_position():
     assert ctrl.pooled_accept == pytest.approx(0.7, abs=0.04)
 
 
+
+def test_the_prior_fades_as_verdicts_arrive():
+    """The prior's pseudo-observations age with the real ones. Held at full weight, they kept a share
+    of the pooled estimate forever (the discounted counts hold about 1 / accept_ema rounds), so on
+    HumanEval (98.7% per token) the controller believed 96-97% and priced deep blocks as breaking
+    the pipeline about twice as often as they do."""
+    ctrl = AdaptiveController(k_init=2, hysteresis=1e9, prior_accept=0.7)  # hold K = 2
+    for _ in range(100):
+        ctrl.update(2, 2)  # every draft accepted
+    assert ctrl.pooled_accept > 0.995
+    assert np.all(ctrl.accept_estimates() > 0.99)
+
+
+def test_a_verdict_that_judged_no_draft_leaves_the_acceptance_alone():
+    """A plain target step, or a doomed block the loop reports as judging nothing (drafted = 0), tested
+    no position; it must not age the counts towards the prior either."""
+    ctrl = AdaptiveController(k_init=4)
+    simulate(ctrl, accept=0.9, rtt=0.1, rounds=30, seed=2)
+    before = (ctrl.accept_estimates().copy(), ctrl.pooled_accept)
+    for _ in range(20):
+        ctrl.update(0, 0, verify_s=0.03)
+    np.testing.assert_array_equal(ctrl.accept_estimates(), before[0])
+    assert ctrl.pooled_accept == before[1]
+
+
+def test_a_pipelined_block_drafts_its_guessed_bonus_too():
+    """Each pipelined block starts with the drafter's guess of the previous block's bonus token, so it
+    costs K + 1 drafter steps for the K + 1 tokens it commits when all is accepted. A drafter-bound
+    windowed pipeline then runs at one token per drafter step whatever K is; the model once priced
+    K steps, and K = 1 looked twice as fast as K = 16 (it is not: in the simulator every K from 2
+    to 8 is within a few per cent)."""
+    td = 0.03
+    ctrl = AdaptiveController(prior_accept=1.0, prior_draft_s_per_token=td, prior_rtt_s=0.05, prior_verify_c0=0.005,
+                              prior_verify_c1=0.0, pipelined=True, auto_window=True, max_window=64)
+    rate = ctrl.evaluate()["rate"][0]
+    np.testing.assert_allclose(rate[1:], 1.0 / td)
+    # sync mode drafts K tokens per block (the bonus is the target's), and pays the round trip
+    sync = AdaptiveController(prior_accept=1.0, prior_draft_s_per_token=td, prior_rtt_s=0.05, prior_verify_c0=0.005,
+                              prior_verify_c1=0.0).evaluate()["rate"][0]
+    ks = np.arange(17)
+    np.testing.assert_allclose(sync, (ks + 1) / (ks * td + 0.055))
+
+
 # ------------------------------------------------------------------------------------------ depth choices
 
 
@@ -163,13 +206,16 @@ def test_pipelined_cycle_is_max_not_sum():
     plain = AdaptiveController(pipelined=True, pipelined_miss=False, **kw).evaluate()
     miss = AdaptiveController(pipelined=True, **kw).evaluate()
     ks = np.arange(17)
-    t_d, t_r = 0.02 * ks, 0.1 + C0 + C1 * ks
-    np.testing.assert_allclose(sync["cycle"][0], t_d + t_r)
+    t_r = 0.1 + C0 + C1 * ks
+    np.testing.assert_allclose(sync["cycle"][0], 0.02 * ks + t_r)
+    # a pipelined block starts with the guess of the previous block's bonus token: K + 1 drafter steps
+    t_d = 0.02 * (ks + 1)
     np.testing.assert_allclose(plain["cycle"][0], np.maximum(t_d, t_r))
     p_ok = 0.9 ** (ks + 1)  # block accepted in full and the bonus guessed
     np.testing.assert_allclose(miss["cycle"][0], p_ok * np.maximum(t_d, t_r) + (1 - p_ok) * (t_d + t_r))
     assert np.all(plain["rate"][0] >= miss["rate"][0] - 1e-12)
-    assert np.all(miss["rate"][0] >= sync["rate"][0] - 1e-12)
+    # K >= 1 (k_min): at K = 0 a pipelined "block" is only the guess, a drafter step sync does not pay
+    assert np.all(miss["rate"][0][1:] >= sync["rate"][0][1:] - 1e-12)
 
 
 def test_windowed_cycle_is_the_slowest_stage_plus_drains():
@@ -182,7 +228,7 @@ def test_windowed_cycle_is_the_slowest_stage_plus_drains():
     p_ok = 0.9 ** (ks + 1)
     for hit in (0.0, 0.5):
         ev = AdaptiveController(prior_cache_hit=hit, **kw).evaluate()
-        t_d, t_v = 0.03 * ks, 0.045 * ks
+        t_d, t_v = 0.03 * (ks + 1), 0.045 * ks  # K tokens and the guessed bonus the block starts with
         np.testing.assert_allclose(ev["cycle"][0], np.maximum.reduce([t_d, t_v, (t_d + 0.2 + t_v) / 1000]) + (1 - p_ok) * (0.2 + (1 - hit) * t_d), atol=1e-12)
         np.testing.assert_allclose(ev["passes"][0], 1.0 / ev["tokens"][0])
     # the round trip is paid per broken speculation, not per block: deep blocks no longer follow it
@@ -202,9 +248,10 @@ def test_windowed_cycle_respects_the_window_ceiling():
     wide = AdaptiveController(max_window=64, **kw).evaluate()
     narrow = AdaptiveController(max_window=2, **kw).evaluate()
     ks = np.arange(17)
-    floor = (0.01 * ks + 0.4 + 0.01 + 0.001 * ks) / 2
+    t_d = 0.01 * (ks + 1)  # K tokens and the guessed bonus the block starts with
+    floor = (t_d + 0.4 + 0.01 + 0.001 * ks) / 2
     p_ok = 0.9 ** (ks + 1)
-    np.testing.assert_allclose(narrow["cycle"][0], floor + (1 - p_ok) * (0.4 + 0.01 * ks))
+    np.testing.assert_allclose(narrow["cycle"][0], floor + (1 - p_ok) * (0.4 + t_d))
     assert np.all(narrow["cycle"][0] >= wide["cycle"][0])
     assert int(np.argmax(narrow["rate"][0])) > int(np.argmax(wide["rate"][0]))
     with pytest.raises(ValueError, match="max_window"):
@@ -475,10 +522,16 @@ def test_k_follows_a_link_that_switches_between_good_and_bad():
     bad = dict(rtt=0.25, up_bps=64e3)
     ctrl = AdaptiveController(k_init=4, pipelined=True, pass_budget=0.25)
     ks_good = simulate(ctrl, accept=0.9, rounds=60, bytes_per_token=2.0, **good)
+    best_good = int(np.argmax(ctrl.lagrangian()[0]))
     ks_bad = simulate(ctrl, accept=0.9, rounds=60, bytes_per_token=2.0, **bad)
+    best_bad = int(np.argmax(ctrl.lagrangian()[0]))
     ks_again = simulate(ctrl, accept=0.9, rounds=60, bytes_per_token=2.0, **good)
     k_good, k_bad, k_again = (int(np.median(ks[-20:])) for ks in (ks_good, ks_bad, ks_again))
-    assert k_bad >= k_good + 2, (k_good, k_bad)
+    # The model's optimum moves two or more deeper on the bad link. The K held moves at least one:
+    # the bad link's rate is within 1% from K = 6 to 9 (a pipelined block drafts K + 1 tokens, which
+    # the model once left out, and then the optimum sat one deeper), so the hysteresis may stop short.
+    assert best_bad >= best_good + 2, (best_good, best_bad)
+    assert k_bad >= k_good + 1, (k_good, k_bad)
     assert k_again == k_good
     # the uplink alone: the same 80 ms round trip, q rows on the wire, 5 Mbit/s against 64 kbit/s,
     # in sync mode (every cycle pays the upload) and without a pass budget (which would hold K at

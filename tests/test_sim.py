@@ -182,6 +182,95 @@ def test_the_controllers_depth_moves_with_the_link():
     assert k["fixed"] == [4.0, 4.0]
 
 
+class _Recording:
+    """A depth policy wrapped to record what the loop feeds it: (drafted, accepted) per verdict."""
+
+    def __init__(self, inner) -> None:
+        self.inner, self.rounds, self.name = inner, [], inner.name
+        self.min_conf = getattr(inner, "min_conf", None)
+
+    def next_k(self) -> int:
+        return self.inner.next_k()
+
+    def update(self, drafted: int, accepted: int, **obs) -> None:
+        self.rounds.append((drafted, accepted))
+        self.inner.update(drafted, accepted, **obs)
+        self.min_conf = getattr(self.inner, "min_conf", None)
+
+    def observe(self, **obs) -> None:
+        self.inner.observe(**obs)
+
+
+def test_a_doomed_block_verified_anyway_is_no_rejection(monkeypatch):
+    """After a broken speculation the blocks in flight are doomed, but the target verifies one whose
+    base happens to be the committed length. It was drafted after a token the target rejected, so it
+    says nothing about the drafter's acceptance, and it must not doom the fresh blocks sent since.
+    Before, it counted as a rejection twice over: fed to the policy (more rejections than the trace
+    has mismatches) and as a broken speculation, which doomed the fresh blocks, whose verdicts came
+    back "from elsewhere" and doomed the next ones: with short blocks the pipeline broke once a
+    window to the end of the prompt (149 blocks dropped for 15 mismatches here, 54 now)."""
+    import acespec.edge.runtime as runtime
+    from acespec.net.profile import PROFILES
+
+    made = []
+    make = runtime.make_policy
+    monkeypatch.setattr(runtime, "make_policy", lambda *a, **kw: made.append(_Recording(make(*a, **kw))) or made[-1])
+    tr = random_trace(400, 0.95, seed=3)
+    mismatches = sum(1 for r in tr.rank if r != 0)
+    r = simulate(tr, NPU, PROFILES["varying"].at(0.0), parse_mode("pipelined+autowin:k=1"))
+    assert r.tokens == tr.tokens
+    judged = made[0].rounds[:-1]  # the last verdict may stop short at the budget
+    assert sum(1 for d, a in judged if a < d) <= mismatches
+    # each mismatch breaks the pipeline once, dooming at most a window of blocks
+    assert r.stats.dropped <= 8 * mismatches
+
+
+HUMANEVAL = "docs/results/traces/humaneval-n4-t256.json"
+
+
+def _tokens_per_s(traces, device, net, mode) -> float:
+    rs = [simulate(p, device, net, parse_mode(mode)) for p in traces]
+    return sum(r.n for r in rs) / sum(r.wall_s for r in rs)
+
+
+@pytest.mark.parametrize("device", ["edge-npu+h200", "edge-cpu+gpu"])
+def test_the_controller_keeps_up_with_the_best_fixed_k_on_both_phases(device):
+    """On the real HumanEval traces, the full system's controller is within 7% of the best fixed K on
+    each phase of the `varying` link. With ~99% acceptance the windowed pipeline is drafter-bound and
+    every K from 2 to 8 is within a few per cent, so no K choice can do much better (see
+    docs/design-notes.md); before its fixes the controller, and the loop under it, fell 12% behind
+    on the CPU edge's bad phase."""
+    from pathlib import Path
+
+    from acespec.net.profile import PROFILES
+
+    traces = TraceSet.load(Path(__file__).parent.parent / HUMANEVAL).prompts
+    dev = DEVICE_PROFILES[device]
+    var = PROFILES["varying"]
+    for net in (var.at(0.0), var.at(var.switch_s)):
+        ctrl = _tokens_per_s(traces, dev, net, "acespec")
+        best = max(_tokens_per_s(traces, dev, net, f"pipelined+branches+autowin:k={k}") for k in (1, 2, 3, 4, 8))
+        assert ctrl >= 0.93 * best, (device, net.rtt_ms, ctrl, best)
+
+
+def test_the_controller_beats_every_fixed_k_on_a_long_run_over_the_varying_link():
+    """A generation long enough to span the `varying` link's 10 s phases (the four HumanEval outputs
+    back to back, three times: 1818 tokens, ~30 s) with a two-block window: the good phase wants
+    K = 8, the bad one (250 ms) K = 16, and the controller, following the link, beats every fixed K."""
+    from pathlib import Path
+
+    from acespec.net.profile import PROFILES
+
+    ps = TraceSet.load(Path(__file__).parent.parent / HUMANEVAL).prompts * 3
+    long_ = trace_from_ranks([r for p in ps for r in p.rank], prompt_len=ps[0].prompt_len, pid="humaneval-x3")
+    long_ = dataclasses.replace(long_, tokens=[t for p in ps for t in p.tokens], top_q=[q for p in ps for q in p.top_q])
+    net = PROFILES["varying"]
+    ctrl = simulate(long_, NPU, net, parse_mode("pipelined+ctrl"))
+    assert ctrl.wall_s > 2 * net.switch_s  # both phases, more than once
+    fixed = {k: simulate(long_, NPU, net, parse_mode(f"pipelined:k={k}")).tokens_per_s for k in (4, 6, 8, 12, 16)}
+    assert ctrl.tokens_per_s >= max(fixed.values()), (ctrl.tokens_per_s, fixed)
+
+
 def test_parse_mode():
     c = parse_mode("pipelined+branches+ctrl", k=6, window=3)
     assert (c.mode, c.k, c.window, c.cache, c.branches, c.policy) == ("pipelined", 6, 3, True, True, "controller")

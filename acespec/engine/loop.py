@@ -287,7 +287,7 @@ class SpecLoop:
             raise RuntimeError(f"edge and target disagree on the committed length ({len(self.committed)} vs {v.committed})")
         self.stats.observe_block(drafted, v.accepted)
         self.stats.verify_s += v.verify_us / 1e6
-        rtt = self._feed_policy(drafted, v)
+        rtt = self._feed_policy(drafted, v, judged=not block.doomed)
         self._deliver(block, o, v, emitted, drafted, rtt)
         if v.finished:
             self.finished = True
@@ -308,12 +308,21 @@ class SpecLoop:
         if self.cache is not None:
             self.cache.discard_block(v.seq)
 
-    def _feed_policy(self, drafted: int, v: Verdict) -> float | None:
+    def _feed_policy(self, drafted: int, v: Verdict, judged: bool = True) -> float | None:
         """Tell the depth policy what this round measured; returns the round-trip estimate. Besides
         the verify and drafting times: the link (round trip, uplink rate, uplink bytes per draft
         token, where the recent blocks can tell them) and what a state-cache entry costs, so the
-        controller's bandwidth and memory terms price what this edge really pays."""
+        controller's bandwidth and memory terms price what this edge really pays.
+
+        `judged=False` for a doomed block that the target verified anyway (its base happened to be the
+        committed length): it was drafted after a token the target has since rejected, so its
+        rejections say nothing about how often the drafter is right on the committed text. It still
+        times the target (`verify_tokens`), but reports no draft tokens judged. (Fed as rejections,
+        these verdicts pulled the controller's acceptance at position 0 down by a few points after
+        every broken speculation.)"""
         obs: dict[str, float] = {"verify_s": v.verify_us / 1e6}
+        if not judged:
+            obs["verify_tokens"] = float(drafted)
         per_token = self.scheduler.draft_s_per_token()
         if per_token is not None:  # blocks drafted on the critical path only, not cache pre-drafts
             obs["draft_s_per_token"] = per_token
@@ -322,7 +331,7 @@ class SpecLoop:
         if self.cache is not None and self.cache.entries:
             held = self.cache.entries.values()
             obs["cache_bytes_per_entry"] = sum(e.nbytes for e in held) / len(held)
-        self.policy.update(drafted, v.accepted, **obs)
+        self.policy.update(drafted if judged else 0, v.accepted if judged else 0, **obs)
         # duck-typed policies (anything with next_k and update) may have no threshold of their own
         min_conf = getattr(self.policy, "min_conf", None)
         if min_conf is not None:
@@ -352,8 +361,14 @@ class SpecLoop:
         # After a rejection the rest of the block is gone even when the recovered token equals the
         # rejected draft token (a prefix match alone would keep that stale tail in `spec`, every later
         # block would build past the committed length, and the target would drop them forever).
+        # A doomed block's tokens already left `spec` when it was doomed, so its rejection is no news:
+        # only whether `spec` still extends the committed prefix counts. (Counting it as a rejection
+        # doomed the fresh blocks sent since, which the target then verified from elsewhere, and every
+        # such verdict doomed the next fresh ones: with short blocks the pipeline broke every window
+        # to the end of the prompt.)
+        rejected = v.accepted < drafted and not block.doomed
         n = len(self.committed)
-        if not (v.accepted < drafted or len(self.spec) < n or self.spec[:n] != self.committed):
+        if not (rejected or len(self.spec) < n or self.spec[:n] != self.committed):
             return
         self.spec = list(self.committed)
         branch = branches.pop(outcome, None)
