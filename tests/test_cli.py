@@ -183,6 +183,11 @@ def test_bench_cost_toy(tmp_path):
         m = data["models"][role]
         assert len(m["seconds"]) == 2 and all(s > 0 for s in m["seconds"])
         assert m["c0_s"] + 3 * m["c1_s"] == pytest.approx(m["seconds"][1])  # two points: the line goes through both
+        assert data["prefill"][f"{role}_s_per_token"] > 0
+    # the serving engine's passes (K = n - 1 drafts) and the per-row Python cost, for the simulator's profile
+    assert data["engine"]["ks"] == [0, 2] and all(t > 0 for t in data["engine"]["verify_s"])
+    assert data["rows"]["draft_choose_s"] > 0 and data["rows"]["verify_row_s"] > 0
+    assert "through the serving engine" in p.stdout
     for bad in ("0", "1,x", ""):
         assert_usage_error(run("bench", "cost", "--sizes", bad), "--sizes")
 

@@ -507,3 +507,8 @@ def test_profile_from_bench_cost():
     assert dev.pass_s([], prefill=100) == pytest.approx(1.0 + dev.cloud_overhead_s)
     with pytest.raises(ValueError, match="every size from 1"):
         DeviceProfile.from_cost({**cost, "sizes": [1, 2, 5, 8]})
+    # passes timed through the serving engine are t_v(K) as they are: rule and hops included, nothing added
+    eng = DeviceProfile.from_cost({**cost, "rows": {"draft_choose_s": 0.001, "verify_row_s": 0.0005},
+                                   "engine": {"ks": [0, 1, 2], "verify_s": [0.06, 0.1, 0.15]}})
+    assert [eng.verify_s(k) for k in range(3)] == [0.06, 0.1, 0.15]
+    assert eng.pass_s([2]) == pytest.approx(0.15) and eng.draft_call_s([1]) == pytest.approx(0.031)

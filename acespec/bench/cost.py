@@ -21,22 +21,23 @@ import numpy as np
 from acespec.bench import write_result
 
 
-def time_eval(model, prefix: list[int], sizes: list[int], repeats: int) -> list[float]:
-    """Seconds to evaluate n tokens after `prefix`, for each n in `sizes` (the fastest of `repeats`)."""
+def time_eval(model, prefix: list[int], sizes: list[int], repeats: int, stat: str = "min") -> list[float]:
+    """Seconds to evaluate n tokens after `prefix`, for each n in `sizes`: the fastest of `repeats`
+    (`stat="min"`, what one call can cost), or their median (`"median"`, what a call typically costs on a
+    machine whose speed drifts: the simulator's calibration). The sizes are interleaved round by round, so
+    a drift in the machine's speed shifts every size alike instead of bending the curve."""
     model.prefill(prefix)
     base = len(model.tokens)
     filler = (prefix * (max(sizes) // max(1, len(prefix)) + 1))[: max(sizes)]  # real token ids, any will do
-    out = []
-    for n in sizes:
-        best = float("inf")
-        for _ in range(repeats):
+    times: list[list[float]] = [[] for _ in sizes]
+    for _ in range(repeats):
+        for i, n in enumerate(sizes):
             model.rollback(base)
             t0 = time.perf_counter()
             model.eval(filler[:n], last=n)  # every row, as a verify pass needs
-            best = min(best, time.perf_counter() - t0)
-        out.append(best)
+            times[i].append(time.perf_counter() - t0)
     model.rollback(base)
-    return out
+    return [float(np.median(t)) if stat == "median" else min(t) for t in times]
 
 
 def time_prefill(model, prompt: list[int], repeats: int = 1) -> float:
@@ -80,17 +81,60 @@ def _best(fn, reps: int) -> float:
     return best
 
 
-def calibrate(draft, target, prompt: list[int], sizes: list[int], repeats: int) -> dict:
+def time_engine(target, prompt: list[int], ks: list[int], repeats: int) -> list[float]:
+    """Median seconds from a block of K drafts being submitted to its verdict, through the cloud's
+    serving engine (the default batched one, in process, one session), for each K in `ks` (0: a plain
+    step): what a verify pass costs as the server runs it, with the verifier's rollback and rule and
+    the engine's thread hops, none of which a bare model call pays. The drafts are tokens the target
+    rejects at once (each block commits one token), so every pass also rolls the KV back."""
+    import asyncio
+
+    from acespec.cloud.engine import SessionSpec, make_engine
+    from acespec.verify import RuleSpec
+
+    async def run() -> list[float]:
+        engine = make_engine("batched", target)
+        await engine.start()
+        try:
+            s = await engine.open(SessionSpec(prompt=tuple(prompt), rule=RuleSpec.parse("greedy"),
+                                              max_tokens=len(ks) * repeats + 8))
+            await engine.step(s)  # the prompt's prefill, out of the way
+            times: list[list[float]] = [[] for _ in ks]
+            seq = 1
+            for _ in range(repeats):
+                for i, k in enumerate(ks):
+                    base = s.verifier.committed
+                    nxt = s.verifier.tokens[-1]
+                    drafts = [(nxt + 1 + j) % target.vocab_size for j in range(k)]  # not what the target says next
+                    t0 = time.perf_counter()
+                    await engine.verify(s, seq, base, drafts, None)
+                    times[i].append(time.perf_counter() - t0)
+                    seq += 1
+            engine.close(s)
+            return [float(np.median(t)) for t in times]
+        finally:
+            await engine.stop()
+
+    target.reset()
+    try:
+        return asyncio.run(run())
+    finally:
+        target.reset()
+
+
+def calibrate(draft, target, prompt: list[int], sizes: list[int], repeats: int, stat: str = "min") -> dict:
     """Both models' call costs after `prompt`, their prompt-prefill rates and the per-row Python cost:
     what `bench cost` prints, and what `acespec.sim.profiles.DeviceProfile.from_cost` builds this
     machine's profile from."""
-    result: dict = {"prompt_tokens": len(prompt), "sizes": list(sizes), "models": {}, "prefill": {}}
+    result: dict = {"prompt_tokens": len(prompt), "sizes": list(sizes), "stat": stat, "models": {}, "prefill": {}}
     for role, model in (("drafter", draft), ("target", target)):
-        secs = time_eval(model, prompt, sizes, repeats)
+        secs = time_eval(model, prompt, sizes, repeats, stat)
         c0, c1 = fit_line(sizes, secs)
         result["models"][role] = {"name": getattr(model, "name", "?"), "seconds": secs, "c0_s": c0, "c1_s": c1}
         result["prefill"][f"{role}_s_per_token"] = time_prefill(model, prompt)
     result["rows"] = time_rows(draft, target)
+    ks = [n - 1 for n in sizes]  # K drafts make a pass of K + 1 tokens
+    result["engine"] = {"ks": ks, "verify_s": time_engine(target, prompt, ks, repeats)}
     return result
 
 
@@ -156,6 +200,9 @@ def cmd_bench_cost(args: argparse.Namespace) -> int:
     for role, m in result["models"].items():
         print(f"{role}: t(n) = {1e3 * m['c0_s']:.1f} ms + {1e3 * m['c1_s']:.1f} ms x n; prompt prefill "
               f"{1e3 * result['prefill'][role + '_s_per_token']:.2f} ms/token")
+    eng = result["engine"]
+    print("through the serving engine, block submitted -> verdict: " + ", ".join(
+        f"K={k} {1e3 * t:.1f} ms" for k, t in zip(eng["ks"], eng["verify_s"])))
     rows = result["rows"]
     print(f"per vocabulary row: drafter picks a token in {1e3 * rows['draft_choose_s']:.2f} ms, the verifier judges a row "
           f"in {1e3 * rows['verify_row_s']:.2f} ms")

@@ -260,7 +260,7 @@ def _validate(args) -> int:
         rows2 = validation_rows(run_grid(ts.prompts, [retimed], rtts, live_modes, k=k, window=window, net=net)["rows"],
                                 live_rows)
         err2 = max_error(rows2)
-        print(f"\nthe same, with the costs the live runs measured (verify x{scales['verify']:.2f}, drafting "
+        print(f"\nthe same, with the costs the live runs measured (target step x{scales['verify']:.2f}, drafting "
               f"x{scales['draft']:.2f}, prompt prefill {scales['prefill_s']:+.2f} s against the calibration):")
         print(format_validation(rows2))
         print("max |sim/live - 1| with live costs = " + ("-" if err2 is None else f"{100 * err2:.1f}%"))
@@ -276,11 +276,13 @@ def _validate(args) -> int:
 
 
 def _retime(dev, live: dict, traces, net, k: int, window: int):
-    """`dev` with its costs scaled to what the live runs measured: the target's verify time and the
-    drafter's critical-path drafting time of the live sync runs against the same runs simulated (sync:
-    the same passes, nothing overlaps), and the cloud-only time to first token (the prompt's prefill).
-    Returns (profile, the scales)."""
+    """`dev` with its costs scaled to what the live runs measured: a target step from the cloud-only
+    runs' median inter-token time (the verdicts' own verify times include queueing in the engine, behind
+    the prompt's prefill among others, so they overstate a pass), the drafter's critical-path drafting
+    time of the live sync runs against the same runs simulated, and the cloud-only time to first token
+    (the prompt's prefill). Returns (profile, the scales), or (None, None) without per-run records."""
     import dataclasses
+    import statistics
 
     from acespec.sim.edge import parse_mode, simulate
 
@@ -289,18 +291,18 @@ def _retime(dev, live: dict, traces, net, k: int, window: int):
         return None, None  # a summary without its runs: nothing to take the costs from
     lo = min(r["rtt_ms"] for r in runs)
     by_id = {t.id: t for t in traces}
+    at_lo = dataclasses.replace(net, rtt_ms=lo)
     scales = {"verify": 1.0, "draft": 1.0, "prefill_s": 0.0}
-    sync = [r for r in runs if r["mode"] == "sync" and r["rtt_ms"] == lo and r["prompt_id"] in by_id]
-    if sync:
-        sim = [simulate(by_id[r["prompt_id"]], dev, dataclasses.replace(net, rtt_ms=lo), parse_mode("sync", k=k, window=window)).stats
-               for r in sync]
-        scales["verify"] = sum(r["verify_s"] for r in sync) / max(1e-9, sum(s.verify_s for s in sim))
-        scales["draft"] = sum(r["draft_s"] for r in sync) / max(1e-9, sum(s.draft_s for s in sim))
     co = [r for r in runs if r["mode"] == "cloud-only" and r["rtt_ms"] == lo and r["prompt_id"] in by_id]
     if co:
-        sim = [simulate(by_id[r["prompt_id"]], dev, dataclasses.replace(net, rtt_ms=lo), parse_mode("cloud-only")).stats
-               for r in co]
+        sim = [simulate(by_id[r["prompt_id"]], dev, at_lo, parse_mode("cloud-only")).stats for r in co]
+        scales["verify"] = statistics.median(r["itl_p50_s"] for r in co) / statistics.median(
+            s.inter_token_latency()[0] for s in sim)
         scales["prefill_s"] = sum(r["ttft_s"] - s.ttft_s for r, s in zip(co, sim)) / len(co)
+    sync = [r for r in runs if r["mode"] == "sync" and r["rtt_ms"] == lo and r["prompt_id"] in by_id]
+    if sync:
+        sim = [simulate(by_id[r["prompt_id"]], dev, at_lo, parse_mode("sync", k=k, window=window)).stats for r in sync]
+        scales["draft"] = sum(r["draft_s"] for r in sync) / max(1e-9, sum(s.draft_s for s in sim))
     f_v, f_d = scales["verify"], scales["draft"]
     prompt = sum(t.prompt_len for t in traces) / len(traces)
     out = dev.replace(
@@ -310,6 +312,24 @@ def _retime(dev, live: dict, traces, net, k: int, window: int):
         draft_choose_s=dev.draft_choose_s * f_d,
         target_prefill_s_per_token=max(0.0, dev.target_prefill_s_per_token + scales["prefill_s"] / max(1.0, prompt - 1)))
     return out, scales
+
+
+def _mean_cost(a: dict, b: dict) -> dict:
+    """Two calibrations of the same sizes, averaged number by number (the line fits refitted)."""
+    from acespec.bench.cost import fit_line
+
+    out = {**a, "calibrations": [a, b]}
+    out["models"] = {}
+    for role in a["models"]:
+        secs = [(x + y) / 2 for x, y in zip(a["models"][role]["seconds"], b["models"][role]["seconds"])]
+        c0, c1 = fit_line(a["sizes"], secs)
+        out["models"][role] = {**a["models"][role], "seconds": secs, "c0_s": c0, "c1_s": c1}
+    out["prefill"] = {k: (a["prefill"][k] + b["prefill"][k]) / 2 for k in a["prefill"]}
+    out["rows"] = {k: (a["rows"][k] + b["rows"][k]) / 2 for k in a["rows"]}
+    if "engine" in a and "engine" in b:
+        out["engine"] = {"ks": a["engine"]["ks"],
+                         "verify_s": [(x + y) / 2 for x, y in zip(a["engine"]["verify_s"], b["engine"]["verify_s"])]}
+    return out
 
 
 def _live_net(profile: str | None, seed: int):
@@ -334,10 +354,12 @@ def _measure(args, cost, ts, live, n_prompts: int, max_tokens: int, rtts: list[f
     draft, target = load_pair(args.draft, args.target, n_ctx=args.n_ctx, cores=cores, draft_slots=DRAFTER_SLOTS)
     try:
         prompts = humaneval_prompts(target.tokenizer, n_prompts)  # the live bench's prompts and template
-        if cost is None:
+        calibrating = cost is None
+        if calibrating:
             print("calibrating this machine (bench cost) ...", file=sys.stderr)
-            cost = {"prompt": prompts[0][0], "cores": cores, **calibrate(draft, target, prompts[0][1], CALIBRATION_SIZES, 3)}
-            (out_dir / "cost.json").write_text(json.dumps(cost, indent=2))
+            cost = {"prompt": prompts[0][0], "cores": cores,
+                    **calibrate(draft, target, prompts[0][1], CALIBRATION_SIZES, 5, "median")}
+            (out_dir / "cost-before.json").write_text(json.dumps(cost, indent=2))
         if ts is None:
             print("recording traces of the same prompts and lengths ...", file=sys.stderr)
             ts = record_traces(target, draft, prompts, max_tokens=max_tokens, k=4, timings=False,
@@ -355,6 +377,12 @@ def _measure(args, cost, ts, live, n_prompts: int, max_tokens: int, rtts: list[f
             live = run_wan_bench(draft, target, prompts, cfg)
             live["cores"] = cores
             (out_dir / "live.json").write_text(json.dumps(live, indent=2))
+        if calibrating:
+            # this machine's speed drifts by 15% and more within minutes: calibrate again after the live
+            # runs and take the mean of the two, so the profile describes the time the runs took place
+            print("calibrating again after the live runs ...", file=sys.stderr)
+            cost = _mean_cost(cost, calibrate(draft, target, prompts[0][1], CALIBRATION_SIZES, 5, "median"))
+            (out_dir / "cost.json").write_text(json.dumps(cost, indent=2))
     finally:
         draft.close()
         target.close()

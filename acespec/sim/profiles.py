@@ -133,7 +133,14 @@ class DeviceProfile:
         draft_tab = tuple(_isotonic([float(x) for x in d["seconds"]]))
         verify_tab = tuple(_isotonic([float(x) for x in t["seconds"]]))
         pre = cost.get("prefill", {})
-        rows = cost.get("rows", {})
+        rows = dict(cost.get("rows", {}))
+        overhead = float(cost.get("cloud_overhead_s", 0.0005))
+        eng = cost.get("engine")
+        if eng and list(eng["ks"]) == list(range(len(eng["ks"]))):
+            # passes timed through the serving engine already hold the rule, the rollback and the
+            # engine's own hops: take them as t_v(K), with nothing added on top
+            verify_tab = tuple(_isotonic([float(x) for x in eng["verify_s"]]))
+            rows["verify_row_s"], overhead = 0.0, 0.0
         return cls(
             name=name,
             draft_s_per_token=draft_tab[0],
@@ -142,7 +149,7 @@ class DeviceProfile:
             verify_c1_s=max(0.0, float(t["c1_s"])),
             target_prefill_s_per_token=float(pre.get("target_s_per_token", t["c1_s"])),
             verify_table_s=verify_tab,
-            cloud_overhead_s=float(cost.get("cloud_overhead_s", 0.0005)),  # asyncio + framing in the server
+            cloud_overhead_s=overhead,  # asyncio + framing in the server
             edge_overhead_s=float(cost.get("edge_overhead_s", 0.0005)),  # frame decode + the loop's bookkeeping
             draft_table_s=draft_tab,
             draft_choose_s=float(rows.get("draft_choose_s", 0.0)),
