@@ -265,7 +265,11 @@ class BatchedEngine(VerifyEngine):
         for (s, _, _, op), r in zip(batch, rows):
             s.ops.popleft()
             self.max_wait_tokens = max(self.max_wait_tokens, self.evaluated - op.mark - (s.own - op.own_mark))
-            answers.append((op, s.verifier.finish(op.job, r, done - op.submitted)))
+            # the pass's own time, as `Verdict.verify_us` means: the edge's link timing subtracts it from
+            # the round trip, and its scheduler expects queued blocks' verdicts one verify apart, so a
+            # time that also held this block's wait behind the blocks before it (submitted -> done)
+            # counted that wait twice and put every verdict later than it came
+            answers.append((op, s.verifier.finish(op.job, r, done - t0)))
             s.last_used = time.monotonic()
         for s, toks, _, _ in batch:
             s.own += len(toks)
