@@ -491,6 +491,29 @@ def test_bench_sim_command(tmp_path, capsys):
     lines = capsys.readouterr().out.strip().splitlines()
     assert "sim/live" in lines[2] and any(line.startswith("acespec") for line in lines)
     assert lines[-1].startswith("max |sim/live - 1| = ") and lines[-1].endswith("%")
+    # with the live runs' records, the same comparison again at the costs they measured
+    doc = json.loads(live.read_text())
+    doc["runs"] = [{"rtt_ms": 0, "mode": m, "prompt_id": "synth", "itl_p50_s": 0.1, "ttft_s": 1.0, "draft_s": 2.0}
+                   for m in ("sync", "cloud-only")]
+    live.write_text(json.dumps(doc))
+    assert args.func(args) == 0
+    out = capsys.readouterr().out
+    assert "with the costs the live runs measured (target step x" in out
+    assert "max |sim/live - 1| with live costs = " in out
+
+
+def test_validation_averages_two_calibrations():
+    from acespec.bench.sim import _mean_cost
+
+    def cal(x):
+        return {"sizes": [1, 2], "models": {r: {"seconds": [x, 2 * x], "c0_s": 0, "c1_s": 0} for r in ("drafter", "target")},
+                "prefill": {"drafter_s_per_token": x, "target_s_per_token": x}, "rows": {"draft_choose_s": x, "verify_row_s": x},
+                "engine": {"ks": [0, 1], "verify_s": [x, 3 * x]}}
+
+    m = _mean_cost(cal(1.0), cal(3.0))
+    assert m["models"]["target"]["seconds"] == [2.0, 4.0] and m["models"]["target"]["c1_s"] == pytest.approx(2.0)
+    assert m["engine"]["verify_s"] == [2.0, 6.0] and m["prefill"]["target_s_per_token"] == 2.0
+    assert len(m["calibrations"]) == 2
 
 
 def test_profile_from_bench_cost():
