@@ -6,17 +6,23 @@ faster-switching copy. `--long N` replays the trace's outputs back to back N tim
 so that it spans the real profile's 10 s phases (a 256-token run ends within the first one).
 
     PYTHONPATH=. .venv/bin/python scripts/controller_vs_fixed.py [--long 3] [--fam acespec,sync,pipelined]
+        [--dev edge-npu+h200,cost:docs/results/sim-validate-inputs/cost.json]
+
+`--dev cost:FILE` is this machine as `acespec bench cost` (or `bench sim --validate`) calibrated it. With
+both phases listed, it also prints the ceiling of any depth policy: the best K of each phase, switched
+perfectly at every phase change (equal time in each), against the best single K over both.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 from collections import Counter
 
 from acespec.net.profile import PROFILES
 from acespec.sim.edge import parse_mode, simulate
-from acespec.sim.profiles import DEVICE_PROFILES
+from acespec.sim.profiles import DEVICE_PROFILES, DeviceProfile
 from acespec.sim.trace import TraceSet
 
 FAMILIES = {  # controller mode, fixed-K mode
@@ -62,21 +68,36 @@ def main() -> None:
 
     print(f"{a.trace}{f' back to back x{a.long}' if a.long else ''}: {sum(p.n for p in ts.prompts)} tokens")
     for dname in a.dev.split(","):
-        dev = DEVICE_PROFILES[dname]
+        if dname.startswith("cost:"):
+            with open(dname[5:]) as f:
+                dev = DeviceProfile.from_cost(json.load(f))
+        else:
+            dev = DEVICE_PROFILES[dname]
         for fam in a.fam.split(","):
             ctrl_mode, fixed_mode = FAMILIES[fam]
             print(f"\n{dname}, {ctrl_mode} against {fixed_mode.format('K')}  (tokens/s)")
             print(f"{'link':8s} {'ctrl':>6s} " + " ".join(f"{'K=' + str(k):>6s}" for k in ks)
                   + "   best K<=8   best K     K the controller drafted (blocks)")
+            per_net = {}
             for nname in a.nets.split(","):
                 rc, rs = run(ctrl_mode, dev, nets[nname])
                 fixed = {k: run(fixed_mode.format(k), dev, nets[nname])[0] for k in ks}
+                per_net[nname] = fixed
                 k8 = max((k for k in ks if k <= 8), key=fixed.get)
                 kb = max(fixed, key=fixed.get)
                 hist = Counter(k for r in rs for k in r.stats.k_chosen)
                 print(f"{nname:8s} {rc:6.1f} " + " ".join(f"{fixed[k]:6.1f}" for k in ks)
                       + f"   {rc / fixed[k8]:4.2f}x K={k8:<2d} {rc / fixed[kb]:4.2f}x K={kb:<2d}  "
                       + " ".join(f"{k}:{n}" for k, n in sorted(hist.items())), flush=True)
+            if "good" in per_net and "bad" in per_net:
+                g, b = per_net["good"], per_net["bad"]
+                # equal time in each phase: the time-averaged rate is the harmonic mean of the two
+                def avg(x: float, y: float) -> float:
+                    return 2.0 / (1.0 / x + 1.0 / y)
+                oracle = avg(max(g.values()), max(b.values()))
+                single = max(avg(g[k], b[k]) for k in ks)
+                print(f"ceiling: the best K per phase switched perfectly {oracle:.1f} tokens/s, "
+                      f"{oracle / single:.3f}x the best single K over both phases ({single:.1f})", flush=True)
 
 
 if __name__ == "__main__":

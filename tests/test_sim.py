@@ -278,6 +278,8 @@ def test_parse_mode():
     a = parse_mode("acespec")  # bench acespec's full system
     assert (a.mode, a.branches, a.policy, a.auto_window, a.label) == ("pipelined", True, "controller", True, "acespec")
     assert parse_mode("acespec:k=8").k == 8
+    six = parse_mode("acespec:k=6")  # any fixed depth, not only bench acespec's own three
+    assert (six.k, six.policy, six.branches, six.auto_window, six.label) == (6, "fixed", True, True, "acespec:k=6")
     with pytest.raises(ValueError):
         parse_mode("sync+turbo")
     with pytest.raises(ValueError):

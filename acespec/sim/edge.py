@@ -86,7 +86,12 @@ class SimConfig:
 def parse_mode(spec: str, *, k: int = 4, window: int = 2) -> SimConfig:
     """`pipelined+cache`, `sync`, `pipelined+branches+ctrl:k=8`, `acespec`, ... -> SimConfig."""
     label = spec.strip()
-    text, _, opt = LIVE_VARIANTS.get(label, label).partition(":")
+    name, _, opt = label.partition(":")
+    if label in LIVE_VARIANTS:
+        name, _, opt = LIVE_VARIANTS[label].partition(":")
+    elif name == "acespec" and opt:  # the full system at a fixed depth, as bench acespec's acespec:k=N
+        name = LIVE_VARIANTS["acespec:k=4"].partition(":")[0]
+    text = name
     if opt:
         key, _, val = opt.partition("=")
         if key.strip() != "k" or not val.strip().isdigit():
