@@ -11,6 +11,9 @@ so that it spans the real profile's 10 s phases (a 256-token run ends within the
 `--dev cost:FILE` is this machine as `acespec bench cost` (or `bench sim --validate`) calibrated it. With
 both phases listed, it also prints the ceiling of any depth policy: the best K of each phase, switched
 perfectly at every phase change (equal time in each), against the best single K over both.
+`--q-topn 32` prices every drafted token with a top-32 q row on the wire, as `strict` and the relaxed
+rules send (the 64 kbit/s phase then costs ~30 ms of uplink per drafted token); acceptance stays the
+trace's own.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from collections import Counter
 
 from acespec.net.profile import PROFILES
 from acespec.sim.edge import parse_mode, simulate
+from acespec.sim.link import FrameSizer
 from acespec.sim.profiles import DEVICE_PROFILES, DeviceProfile
 from acespec.sim.trace import TraceSet
 
@@ -53,7 +57,9 @@ def main() -> None:
     ap.add_argument("--dev", default="edge-npu+h200,edge-cpu+gpu")
     ap.add_argument("--ks", default="1,2,3,4,6,8,12,16")
     ap.add_argument("--nets", default="good,bad,varying,vary1s")
+    ap.add_argument("--q-topn", type=int, default=0, help="q row entries per drafted token on the wire (0: token ids only)")
     a = ap.parse_args()
+    sizer = FrameSizer(q_topn=a.q_topn)
     ts = TraceSet.load(a.trace)
     if a.long:
         ts = back_to_back(ts, a.long)
@@ -63,10 +69,11 @@ def main() -> None:
     ks = [int(k) for k in a.ks.split(",")]
 
     def run(mode, dev, net):
-        rs = [simulate(p, dev, net, parse_mode(mode)) for p in ts.prompts]
+        rs = [simulate(p, dev, net, parse_mode(mode), sizer) for p in ts.prompts]
         return sum(r.n for r in rs) / sum(r.wall_s for r in rs), rs
 
-    print(f"{a.trace}{f' back to back x{a.long}' if a.long else ''}: {sum(p.n for p in ts.prompts)} tokens")
+    print(f"{a.trace}{f' back to back x{a.long}' if a.long else ''}: {sum(p.n for p in ts.prompts)} tokens"
+          + (f", a top-{a.q_topn} q row per drafted token on the wire" if a.q_topn else ""))
     for dname in a.dev.split(","):
         if dname.startswith("cost:"):
             with open(dname[5:]) as f:

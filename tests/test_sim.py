@@ -359,6 +359,25 @@ def test_frame_sizes_match_the_wire_format():
     assert fs.verdict(5000, 3, 100000, 20000, 1 << 20, False, False) == 15
 
 
+def test_q_rows_price_the_uplink():
+    """A rule that reads q sends a top-n row per drafted token: ~7 bytes an entry on the wire, and on a
+    64 kbit/s uplink the same trace then runs slower than with token ids alone (on a fast one, hardly)."""
+    fs, fq = FrameSizer(), FrameSizer(q_topn=32)
+    toks = (100000, 100001, 100002, 100003)
+    per_token = (fq.draft(5, 300, toks) - fs.draft(5, 300, toks)) / len(toks)
+    assert 32 * 5 < per_token < 32 * 9
+    assert fq.draft(5, 300, ()) == fs.draft(5, 300, ())
+    with pytest.raises(ValueError):
+        FrameSizer(q_topn=-1)
+    tr = random_trace(200, 0.8, seed=3)
+    mode = SimConfig(mode="sync", k=8)
+    slow, fast = WanProfile(rtt_ms=80, up_bps=64e3, down_bps=1e6), WanProfile(rtt_ms=80, up_bps=1e9, down_bps=1e9)
+    ids, rows = simulate(tr, NPU, slow, mode, fs), simulate(tr, NPU, slow, mode, fq)
+    assert ids.tokens == rows.tokens  # the wire's size changes the timing, never the text
+    assert rows.wall_s > ids.wall_s + 0.015 * rows.stats.drafted  # >= 15 ms per drafted token of uplink
+    assert simulate(tr, NPU, fast, mode, fq).wall_s < 1.01 * simulate(tr, NPU, fast, mode, fs).wall_s
+
+
 # ------------------------------------------------------------------------------------------ traces
 def test_acceptance_from_logits():
     y = [2, 0, 1, 1]

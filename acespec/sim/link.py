@@ -26,12 +26,17 @@ SIM_SESSION_ID = 1 << 20  # session ids are random below 2**21 (protocol v2): mo
 
 
 class FrameSizer:
-    """Bytes of each frame as `acespec.wire.encode` writes it."""
+    """Bytes of each frame as `acespec.wire.encode` writes it. `q_topn` > 0: every drafted token also
+    carries a q row of that many (id, prob) entries, as rules that read q send them (`EdgeConfig.q_topn`);
+    the traces are greedy, so this prices the wire of such a rule, not its acceptance."""
 
-    def __init__(self) -> None:
+    def __init__(self, q_topn: int = 0) -> None:
         from acespec import wire as wf
 
+        if q_topn < 0:
+            raise ValueError(f"q_topn must be >= 0, got {q_topn}")
         self.wf = wf
+        self.q_topn = q_topn
 
     def _enc(self, frame) -> int:
         return len(self.wf.encode(frame))
@@ -45,7 +50,11 @@ class FrameSizer:
         return self._enc(self.wf.Welcome(session=SIM_SESSION_ID, committed=committed, max_draft_tokens=64, secret=bytes(32)))
 
     def draft(self, seq: int, base: int, tokens: tuple[int, ...]) -> int:
-        return self._enc(self.wf.Draft(session=SIM_SESSION_ID, seq=seq, base=base, tokens=tokens))
+        q = None
+        if self.q_topn:  # large ids and distinct probabilities: the varints and floats a real row costs
+            row = tuple((150_000 - 37 * j, 0.5 / (j + 1)) for j in range(self.q_topn))
+            q = (row,) * len(tokens)
+        return self._enc(self.wf.Draft(session=SIM_SESSION_ID, seq=seq, base=base, tokens=tokens, q=q))
 
     def verdict(self, seq: int, accepted: int, next_token: int, verify_us: int, committed: int, dropped: bool,
                 finished: bool) -> int:
