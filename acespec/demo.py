@@ -118,12 +118,25 @@ def cmd_demo(args: argparse.Namespace) -> int:
     RuleSpec.parse(args.rule)
     resolve(args.draft), resolve(args.target)  # clear errors before starting anything
     children = ChildProcesses()
-    previous = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    interrupted = threading.Event()
+
+    def interrupt(*_):
+        interrupted.set()
+        raise KeyboardInterrupt()
+
+    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         return _run(args, children)
+    except Exception as e:
+        # unwinding from Ctrl-C can fail on its own (a half-closed session, a child already gone): the
+        # user asked to stop, so report the interrupt, not what broke while stopping
+        if interrupted.is_set():
+            raise KeyboardInterrupt() from e
+        raise
     finally:
         children.stop_all()
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _run(args: argparse.Namespace, children: ChildProcesses) -> int:

@@ -412,6 +412,7 @@ def test_demo_stops_its_children_on_ctrl_c():
     assert len(_children_with_tag(tag)) >= 3, "demo did not start its children"
     time.sleep(1.0)
     p.send_signal(signal.SIGINT)
-    assert p.wait(60) == 130
+    rc = p.wait(60)
+    assert rc == 130, p.stderr.read().decode(errors="replace")[-3000:]
     time.sleep(0.3)
     assert _children_with_tag(tag) == []
