@@ -12,8 +12,8 @@ so that it spans the real profile's 10 s phases (a 256-token run ends within the
 both phases listed, it also prints the ceiling of any depth policy: the best K of each phase, switched
 perfectly at every phase change (equal time in each), against the best single K over both.
 `--q-topn 32` prices every drafted token with a top-32 q row on the wire, as `strict` and the relaxed
-rules send (the 64 kbit/s phase then costs ~30 ms of uplink per drafted token); acceptance stays the
-trace's own.
+rules send (the header prints what that costs per drafted token on the bad phase's uplink);
+acceptance stays the trace's own.
 """
 
 from __future__ import annotations
@@ -67,13 +67,16 @@ def main() -> None:
     nets = {"good": var.at(0.0), "bad": var.at(var.switch_s), "varying": var,
             "vary1s": dataclasses.replace(var, switch_s=1.0), "vary3s": dataclasses.replace(var, switch_s=3.0)}
     ks = [int(k) for k in a.ks.split(",")]
+    q_bytes = (sizer.draft(1, 1, (100_000,) * 8) - FrameSizer().draft(1, 1, (100_000,) * 8)) / 8
+    bad_up = nets["bad"].up_bps
 
     def run(mode, dev, net):
         rs = [simulate(p, dev, net, parse_mode(mode), sizer) for p in ts.prompts]
         return sum(r.n for r in rs) / sum(r.wall_s for r in rs), rs
 
     print(f"{a.trace}{f' back to back x{a.long}' if a.long else ''}: {sum(p.n for p in ts.prompts)} tokens"
-          + (f", a top-{a.q_topn} q row per drafted token on the wire" if a.q_topn else ""))
+          + (f", a top-{a.q_topn} q row per drafted token on the wire (+{q_bytes:.0f} bytes, "
+             f"{8e3 * q_bytes / bad_up:.0f} ms of the bad phase's uplink)" if a.q_topn else ""))
     for dname in a.dev.split(","):
         if dname.startswith("cost:"):
             with open(dname[5:]) as f:

@@ -43,11 +43,9 @@ LIVE_VARIANTS = {
     "+cache": "pipelined+cache",
     "+branches": "pipelined+branches",
     "acespec": "pipelined+branches+ctrl+autowin",
-    "acespec:k=2": "pipelined+branches+autowin:k=2",
-    "acespec:k=4": "pipelined+branches+autowin:k=4",
-    "acespec:k=8": "pipelined+branches+autowin:k=8",
     "acespec:+2/-1": "pipelined+branches+adaptive+autowin",
 }
+FIXED_DEPTH = "pipelined+branches+autowin"  # acespec:k=N: bench acespec's full system at a fixed depth N
 
 
 @dataclass
@@ -86,12 +84,9 @@ class SimConfig:
 def parse_mode(spec: str, *, k: int = 4, window: int = 2) -> SimConfig:
     """`pipelined+cache`, `sync`, `pipelined+branches+ctrl:k=8`, `acespec`, ... -> SimConfig."""
     label = spec.strip()
-    name, _, opt = label.partition(":")
-    if label in LIVE_VARIANTS:
-        name, _, opt = LIVE_VARIANTS[label].partition(":")
-    elif name == "acespec" and opt:  # the full system at a fixed depth, as bench acespec's acespec:k=N
-        name = LIVE_VARIANTS["acespec:k=4"].partition(":")[0]
-    text = name
+    text, _, opt = LIVE_VARIANTS.get(label, label).partition(":")
+    if text == "acespec" and opt:
+        text = FIXED_DEPTH
     if opt:
         key, _, val = opt.partition("=")
         if key.strip() != "k" or not val.strip().isdigit():

@@ -37,6 +37,8 @@ class FrameSizer:
             raise ValueError(f"q_topn must be >= 0, got {q_topn}")
         self.wf = wf
         self.q_topn = q_topn
+        # large ids and distinct probabilities: the varints and floats a real row costs
+        self._q_row = tuple((150_000 - 37 * j, 0.5 / (j + 1)) for j in range(q_topn))
 
     def _enc(self, frame) -> int:
         return len(self.wf.encode(frame))
@@ -50,10 +52,7 @@ class FrameSizer:
         return self._enc(self.wf.Welcome(session=SIM_SESSION_ID, committed=committed, max_draft_tokens=64, secret=bytes(32)))
 
     def draft(self, seq: int, base: int, tokens: tuple[int, ...]) -> int:
-        q = None
-        if self.q_topn:  # large ids and distinct probabilities: the varints and floats a real row costs
-            row = tuple((150_000 - 37 * j, 0.5 / (j + 1)) for j in range(self.q_topn))
-            q = (row,) * len(tokens)
+        q = (self._q_row,) * len(tokens) if self.q_topn else None
         return self._enc(self.wf.Draft(session=SIM_SESSION_ID, seq=seq, base=base, tokens=tokens, q=q))
 
     def verdict(self, seq: int, accepted: int, next_token: int, verify_us: int, committed: int, dropped: bool,
