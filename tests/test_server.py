@@ -55,7 +55,8 @@ def reference(max_tokens: int) -> list[int]:
 
 def server_config(**kw) -> ServerConfig:
     base = dict(port=0, token=TOKEN, max_sessions=32, max_new_tokens=MAX_NEW, handshake_timeout_s=1.0,
-                auth_failures_per_min=0)  # the abuse below fails auth on purpose, many times; one test turns it on
+                auth_failures_per_min=0,  # the abuse below fails auth on purpose, many times; one test turns it on
+                max_connections_per_addr=64)  # all 39 abuse cases at once come from 127.0.0.1; one test sets a cap
     base.update(kw)
     return ServerConfig(**base)
 
