@@ -51,7 +51,7 @@ def back_to_back(ts: TraceSet, times: int) -> TraceSet:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--trace", default="docs/results/traces/humaneval-n4-t256.json")
+    ap.add_argument("--trace", default="acespec/sim/traces/humaneval-n4-t256.json")
     ap.add_argument("--long", type=int, default=0, help="replay the outputs back to back this many times")
     ap.add_argument("--fam", default="acespec,sync,pipelined")
     ap.add_argument("--dev", default="edge-npu+h200,edge-cpu+gpu")

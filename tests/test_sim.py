@@ -225,7 +225,7 @@ def test_a_doomed_block_verified_anyway_is_no_rejection(monkeypatch):
     assert r.stats.dropped <= 8 * mismatches
 
 
-HUMANEVAL = "docs/results/traces/humaneval-n4-t256.json"
+HUMANEVAL = "acespec/sim/traces/humaneval-n4-t256.json"
 
 
 def _tokens_per_s(traces, device, net, mode) -> float:

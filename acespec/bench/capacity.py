@@ -22,7 +22,7 @@ from pathlib import Path
 
 from acespec.argtypes import pos_int
 
-DEFAULT_TRACES = Path("docs/results/traces/humaneval-n4-t256.json")
+DEFAULT_TRACES = "humaneval-n4-t256.json"  # bundled with the package (acespec/sim/traces/)
 DEFAULT_NS = "1,4,16,64,256,1024"
 
 
@@ -34,7 +34,7 @@ def add_parser(bench_subparsers: argparse._SubParsersAction) -> argparse.Argumen
     p.add_argument("--n", default=DEFAULT_NS, help=f"edge counts, comma-separated (default {DEFAULT_NS})")
     p.add_argument("--modes", default="cloud-only,sync,acespec",
                    help="simulator modes (`bench sim --modes`), default cloud-only,sync,acespec")
-    p.add_argument("--traces", default=str(DEFAULT_TRACES), help=f"trace file the edges replay (default {DEFAULT_TRACES})")
+    p.add_argument("--traces", default=DEFAULT_TRACES, help=f"trace file the edges replay (default {DEFAULT_TRACES})")
     p.add_argument("--edge", default="edge-npu+h200", choices=sorted(DEVICE_PROFILES),
                    help="device profile whose edge timings every edge uses (default edge-npu+h200)")
     p.add_argument("--gpu-profile", metavar="FILE", help="a measured device profile (scripts/gpu-check.sh) instead of "
@@ -65,8 +65,6 @@ def cmd_bench_capacity(args: argparse.Namespace) -> int:
     ns, modes = _ns(args.n), _modes(args.modes)
     gpu = GpuCost.from_profile(args.gpu_profile, args.shape) if args.gpu_profile else H200_1P5B
     edge = DEVICE_PROFILES[args.edge]
-    if not Path(args.traces).exists():
-        raise ValueError(f"--traces: no such file {args.traces}")
     ts = TraceSet.load(args.traces)
     t0 = time.perf_counter()
 

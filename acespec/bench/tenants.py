@@ -44,20 +44,14 @@ MODES = ("acespec", "sync", "cloud-only")
 ENGINES = ("batched", "serial")
 K = 4  # draft depth of the replayed blocks (the trace's recording depth)
 WINDOW = 2  # acespec mode: blocks in flight
-DEFAULT_TRACES = "docs/results/traces/humaneval-n16-t64.json"
-_REPO = Path(__file__).resolve().parents[2]
+DEFAULT_TRACES = "humaneval-n16-t64.json"  # bundled with the package (acespec/sim/traces/)
 
 
 def bundled_traces(path: str = DEFAULT_TRACES):
-    """The committed acceptance traces (relative to the working directory, else to the repository)."""
+    """Acceptance traces to replay: a file, or the name of one bundled with the package."""
     from acespec.sim.trace import TraceSet
 
-    p = Path(path)
-    if not p.is_file() and not p.is_absolute():
-        p = _REPO / path
-    if not p.is_file():
-        raise ValueError(f"no trace file {path}; record one with `acespec bench sim --record --n-prompts 16 --max-tokens 64 --out {path}`")
-    return TraceSet.load(p)
+    return TraceSet.load(path)
 
 
 @dataclass

@@ -33,11 +33,13 @@ import statistics
 import threading
 import time
 from dataclasses import asdict, dataclass, field
+from importlib import resources
 from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
 
+BUNDLED = resources.files("acespec.sim").joinpath("traces")  # the default pair's recorded traces (package data)
 TRACE_FORMAT = "acespec-sim-trace"
 TRACE_VERSION = 1
 TOP_Q = 4  # drafter probabilities kept per position (argmax + 3 alternatives, what the cache considers)
@@ -123,8 +125,17 @@ class TraceSet:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "TraceSet":
+        """A trace file by path, or by the name of one shipped in the package (`BUNDLED`), so that the
+        benchmarks and the demo that replay the default pair's traces work from an installed wheel too."""
+        f = Path(path)
+        if not f.is_file():
+            shipped = BUNDLED.joinpath(f.name)
+            if not shipped.is_file():
+                known = ", ".join(sorted(x.name for x in BUNDLED.iterdir() if x.name.endswith(".json")))
+                raise ValueError(f"no trace file {path} (bundled traces: {known}); record one with `acespec bench sim --record`")
+            f = shipped
         try:
-            d = json.loads(Path(path).read_text())
+            d = json.loads(f.read_text())
         except json.JSONDecodeError as e:
             raise ValueError(f"{path}: not valid JSON ({e})") from None
         return cls.from_json(d)
