@@ -3,7 +3,8 @@
 It starts the cloud verifier (`acespec serve`, default target) and the WAN emulator (`acespec wan`)
 as child processes, runs the edge (default drafter) in this process through the emulated link, and
 generates the same prompt three ways with the same seed: AceSpec (pipelined + state cache +
-adaptive depth), `sync` (stop-and-wait) and `cloud-only` (the cloud streams tokens). It streams
+adaptive depth), `cloud-led` (the cloud streams without waiting; the edge's drafts speed it up),
+`sync` (stop-and-wait) and `cloud-only` (the cloud streams tokens). It streams
 AceSpec's text, then prints a side-by-side table and a losslessness check. Every child process is
 stopped on exit, also on Ctrl-C or SIGTERM.
 """
@@ -180,6 +181,7 @@ def _run(args: argparse.Namespace, children: ChildProcesses) -> int:
         ]
         if not args.quick:
             runs += [
+                ("cloud-led", EdgeConfig(mode="cloud-led", **common), False),
                 ("sync", EdgeConfig(mode="sync", k=args.k, **common), False),
                 ("cloud-only", EdgeConfig(mode="cloud-only", **common), False),
             ]

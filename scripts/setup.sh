@@ -43,5 +43,5 @@ step "install the pinned build tools (requirements/build.txt: pip, setuptools, w
   "${pip[@]}" -r requirements/build.txt
 step "install AceSpec and its pinned dependencies (pyproject.toml${extras:+ extras $extras}, pins in ${pins[*]})" "$retry" -- \
   "${pip[@]}" --no-build-isolation "${pins[@]}" -e ".${extras}"
-step "check that AceSpec imports in $venv" "$retry" -- "$venv/bin/acespec" --help
+step "check that AceSpec imports in $venv" "$retry" -- "$venv/bin/python" -c "import acespec.cli, acespec.edge.api"
 echo "$want" > "$stamp"

@@ -167,7 +167,16 @@ pings = st.builds(Ping, nonce=uint64, sent_us=uint64)
 pongs = st.builds(Pong, nonce=uint64, sent_us=uint64)
 errors = st.builds(Error, code=st.sampled_from(ErrorCode), message=st.text(max_size=100))
 closes = st.builds(Close, reason=st.sampled_from(CloseReason))
-tokens_frames = st.builds(Tokens, start=uint64, tokens=st.lists(token_ids, max_size=100), finished=st.booleans())
+@st.composite
+def tokens_frames(draw):
+    step = draw(st.booleans())  # a cloud-led step carries HAS_STEP
+    drafted = draw(st.integers(0, DEFAULT_LIMITS.max_draft_tokens)) if step else None
+    return Tokens(start=draw(uint64), tokens=draw(st.lists(token_ids, max_size=100)), finished=draw(st.booleans()),
+                  drafted=drafted, accepted=draw(st.integers(0, drafted)) if step else 0,
+                  verify_us=draw(uint64) if step else 0)
+
+
+tokens_frames = tokens_frames()
 
 FRAME_STRATEGIES = {
     FrameType.HELLO: hellos(),
@@ -278,6 +287,8 @@ GOLDEN = [
     (Error(code=ErrorCode.BUSY, message="é"), frame(8, b"\x00\x06" + blob("é".encode()))),
     (Close(reason=CloseReason.GOING_AWAY), frame(9, b"\x01")),
     (Tokens(start=10, tokens=[1, 300], finished=True), frame(10, uv(10) + toks([1, 300]) + b"\x01")),
+    (Tokens(start=10, tokens=[1, 300], drafted=4, accepted=1, verify_us=200),
+     frame(10, uv(10) + toks([1, 300]) + b"\x02" + uv(4) + uv(1) + uv(200))),
 ]
 
 
@@ -581,7 +592,7 @@ MALFORMED = [
      OVER_LIMIT, None),
     ("WELCOME secret too long", frame(2, uv(1) + uv(1) + uv(1) + blob(b"s" * 65)), OVER_LIMIT, None),
     ("WELCOME without its secret (v1 layout)", frame(2, uv(1) + uv(1) + uv(1)), BAD_FRAME, None),
-    ("HELLO mode 2", frame(1, hello_payload(mode=2)), BAD_FRAME, None),
+    ("HELLO mode 3", frame(1, hello_payload(mode=3)), BAD_FRAME, None),
     ("HELLO temperature NaN", frame(1, hello_payload(temp=f32(math.nan))), BAD_FRAME, None),
     ("HELLO temperature inf", frame(1, hello_payload(temp=f32(math.inf))), BAD_FRAME, None),
     ("HELLO temperature < 0", frame(1, hello_payload(temp=f32(-1.0))), BAD_FRAME, None),
@@ -621,7 +632,10 @@ MALFORMED = [
     ("ERROR message over 512 bytes", frame(8, b"\x00\x01" + blob(b"x" * 513)), OVER_LIMIT, None),
     ("CLOSE reason 4", frame(9, b"\x04"), BAD_FRAME, None),
     ("CLOSE without reason", frame(9, b""), BAD_FRAME, None),
-    ("TOKENS reserved flag", frame(10, uv(0) + toks([1]) + b"\x02"), BAD_FRAME, None),
+    ("TOKENS reserved flag", frame(10, uv(0) + toks([1]) + b"\x04"), BAD_FRAME, None),
+    ("TOKENS HAS_STEP truncated", frame(10, uv(0) + toks([1]) + b"\x02" + uv(2)), BAD_FRAME, None),
+    ("TOKENS accepted > drafted", frame(10, uv(0) + toks([1]) + b"\x02" + uv(2) + uv(3) + uv(0)), BAD_FRAME, None),
+    ("TOKENS drafted over limit", frame(10, uv(0) + toks([1]) + b"\x02" + uv(65) + uv(0) + uv(0)), OVER_LIMIT, None),
     ("TOKENS over limit", frame(10, uv(0) + toks([1] * 5) + b"\x00"), OVER_LIMIT, Limits(max_prompt_tokens=4)),
     ("TOKENS id >= max_vocab", frame(10, uv(0) + toks([1000]) + b"\x00"), OVER_LIMIT, Limits(max_vocab=1000)),
 ]
@@ -702,6 +716,8 @@ NOT_ENCODABLE = [
     ("ERROR message not a str", Error(code=ErrorCode.BUSY, message=b"x"), BAD_FRAME),
     ("CLOSE reason 9", Close(reason=9), BAD_FRAME),
     ("TOKENS id >= max_vocab", Tokens(start=0, tokens=[2**22]), OVER_LIMIT),
+    ("TOKENS accepted > drafted", Tokens(start=0, tokens=[1], drafted=1, accepted=2), BAD_FRAME),
+    ("TOKENS step figures without HAS_STEP", Tokens(start=0, tokens=[1], accepted=1), BAD_FRAME),
 ]
 
 

@@ -1,8 +1,10 @@
 """The cloud verifier: an asyncio TCP server that verifies draft blocks for many edge sessions.
 
 One connection carries one session. The first frame is HELLO (new session) or RESUME (reattach
-after a dropped connection); then DRAFT -> VERDICT in speculative mode, or the server streams
-TOKENS in cloud-only mode. PING is answered with PONG at any time.
+after a dropped connection); then DRAFT -> VERDICT in speculative (edge-led) mode, or the server
+streams TOKENS in cloud-only mode, or in cloud-led mode, where it decodes without waiting and
+verifies, before each step, the priced part of any edge DRAFT that agrees with the stream
+(`engine/board.py`, `control/lead.py`). PING is answered with PONG at any time.
 
 Robustness rules: any malformed frame, wrong auth token, unknown session or over-limit request is
 answered with an ERROR frame (and a CLOSE) and that connection is closed; the server and every other
@@ -36,6 +38,8 @@ import numpy as np
 from acespec import wire
 from acespec.cloud.auth import Gatekeeper
 from acespec.cloud.engine import EngineBusy, EngineRefused, EngineSession, EngineStopped, SessionSpec, VerifyEngine, make_engine
+from acespec.control.lead import LeadConfig
+from acespec.engine.lead import LeadState
 from acespec.engine.verifier import TargetVerifier
 from acespec.models.base import Model
 from acespec.verify import RuleSpec, RuleSpecError, SamplingParams
@@ -62,6 +66,7 @@ class ServerConfig:
     limits: wire.Limits = field(default_factory=wire.Limits)  # frame limits we accept
     tls: ssl.SSLContext | None = None  # TLS server context (acespec.tls.server_context); None = plain TCP
     engine: str = "batched"  # verify engine for a bare target model: batched | serial (see engine.py)
+    lead_k_max: int = 16  # cloud-led: most draft tokens one step verifies
 
 
 def _peer_addr(writer: asyncio.StreamWriter) -> str:
@@ -89,6 +94,7 @@ class Session:
     bytes_out: int = 0
     owner: asyncio.Task | None = None  # the connection handler serving this session now
     writer: asyncio.StreamWriter | None = None  # that connection's writer (idle expiry closes it)
+    lead: LeadState | None = None  # cloud-led: the edge's drafts and the pricing of each step
 
     @property
     def verifier(self) -> TargetVerifier:
@@ -198,7 +204,7 @@ class CloudServer:
             if first is None:
                 return
             session = await self._handshake(first, writer)
-            if session.mode == wire.Mode.CLOUD_ONLY:
+            if session.mode in (wire.Mode.CLOUD_ONLY, wire.Mode.CLOUD_LED):
                 await self._stream_tokens(session, reader, writer, decoder)
             else:
                 await self._serve_drafts(session, reader, writer, decoder)
@@ -368,7 +374,10 @@ class CloudServer:
             raise ProtocolError(wire.ErrorCode.BAD_REQUEST, str(e)) from None
         sid = self._new_sid()
         log.info("session %d: rule %s, %d prompt tokens, mode %s", sid, rule, len(h.prompt), wire.Mode(h.mode).name)
-        return Session(sid, handle, wire.Mode(h.mode), time.monotonic(), tenant=tenant, secret=secrets.token_bytes(32))
+        s = Session(sid, handle, wire.Mode(h.mode), time.monotonic(), tenant=tenant, secret=secrets.token_bytes(32))
+        if s.mode == wire.Mode.CLOUD_LED:
+            s.lead = LeadState(LeadConfig(k_max=min(self.cfg.lead_k_max, self.cfg.limits.max_draft_tokens)))
+        return s
 
     def _new_sid(self) -> int:
         """A random id below 2**21 (3 varint bytes on every DRAFT) that no live session holds: ids say
@@ -518,10 +527,13 @@ class CloudServer:
             )))
             await writer.drain()
 
-    # -- cloud-only mode --------------------------------------------------------------------------
+    # -- cloud-only and cloud-led modes --------------------------------------------------------
     async def _stream_tokens(self, s: Session, reader, writer, decoder: wire.FrameDecoder) -> None:
-        """Generate autoregressively and stream each token; still answer PING / CLOSE meanwhile."""
+        """Generate and stream each step's tokens; still answer PING / CLOSE meanwhile. A cloud-led
+        session also takes DRAFTs at any time, and each step verifies the priced part of the longest
+        one that agrees with the stream (a plain step when none does): the loop never waits for one."""
         closed = asyncio.Event()
+        lead = s.lead
 
         async def read_side() -> None:
             while True:
@@ -536,8 +548,10 @@ class CloudServer:
                         self._end(s)
                         closed.set()
                         return
+                    elif lead and isinstance(f, wire.Draft):
+                        self._take_draft(s, f)
                     elif not isinstance(f, wire.Pong):
-                        raise ProtocolError(wire.ErrorCode.BAD_REQUEST, f"unexpected {type(f).__name__.upper()} in a cloud-only session")
+                        raise ProtocolError(wire.ErrorCode.BAD_REQUEST, f"unexpected {type(f).__name__.upper()} in a {s.mode.name.lower().replace('_', '-')} session")
 
         reading = asyncio.create_task(read_side())
         try:
@@ -546,9 +560,19 @@ class CloudServer:
                 if reading.done():
                     reading.result()  # re-raise a protocol error from the read side
                 start = v.committed
-                verdict = await self.engine.step(s.handle)
+                t0 = time.perf_counter()
+                draft, q = lead.plan(v) if lead else ([], None)
+                if draft:
+                    verdict = await self.engine.verify(s.handle, lead.steps, start, draft, q)
+                else:
+                    verdict = await self.engine.step(s.handle)
                 s.last_active = time.monotonic()
-                writer.write(wire.encode(wire.Tokens(start=start, tokens=v.tokens[start : verdict.committed], finished=verdict.finished)))
+                step = {}
+                if lead:
+                    lead.observe(verdict, time.perf_counter() - t0)
+                    step = {"drafted": verdict.drafted, "accepted": verdict.accepted, "verify_us": verdict.verify_us}
+                writer.write(wire.encode(wire.Tokens(start=start, tokens=v.tokens[start : verdict.committed],
+                                                     finished=verdict.finished, **step)))
                 await writer.drain()
             if s.owner is asyncio.current_task() and not closed.is_set():
                 # generation is over: keep the connection until the edge's CLOSE (which ends the
@@ -558,6 +582,18 @@ class CloudServer:
                 reading.result()
         finally:
             reading.cancel()
+
+    def _take_draft(self, s: Session, f: wire.Draft) -> None:
+        """Put a cloud-led DRAFT on the session's board, after the checks a DRAFT gets in edge-led mode."""
+        V = self.target.vocab_size
+        if f.session != s.sid:
+            raise ProtocolError(wire.ErrorCode.UNKNOWN_SESSION, f"DRAFT names session {f.session}, this connection holds {s.sid}")
+        if any(t >= V for t in f.tokens) or (f.q is not None and any(t >= V for row in f.q for t, _ in row)):
+            raise ProtocolError(wire.ErrorCode.OVER_LIMIT, "draft token id outside the target vocabulary")
+        rule = s.verifier.rule
+        if f.q is None and rule.info.needs_q and rule.name != "strict":
+            raise ProtocolError(wire.ErrorCode.BAD_REQUEST, f"rule {rule} needs q rows with each DRAFT")
+        s.lead.take(f.base, f.tokens, f.parents, f.q, s.verifier.committed)
 
 
 class CloudServerThread:

@@ -6,7 +6,7 @@
 Requests speak OpenAI's schema (`model`, `max_tokens` / `max_completion_tokens`, `temperature`, `top_p`,
 `seed`, `stop`, `n` = 1, `stream`, `stream_options.include_usage`); AceSpec's own choices ride in extra
 body fields, as vLLM's do: `rule` (e.g. coupled, strict, cactus:delta=0.35), `k`, `top_k`, `mode`
-(acespec, pipelined, sync, cloud-only) and `marks` (stream every token's text and origin and the
+(acespec, pipelined, sync, cloud-only, cloud-led) and `marks` (stream every token's text and origin and the
 round's K, RTT and acceptance under `acespec` in each chunk; the web page asks for it). What a request
 leaves out takes the value the server was started with. `usage` adds `accepted_tokens`,
 `drafted_tokens`, `target_passes`, `cache_hits` and `cache_lookups` to OpenAI's token counts.
@@ -74,7 +74,7 @@ class _Body(BaseModel):
     rule: str | None = None
     k: int | None = Field(None, ge=0, le=64)
     top_k: int | None = Field(None, ge=0)
-    mode: Literal["acespec", "pipelined", "sync", "cloud-only"] | None = None
+    mode: Literal["acespec", "pipelined", "sync", "cloud-only", "cloud-led"] | None = None
     marks: bool = False
 
 

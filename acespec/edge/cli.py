@@ -59,7 +59,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     from acespec.cli import add_sampling_args
 
     p = sub.add_parser("edge", help="run the edge: draft locally, verify in the cloud (`edge serve`: the HTTP API)")
-    add_edge_options(p, modes=("sync", "pipelined", "cloud-only"))
+    add_edge_options(p, modes=("sync", "pipelined", "cloud-only", "cloud-led"))
     p.add_argument("--prompt", help="the prompt (required)")
     p.add_argument("--chat", action="store_true")
     p.add_argument("--json", action="store_true",
@@ -97,8 +97,8 @@ def edge_config_from_args(args: argparse.Namespace, *, controller_default: bool 
         raise ValueError("--pass-budget is kept by the controller: add --policy controller (or --acespec)")
     if args.branches and not args.cache:
         raise ValueError("--branches needs --cache")
-    if args.cache and args.mode == "cloud-only":
-        raise ValueError("--cache needs a speculative mode (sync or pipelined)")
+    if args.cache and args.mode in ("cloud-only", "cloud-led"):
+        raise ValueError("--cache needs an edge-led mode (sync or pipelined)")
     token = read_token(args.token_file) or b""
     tls = None
     if args.tls or args.tls_ca or args.tls_cert or args.tls_key:

@@ -31,6 +31,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from acespec import wire
+from acespec.engine.follow import LeadLink, StepChunk
 from acespec.engine.records import Block, Disconnected, LinkSample
 from acespec.engine.transport import RTT_SAMPLES_KEPT, Transport  # noqa: F401 (RTT_SAMPLES_KEPT: re-exported)
 from acespec.engine.verifier import Verdict
@@ -240,6 +241,7 @@ class CloudSession:
         self.sid = w.session
         self.secret = w.secret
         self.committed = w.committed
+        self.max_draft_tokens = w.max_draft_tokens
 
     def _sleep(self, delay: float) -> None:
         time.sleep(delay * self._jitter.uniform(0.5, 1.0))  # jitter: a crowd of edges does not retry in step
@@ -406,3 +408,49 @@ class TcpTransport(Transport):
 
     def close(self) -> None:
         self.s.close()
+
+
+class TcpLeadLink(LeadLink):
+    """A cloud-led session over a `CloudSession`: TOKENS steps down, DRAFT chains up (`engine.follow`).
+    PINGs every `ping_every_s` measure the round trip the edge's lead depth prices."""
+
+    def __init__(self, session: CloudSession, *, send_q: bool, ping_every_s: float = 1.0) -> None:
+        self.s = session
+        self.send_q = send_q
+        self.ping_every_s = ping_every_s
+        self._rtt: float | None = None
+        self._pinged = 0.0
+        self._seq = 0
+
+    def rtt_s(self) -> float | None:
+        return self._rtt
+
+    def send_draft(self, base: int, tokens: Sequence[int], q: np.ndarray | None) -> None:
+        self._seq += 1
+        rows = sparse_rows(q) if (self.send_q and q is not None) else None
+        self.s.link.send(wire.Draft(session=self.s.sid, seq=self._seq, base=base, tokens=tuple(int(t) for t in tokens), q=rows))
+
+    def recv(self, timeout: float | None):
+        now = time.perf_counter()
+        if now - self._pinged >= self.ping_every_s:
+            self._pinged = now
+            self.s.link.send(wire.Ping(nonce=self._seq, sent_us=int(now * 1e6)))
+        deadline = now + (self.s.cfg.reply_timeout_s if timeout is None else timeout)
+        while True:
+            item = self.s.link.get(max(0.0, deadline - time.perf_counter()))
+            if item is None:
+                return Disconnected("no step within the reply timeout") if timeout is None else None
+            t, f = item
+            if isinstance(f, wire.Tokens):
+                return StepChunk(f.start, tuple(f.tokens), f.finished, f.drafted or 0, f.accepted, f.verify_us / 1e6, t)
+            if isinstance(f, wire.Pong):
+                rtt = max(0.0, t - f.sent_us / 1e6)
+                self._rtt = rtt if self._rtt is None else 0.7 * self._rtt + 0.3 * rtt
+            elif isinstance(f, wire.Error):
+                raise EdgeError(f"cloud error {f.code.name}: {f.message}", f.code)
+            elif f is _EOF or isinstance(f, Exception):
+                return Disconnected(str(f) if f is not _EOF else "connection closed")
+            # CLOSE(GOING_AWAY) is followed by the end of the stream
+
+    def resume(self, committed: Sequence[int]) -> int:
+        return self.s.resume(committed)

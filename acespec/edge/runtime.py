@@ -6,6 +6,10 @@ Modes:
   blocks in flight); a rejection rolls the drafter back to the committed prefix.
 - `cloud-only`: no drafting; the cloud generates and streams tokens down the same link (the baseline
   a user would pick instead of speculative decoding).
+- `cloud-led`: the cloud decodes and streams as in cloud-only, never waiting for the edge; the edge
+  follows the stream, drafts ahead of it and uploads its drafts, which the cloud verifies when they
+  agree with what it has committed and are worth their cost (`engine/follow.py`). A user is never
+  slower than cloud-only; the cloud pays for more target passes than in the edge-led modes.
 """
 
 from __future__ import annotations
@@ -19,19 +23,20 @@ from acespec import wire
 from acespec.control.depth import DEFAULT_PASS_BUDGET, DepthPolicy, make_policy
 from acespec.draft.cache import CacheConfig, StateCache
 from acespec.draft.chain import ChainDrafter
-from acespec.edge.client import CloudSession, ConnectConfig, EdgeError, TcpTransport
+from acespec.edge.client import CloudSession, ConnectConfig, EdgeError, TcpLeadLink, TcpTransport
+from acespec.engine.follow import FollowConfig, FollowLoop
 from acespec.engine.loop import ORIGIN_TARGET, LoopConfig, LoopResult, Round, SpecLoop
 from acespec.engine.stats import RunStats
 from acespec.engine.transport import Clock, Transport
 from acespec.models.base import Model
 from acespec.verify import RuleSpec, SamplingParams
 
-MODES = ("sync", "pipelined", "cloud-only")
+MODES = ("sync", "pipelined", "cloud-only", "cloud-led")
 
 
 @dataclass
 class EdgeConfig:
-    mode: str = "pipelined"  # sync | pipelined | cloud-only
+    mode: str = "pipelined"  # sync | pipelined | cloud-only | cloud-led
     rule: str = "greedy"  # verification rule spec
     k: int = 4  # draft depth (starting depth for adaptive policies)
     policy: str = "fixed"  # fixed | adaptive | controller
@@ -80,7 +85,7 @@ def run_edge(
     hello = wire.Hello(
         model_id=model_id, max_tokens=cfg.max_tokens, prompt=tuple(int(t) for t in prompt), auth=cfg.connect.token,
         temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, rule=str(rule), seed=cfg.seed,
-        mode=wire.Mode.CLOUD_ONLY if cfg.mode == "cloud-only" else wire.Mode.SPECULATIVE,
+        mode={"cloud-only": wire.Mode.CLOUD_ONLY, "cloud-led": wire.Mode.CLOUD_LED}.get(cfg.mode, wire.Mode.SPECULATIVE),
     )
     t0 = time.perf_counter()
     drafter = None
@@ -92,6 +97,15 @@ def run_edge(
     try:
         if drafter is None:
             return _cloud_only(session, prompt, cfg, on_tokens, t0, on_round, should_stop)
+        if cfg.mode == "cloud-led":
+            link = TcpLeadLink(session, send_q=rule.info.needs_q)
+            follow = FollowConfig(max_tokens=cfg.max_tokens, max_lead=min(FollowConfig.max_lead, session.max_draft_tokens))
+            res = FollowLoop(link, prompt, drafter=drafter, config=follow, on_tokens=on_tokens, on_round=on_round,
+                             should_stop=should_stop).run(t0)
+            res.stats.bytes_up, res.stats.bytes_down = session.total_bytes()
+            _link_stats(res.stats, session)
+            res.stats.cache["rtt_ms_mean"] = None if link.rtt_s() is None else round(1e3 * link.rtt_s(), 3)
+            return res
         transport = TcpTransport(session, send_q=rule.info.needs_q)
         loop = build_loop(transport, drafter, prompt, cfg, policy=policy, on_tokens=on_tokens, on_round=on_round,
                           should_stop=should_stop)

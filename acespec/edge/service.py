@@ -33,7 +33,7 @@ from acespec.edge.runtime import EdgeConfig, run_edge
 from acespec.engine.loop import LoopResult, Round
 from acespec.models.base import Model, TextStream
 
-API_MODES = ("acespec", "pipelined", "sync", "cloud-only")
+API_MODES = ("acespec", "pipelined", "sync", "cloud-only", "cloud-led")
 MAX_STOP = 4  # stop strings per request, as OpenAI allows
 
 
@@ -82,7 +82,7 @@ def edge_config_for(base: EdgeConfig, mode: str, **overrides) -> EdgeConfig:
     cfg = dataclasses.replace(base, **{k: v for k, v in overrides.items() if v is not None})
     if mode == "acespec":
         return dataclasses.replace(cfg, mode="pipelined", cache=True, branches=True, auto_window=True, policy="controller")
-    cache = base.cache and mode != "cloud-only"  # the server's --cache/--branches, where the mode can use them
+    cache = base.cache and mode in ("sync", "pipelined")  # the server's --cache/--branches, where the mode can use them
     return dataclasses.replace(cfg, mode=mode, cache=cache, branches=base.branches and cache)
 
 

@@ -480,14 +480,33 @@ def _dec_close(r: _Reader) -> Close:
 def _enc_tokens(w: _Writer, f: Tokens) -> None:
     w.uvarint(f.start, "TOKENS.start")
     w.tokens(f.tokens, w.limits.max_prompt_tokens, "TOKENS.tokens")
-    w.out.append(TokensFlag.FINISHED if f.finished else 0)
+    step = f.drafted is not None
+    w.out.append((TokensFlag.FINISHED if f.finished else 0) | (TokensFlag.HAS_STEP if step else 0))
+    if not step:
+        if f.accepted or f.verify_us:
+            raise WireError(BAD_FRAME, "TOKENS.accepted and verify_us need HAS_STEP (drafted set)")
+        return
+    drafted = _uint(f.drafted, "TOKENS.drafted")
+    w.count(drafted, w.limits.max_draft_tokens, "TOKENS.drafted")
+    if _uint(f.accepted, "TOKENS.accepted") > drafted:
+        raise WireError(BAD_FRAME, f"TOKENS.accepted {f.accepted} is more than drafted {drafted}")
+    w.uvarint(f.accepted, "TOKENS.accepted")
+    w.uvarint(f.verify_us, "TOKENS.verify_us")
 
 
 def _dec_tokens(r: _Reader) -> Tokens:
     start = r.uvarint("TOKENS.start")
     tokens = r.tokens(r.limits.max_prompt_tokens, "TOKENS.tokens")
-    flags = r.flags(TokensFlag.FINISHED, "TOKENS.flags")
-    return Tokens(start=start, tokens=tokens, finished=bool(flags & TokensFlag.FINISHED))
+    flags = r.flags(TokensFlag.FINISHED | TokensFlag.HAS_STEP, "TOKENS.flags")
+    finished = bool(flags & TokensFlag.FINISHED)
+    if not flags & TokensFlag.HAS_STEP:
+        return Tokens(start=start, tokens=tokens, finished=finished)
+    drafted = r.count(r.limits.max_draft_tokens, "TOKENS.drafted")
+    accepted = r.uvarint("TOKENS.accepted")
+    if accepted > drafted:
+        raise WireError(BAD_FRAME, f"TOKENS.accepted {accepted} is more than drafted {drafted}")
+    return Tokens(start=start, tokens=tokens, finished=finished, drafted=drafted, accepted=accepted,
+                  verify_us=r.uvarint("TOKENS.verify_us"))
 
 
 _ENCODERS = {

@@ -45,7 +45,10 @@ Frames (field | encoding | meaning)
        top_p        f32     0..1 (1 = off)
        rule         str     verification rule spec, e.g. "strict" or "cactus:delta=0.35"
        seed         u64     shared seed (coupled sampling derives its noise from it)
-       mode         u8      0 = speculative, 1 = cloud-only (the cloud generates and streams TOKENS)
+       mode         u8      0 = speculative (edge-led: the cloud verifies each DRAFT and answers a VERDICT),
+                            1 = cloud-only (the cloud generates and streams TOKENS),
+                            2 = cloud-led (the cloud decodes and streams TOKENS without waiting; DRAFTs
+                            are suggestions it verifies when they agree with the stream, see TOKENS)
        max_tokens   varint  generation budget, in new tokens
        prompt       tokens  at most Limits.max_prompt_tokens
 2  WELCOME  cloud -> edge. Answers HELLO or RESUME.
@@ -105,10 +108,22 @@ Frames (field | encoding | meaning)
                             boundary, decode refuses longer)
 9  CLOSE    either way.    reason u8: a CloseReason (0 normal end, 1 going away: reconnect later with
                            RESUME, 2 after an ERROR, 3 idle timeout); unknown reasons are refused
-10 TOKENS   cloud -> edge, cloud-only mode: a chunk of generated tokens.
+10 TOKENS   cloud -> edge, cloud-only and cloud-led modes: a chunk of generated tokens.
        start        varint  position of tokens[0]
        tokens       tokens  at most Limits.max_prompt_tokens
-       flags        u8      0x01 FINISHED: the last chunk of the generation; other bits must be 0
+       flags        u8      0x01 FINISHED: the last chunk of the generation; 0x02 HAS_STEP; other bits
+                            must be 0
+       drafted      varint  only if HAS_STEP: draft tokens the step verified (0: a plain step),
+                            <= Limits.max_draft_tokens
+       accepted     varint  only if HAS_STEP: how many of them were kept, <= drafted
+       verify_us    varint  only if HAS_STEP: the step's target time in microseconds
+       In cloud-led mode each TOKENS is one target step and carries HAS_STEP. There a DRAFT names no
+       block to answer: `base` is the committed length its first token follows (at most what the
+       edge has seen streamed), and the draft (a chain, or a tree of alternatives with HAS_TREE)
+       assumes the committed tokens up to `base`. Before each step the cloud verifies the longest
+       path through a draft it holds that agrees with every token committed since that draft's
+       base, or decodes one token if none does; it never waits for a DRAFT, sends no VERDICT, and
+       forgets drafts that disagree with the stream or lie wholly behind it.
 
 Validation and errors
 ---------------------
@@ -231,6 +246,7 @@ class Mode(IntEnum):
 
     SPECULATIVE = 0  # the edge drafts, the cloud verifies
     CLOUD_ONLY = 1  # the cloud generates alone and streams TOKENS
+    CLOUD_LED = 2  # the cloud decodes without waiting and streams TOKENS; edge DRAFTs speed it up
 
 
 class CloseReason(IntEnum):
@@ -256,6 +272,7 @@ class VerdictFlag(IntFlag):
 
 class TokensFlag(IntFlag):
     FINISHED = 0x01
+    HAS_STEP = 0x02
 
 
 @dataclass(frozen=True, slots=True)
@@ -417,12 +434,16 @@ class Close:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Tokens:
-    """TOKENS, cloud -> edge in cloud-only mode: generated tokens from position `start` on."""
+    """TOKENS, cloud -> edge (cloud-only, cloud-led): generated tokens from position `start` on;
+    `drafted` is not None (HAS_STEP) when the frame reports one cloud-led step."""
 
     TYPE: ClassVar[FrameType] = FrameType.TOKENS
     start: int
     tokens: tuple[int, ...]
     finished: bool = False
+    drafted: int | None = None  # HAS_STEP: draft tokens the step verified
+    accepted: int = 0  # HAS_STEP: of which kept
+    verify_us: int = 0  # HAS_STEP: the step's target time
 
     def __post_init__(self):
         _set(self, "tokens", _tuple(self.tokens))

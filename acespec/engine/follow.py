@@ -1,0 +1,217 @@
+"""The edge side of a cloud-led session: follow the cloud's token stream and draft ahead of it.
+
+The cloud decodes without waiting (`cloud/server.py`, cloud-led mode) and streams each step's tokens.
+The edge keeps a *chain*: its drafter's guess of the tokens after everything it has seen streamed. It
+drafts the chain ahead, a few tokens at a time, and uploads it as a DRAFT keyed by the committed
+length it follows (`base`). When a step's tokens arrive:
+
+- each one that equals the chain's head is popped (the drafter's KV already holds it: drafting goes
+  on from the chain's end, no rollback);
+- the first one that differs breaks the chain: it is dropped, and drafting restarts after the new
+  committed tokens (the drafter's KV is synced back to them on its next call).
+
+The cloud checks any draft against what it committed since the draft's base, so a chain built before
+the edge saw the cloud's latest tokens still counts as long as they agree: that is how the uplink's
+half round trip is hidden. Nothing here waits for the cloud except when there is nothing to draft.
+
+How far ahead to draft is priced by `LeadDepth`: enough tokens to cover what the cloud commits in a
+round trip, plus the depth the measured acceptance makes worth verifying; a drafter with nothing to
+add stays idle (and so does the uplink).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+
+from acespec.draft.chain import ChainDrafter
+from acespec.engine.loop import ORIGIN_DRAFT, ORIGIN_TARGET, LoopResult, Round
+from acespec.engine.records import Disconnected
+from acespec.engine.stats import RunStats
+from acespec.engine.transport import Clock
+
+
+@dataclass(frozen=True)
+class StepChunk:
+    """One cloud-led step as the edge receives it (a TOKENS frame with HAS_STEP)."""
+
+    start: int  # position of tokens[0]
+    tokens: tuple[int, ...]
+    finished: bool
+    drafted: int  # draft tokens the step verified (0: a plain step)
+    accepted: int  # of which kept
+    verify_s: float  # the step's target time
+    arrived: float  # when the edge received it (the loop's clock)
+
+
+class LeadLink(ABC):
+    """The edge's view of a cloud-led session: steps down, drafts up."""
+
+    @abstractmethod
+    def recv(self, timeout: float | None) -> StepChunk | Disconnected | None:
+        """The next step (None if none within `timeout`; 0 = poll)."""
+
+    @abstractmethod
+    def send_draft(self, base: int, tokens: Sequence[int], q: np.ndarray | None) -> None:
+        """Upload a chain that follows committed length `base`; `q`: [n, V] for rules that need it."""
+
+    def resume(self, committed: Sequence[int]) -> int:
+        """Reconnect; the cloud goes on streaming after the agreed committed length (returned)."""
+        raise Disconnected("this link cannot reconnect")
+
+    def rtt_s(self) -> float | None:
+        """The link's round-trip time as measured so far, if it knows it."""
+        return None
+
+
+@dataclass
+class FollowConfig:
+    max_tokens: int = 128  # generation budget (the cloud enforces it too)
+    max_lead: int = 24  # most tokens the chain runs ahead of the stream (<= the server's max_draft_tokens)
+    chunk: int = 2  # tokens drafted between looks at the stream
+    resend: int = 2  # upload the chain again once it has grown by this many tokens
+    prior_rtt_s: float = 0.1  # round trip assumed until the link measures one
+
+
+@dataclass
+class LeadDepth:
+    """How far ahead of the stream to keep the chain: the tokens the cloud commits while a draft
+    travels up (stream rate x half an RTT, plus a step of slack), plus the depth worth verifying at
+    the measured acceptance (the run length a draft survives with 90% probability... of its mass)."""
+
+    cfg: FollowConfig
+    accept: float = 0.7  # EWMA of the per-token acceptance the cloud reports
+    rate: float = 0.0  # EWMA of committed tokens per second
+
+    def observe(self, chunk: StepChunk, gap_s: float | None) -> None:
+        if chunk.drafted:
+            a = chunk.accepted / chunk.drafted
+            self.accept = 0.8 * self.accept + 0.2 * a
+        if gap_s and gap_s > 0:
+            r = len(chunk.tokens) / gap_s
+            self.rate = r if self.rate == 0 else 0.8 * self.rate + 0.2 * r
+
+    def target(self, rtt_s: float | None) -> int:
+        rtt = self.cfg.prior_rtt_s if rtt_s is None else rtt_s
+        transit = math.ceil(self.rate * rtt) + 1
+        a = min(max(self.accept, 1e-3), 0.999)
+        worth = math.ceil(math.log(0.1) / math.log(a))  # a^worth <= 0.1: deeper tokens rarely survive
+        return max(1, min(self.cfg.max_lead, transit + worth))
+
+
+class FollowLoop:
+    def __init__(self, link: LeadLink, prompt: Sequence[int], *, drafter: ChainDrafter, config: FollowConfig,
+                 on_tokens: Callable[[list[int]], None] | None = None, on_round: Callable[[Round], None] | None = None,
+                 should_stop: Callable[[], bool] | None = None, clock: Clock = time.perf_counter) -> None:
+        self.link = link
+        self.prompt = [int(t) for t in prompt]
+        self.drafter = drafter
+        self.cfg = config
+        self.on_tokens = on_tokens
+        self.on_round = on_round
+        self.should_stop = should_stop
+        self.clock = clock
+        self.depth = LeadDepth(config)
+        self.needs_q = drafter.rule.info.needs_q
+        self.stats = RunStats()
+        self.committed = list(self.prompt)
+        self.chain: list[int] = []  # the drafter's guess after `committed`
+        self.chain_q: list[np.ndarray] = []  # [V] per chain token, rules that need q
+        self._gen = 0  # the chain's generation: a break starts a new one
+        self._sent_gen = -1  # generation of the last upload
+        self._sent_end = 0  # where the last upload's chain ended (base + length)
+        self.drafts_sent = 0
+        self.chain_breaks = 0
+
+    def run(self, t0: float | None = None) -> LoopResult:
+        t0 = self.clock() if t0 is None else t0
+        self._t0 = t0
+        self._last_arrival: float | None = None
+        finished = False
+        while not finished:
+            if self.should_stop is not None and self.should_stop():
+                break
+            want = self.depth.target(self.link.rtt_s()) - len(self.chain)
+            got = self.link.recv(0 if want > 0 else None)
+            while got is not None:
+                if isinstance(got, Disconnected):
+                    self._resume()
+                else:
+                    finished = self._apply(got) or finished
+                got = None if finished else self.link.recv(0)
+            if finished:
+                break
+            want = self.depth.target(self.link.rtt_s()) - len(self.chain)
+            if want > 0 and len(self.committed) - len(self.prompt) < self.cfg.max_tokens:
+                self._draft(min(want, self.cfg.chunk))
+            if self.chain and (self._sent_gen != self._gen or
+                               len(self.committed) + len(self.chain) >= self._sent_end + self.cfg.resend):
+                self._upload()
+        self.stats.wall_s = self.clock() - t0
+        self.stats.cache.update({"drafts_sent": self.drafts_sent, "chain_breaks": self.chain_breaks})
+        return LoopResult(self.committed[len(self.prompt):], self.stats, finished)
+
+    # -- drafting ------------------------------------------------------------------------------------
+    def _draft(self, n: int) -> None:
+        blk = self.drafter.draft(self.committed + self.chain, n, keep_q=self.needs_q)
+        self.chain.extend(blk.tokens)
+        if self.needs_q and blk.q is not None:
+            self.chain_q.extend(blk.q)
+        self.stats.draft_s += blk.seconds
+
+    def _upload(self) -> None:
+        n = min(len(self.chain), self.cfg.max_lead)
+        q = np.stack(self.chain_q[:n]) if self.needs_q and self.chain_q else None
+        self.link.send_draft(len(self.committed), self.chain[:n], q)
+        self._sent_gen, self._sent_end = self._gen, len(self.committed) + n
+        self.drafts_sent += 1
+
+    # -- the stream --------------------------------------------------------------------------------
+    def _apply(self, c: StepChunk) -> bool:
+        have = len(self.committed)
+        if c.start > have:
+            raise Disconnected(f"the cloud streamed from {c.start}, the edge holds {have}")
+        new = list(c.tokens[have - c.start:])
+        now = c.arrived - self._t0
+        gap = None if self._last_arrival is None else c.arrived - self._last_arrival
+        self._last_arrival = c.arrived
+        if not new:
+            return c.finished
+        if self.stats.emitted == 0:
+            self.stats.ttft_s = now
+        for t in new:
+            if self.chain and self.chain[0] == t:
+                del self.chain[0]
+                if self.chain_q:
+                    del self.chain_q[0]
+            elif self.chain:
+                self.chain_breaks += 1
+                self._gen += 1
+                self.chain.clear()
+                self.chain_q.clear()
+            self.committed.append(t)
+        self.stats.observe_block(c.drafted, c.accepted)
+        self.stats.k_chosen.append(c.drafted)
+        self.stats.emitted += len(new)
+        self.stats.verify_s += c.verify_s
+        self.stats.token_times.extend([now] * len(new))
+        self.depth.observe(c, gap)
+        if self.on_tokens:
+            self.on_tokens(new)
+        if self.on_round:
+            kept = min(c.accepted, len(new))
+            origins = [ORIGIN_DRAFT] * kept + [ORIGIN_TARGET] * (len(new) - kept)
+            self.on_round(Round(tokens=new, origins=origins, drafted=c.drafted, accepted=c.accepted, latency_s=None,
+                                verify_s=c.verify_s, rtt_s=self.link.rtt_s()))
+        return c.finished
+
+    def _resume(self) -> None:
+        agreed = self.link.resume(self.committed)
+        if agreed != len(self.committed):
+            raise Disconnected(f"the cloud resumed at {agreed}, the edge holds {len(self.committed)}")
+        self._sent_gen = -1  # a new session's board is empty: upload again

@@ -1,0 +1,92 @@
+"""The cloud side of a cloud-led session, written once: which draft a step verifies, and what it learns.
+
+`LeadState` holds a session's draft board (`engine.board`) and its pricer (`control.lead`). Before each
+step the cloud asks `plan(verifier)` for the tokens to verify (none: a plain step, as cloud-only) and
+their q rows; after it, `observe` feeds the pricer. The cloud server runs one per cloud-led session;
+`LocalLeadLink` runs one in process, so the edge's `FollowLoop` can be tested (and its output law
+checked) with no network.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Sequence
+
+import numpy as np
+
+from acespec.control.lead import LeadConfig, LeadPricer
+from acespec.engine.board import BoardDraft, DraftBoard, SparseRow
+from acespec.engine.follow import LeadLink, StepChunk
+from acespec.engine.records import Disconnected
+from acespec.engine.transport import Clock
+from acespec.engine.verifier import TargetVerifier, Verdict
+from acespec.verify.sampling import dense_row, sparse_top
+
+
+class LeadState:
+    def __init__(self, config: LeadConfig | None = None, max_drafts: int = 8) -> None:
+        self.board = DraftBoard(max_drafts)
+        self.pricer = LeadPricer(config or LeadConfig())
+        self.steps = 0  # steps planned (verify sequence numbers)
+
+    def take(self, base: int, tokens: Sequence[int], parents: Sequence[int] | None, q: Sequence[SparseRow] | None,
+             committed_len: int) -> bool:
+        return self.board.put(BoardDraft(base, tuple(tokens), None if parents is None else tuple(parents),
+                                         None if q is None else tuple(q)), committed_len)
+
+    def plan(self, v: TargetVerifier) -> tuple[list[int], np.ndarray | None]:
+        """This step's draft: the priced part of the longest that agrees with the stream, and its q rows
+        [k, V] for rules that need them (a token-only draft under `strict` gets a one-hot q, which keeps
+        the output law exactly p: a token x is kept with probability p(x), else the residual p(y)/(1-p(x))
+        over y != x is sampled)."""
+        self.steps += 1
+        avail, rows = self.board.usable(v.tokens, self.pricer.cfg.k_max)
+        k = self.pricer.choose(len(avail))
+        draft = avail[:k]
+        if not draft or not v.rule.info.needs_q:
+            return draft, None
+        V = v.target.vocab_size
+        if rows is None:
+            q = np.zeros((k, V))
+            q[np.arange(k), draft] = 1.0
+            return draft, q
+        return draft, np.stack([dense_row([i for i, _ in r], [p for _, p in r], V) for r in rows[:k]])
+
+    def observe(self, verdict: Verdict, wall_s: float) -> None:
+        self.pricer.observe(verdict.drafted, verdict.accepted, verdict.verify_us / 1e6, wall_s)
+
+
+class LocalLeadLink(LeadLink):
+    """A cloud-led session in process: a blocking `recv`, or a poll after a draft was sent, takes one
+    cloud step (plan, verify, stream) with whatever drafts the board holds; a poll with nothing new
+    sent returns None, so the edge drafts between steps. `q_topn` > 0 sends q as the wire would."""
+
+    def __init__(self, verifier: TargetVerifier, *, config: LeadConfig | None = None, q_topn: int = 0,
+                 clock: Clock = time.perf_counter) -> None:
+        self.v = verifier
+        self.state = LeadState(config)
+        self.q_topn = q_topn
+        self.clock = clock
+        self._sent = False  # a draft arrived since the last step
+
+    def send_draft(self, base: int, tokens: Sequence[int], q: np.ndarray | None) -> None:
+        rows = None
+        if q is not None:
+            n = self.q_topn or q.shape[1]
+            rows = [tuple(zip(*(a.tolist() for a in sparse_top(row, n)))) for row in q]
+        self.state.take(base, tokens, None, rows, self.v.committed)
+        self._sent = True
+
+    def recv(self, timeout: float | None) -> StepChunk | Disconnected | None:
+        if self.v.finished:
+            return Disconnected("the session has finished")
+        if timeout is not None and not self._sent:
+            return None
+        self._sent = False
+        t0 = self.clock()
+        start = self.v.committed
+        draft, q = self.state.plan(self.v)
+        verdict = self.v.verify(self.state.steps, start, draft, q)
+        self.state.observe(verdict, self.clock() - t0)
+        return StepChunk(start, tuple(self.v.tokens[start:verdict.committed]), verdict.finished, verdict.drafted,
+                         verdict.accepted, verdict.verify_us / 1e6, self.clock())

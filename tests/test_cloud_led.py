@@ -1,0 +1,278 @@
+"""The cloud-led mode: the cloud decodes without waiting, the edge's drafts speed it up when they agree.
+
+- The draft board (`engine/board.py`): which upload a step may use, on hand-built chains and trees.
+- The pricer (`control/lead.py`): drafts are verified only where they pay, probes stay rare.
+- Lossless: strict at temperature > 0 through the in-process cloud-led session (`LocalLeadLink` +
+  `FollowLoop`), token-only drafts (one-hot q) and with q rows, matches the target's exact law of
+  3-token sequences (chi-square, as tests/test_lossless.py); greedy and coupled give exactly
+  cloud-only's tokens whatever the drafter.
+- Over real sockets: the edge runtime's `cloud-led` mode against the cloud server, same text as
+  cloud-only, drafts used, TOKENS carry the step's figures, bad DRAFTs get typed errors.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from acespec import wire
+from acespec.cloud.server import CloudServerThread, ServerConfig
+from acespec.control.lead import LeadConfig, LeadPricer
+from acespec.draft.chain import ChainDrafter
+from acespec.edge.client import ConnectConfig
+from acespec.edge.runtime import EdgeConfig, run_edge
+from acespec.engine import SpecConfig, generate
+from acespec.engine.board import BoardDraft, DraftBoard
+from acespec.engine.follow import FollowConfig, FollowLoop
+from acespec.engine.lead import LocalLeadLink
+from acespec.engine.verifier import TargetVerifier
+from acespec.models.toy import ToyModel
+from acespec.verify import RuleSpec, SamplingParams
+
+from test_lossless import BAD_DRAFT, GOOD_DRAFT, LENGTH, PROMPT, TARGET, assert_matches_target, exact_sequences
+
+
+# ------------------------------------------------------------------------------------------ the board
+def test_a_chain_is_usable_while_it_agrees_with_the_stream():
+    b = DraftBoard()
+    committed = [1, 2, 3]
+    assert b.put(BoardDraft(3, (7, 8, 9, 10)), len(committed))
+    assert b.usable(committed, 16) == ([7, 8, 9, 10], None)
+    assert b.usable(committed + [7, 8], 16) == ([9, 10], None)  # the cloud committed two of them already
+    assert b.usable(committed + [7, 8], 1) == ([9], None)
+    assert b.usable(committed + [7, 5], 16) == ([], None)  # disagrees: forgotten
+    assert b.drafts == [] and b.stats.forgotten == 1
+
+
+def test_a_draft_wholly_behind_the_stream_is_forgotten_and_one_ahead_refused():
+    b = DraftBoard()
+    assert b.put(BoardDraft(2, (5, 6)), 2)
+    assert b.usable([0, 0, 5, 6], 8) == ([], None) and not b.drafts
+    assert not b.put(BoardDraft(9, (1,)), 4) and b.stats.refused_ahead == 1  # no edge can have seen position 9
+
+
+def test_a_tree_branch_is_picked_the_moment_the_stream_takes_it():
+    # main chain 10 -> 11 -> 12, and at the first position the alternative 20 -> 21 -> 22
+    d = BoardDraft(4, (10, 11, 12, 20, 21, 22), parents=(0, 1, 2, 0, 4, 5))
+    b = DraftBoard()
+    b.put(d, 4)
+    base = [0, 0, 0, 0]
+    assert b.usable(base, 8)[0] == [10, 11, 12]  # first children: the drafter's best guess
+    assert b.usable(base + [20], 8)[0] == [21, 22]  # the cloud emitted the alternative: no round trip needed
+    assert b.usable(base + [30], 8)[0] == []
+
+
+def test_the_longest_agreeing_draft_wins_and_the_board_is_bounded():
+    b = DraftBoard(max_drafts=3)
+    for i in range(5):
+        b.put(BoardDraft(1, tuple(range(10, 10 + i + 1))), 1)
+    assert len(b.drafts) == 3 and b.stats.forgotten == 2
+    assert b.usable([0], 16)[0] == [10, 11, 12, 13, 14]
+
+
+def test_q_rows_follow_their_tokens():
+    rows = (((5, 0.9),), ((6, 0.8),), ((7, 0.7),))
+    b = DraftBoard()
+    b.put(BoardDraft(0, (5, 6, 7), q=rows), 0)
+    assert b.usable([5], 2) == ([6, 7], [rows[1], rows[2]])
+
+
+# ------------------------------------------------------------------------------------------ the pricer
+def _train(p: LeadPricer, accept: float, step_s: float, row_s: float, n: int = 200, k: int = 4) -> None:
+    rng = np.random.default_rng(0)
+    for i in range(n):
+        p.observe(0, 0, step_s)
+        acc = 0
+        while acc < k and rng.random() < accept:
+            acc += 1
+        p.observe(k, acc, step_s + row_s * k)
+
+
+def test_the_pricer_drafts_deep_when_rows_are_cheap_and_drafts_good():
+    p = LeadPricer(LeadConfig(k_max=16))
+    _train(p, accept=0.95, step_s=0.02, row_s=0.0005)  # a GPU: a row costs 2.5% of a step
+    assert p.choose(16) >= 8
+
+
+def test_the_pricer_never_drafts_when_a_row_costs_more_than_it_brings():
+    p = LeadPricer(LeadConfig(k_max=16, probe_every=10**9))
+    _train(p, accept=0.3, step_s=0.18, row_s=0.06)  # this CPU: a row costs a third of a step
+    assert p.choose(16) == 0
+    assert p.choose(0) == 0
+
+
+def test_the_pricer_probes_a_short_draft_rarely():
+    p = LeadPricer(LeadConfig(k_max=16, probe_every=32, probe_k=2))
+    _train(p, accept=0.05, step_s=0.18, row_s=0.06)
+    ks = [p.choose(16) for _ in range(320)]
+    assert sorted(set(ks)) == [0, 2] and ks.count(2) == 10
+
+
+def test_the_pricer_weighs_time_spent_outside_the_pass():
+    """With other sessions' passes in the same CPU tick, a step's own pass is a small part of its wall
+    time, so even poorly accepted drafts start to pay (here a quarter of draft tokens kept: alone, a row
+    at a third of a step costs more than the 0.25 tokens it brings; beside 1 s of others' work it does not)."""
+    alone, crowded = LeadPricer(), LeadPricer()
+    rng = np.random.default_rng(1)
+    for i in range(300):
+        for p, other in ((alone, 0.0), (crowded, 1.0)):
+            p.observe(0, 0, 0.18, 0.18 + other)
+            acc = 0
+            while acc < 2 and rng.random() < 0.25:
+                acc += 1
+            p.observe(2, acc, 0.30, 0.30 + other)
+    assert alone.choose(16) == 0 < crowded.choose(16)
+
+
+# ------------------------------------------------------------------------------------------ lossless
+def _follow(draft_model, rule: str, sp: SamplingParams, seed: int, max_tokens: int, *, q_topn: int = 0,
+            send_q: bool | None = None, target=TARGET, prompt=PROMPT):
+    rs = RuleSpec.parse(rule)
+    v = TargetVerifier(target, prompt, sampling=sp, rule=rs, seed=seed, max_tokens=max_tokens)
+    link = LocalLeadLink(v, q_topn=q_topn, config=LeadConfig(k_max=4, prior_row_cost=0.0))
+    drafter = ChainDrafter(draft_model, sampling=sp, rule=rs, seed=seed)
+    drafter.model.reset()
+    loop = FollowLoop(link, prompt, drafter=drafter, config=FollowConfig(max_tokens=max_tokens, max_lead=6))
+    if send_q is False:
+        loop.needs_q = False
+    return loop.run(), link
+
+
+@pytest.mark.parametrize("which,send_q,temperature,n", [
+    ("good", False, 1.0, 7000),  # token-only drafts: one-hot q
+    ("bad", False, 1.0, 5000),
+    ("good", True, 0.7, 7000),  # q rows from the drafter
+])
+def test_cloud_led_strict_matches_the_target_distribution(which, send_q, temperature, n):
+    draft = GOOD_DRAFT if which == "good" else BAD_DRAFT
+    sp = SamplingParams(temperature)
+    exact = exact_sequences(TARGET, PROMPT, sp)
+    counts: Counter = Counter()
+    drafted = accepted = 0
+    for i in range(n):
+        res, link = _follow(draft, "strict", sp, 50_000 + i, LENGTH, send_q=send_q)
+        assert len(res.tokens) == LENGTH
+        counts[tuple(res.tokens)] += 1
+        drafted += res.stats.drafted
+        accepted += res.stats.accepted
+    assert drafted > n // 4  # the cloud really verified drafts
+    if which == "good":
+        assert accepted > 0
+    assert_matches_target(counts, exact, n, f"cloud-led strict/{which}/q={send_q}/T={temperature}")
+
+
+def test_the_cloud_led_chi_square_has_power():
+    """The same harness fails a lossy rule clearly (cactus with a large delta keeps drafts the target
+    would not write), at fewer samples: a pass above is not for want of power."""
+    from test_lossless import pooled_chisquare
+
+    sp = SamplingParams(1.0)
+    exact = exact_sequences(TARGET, PROMPT, sp)
+    counts: Counter = Counter()
+    n = 3000
+    for i in range(n):
+        res, _ = _follow(BAD_DRAFT, "cactus:delta=2", sp, 70_000 + i, LENGTH)
+        counts[tuple(res.tokens)] += 1
+    assert pooled_chisquare(counts, exact, n)[2] < 1e-6
+
+
+@pytest.mark.parametrize("rule,temperature", [("greedy", 0.0), ("coupled", 0.8), ("coupled", 1.0)])
+@pytest.mark.parametrize("noise", [0.1, 1.5])
+def test_cloud_led_greedy_and_coupled_give_cloud_only_tokens_whatever_the_drafter(rule, temperature, noise):
+    target = ToyModel(vocab=64, seed=5)
+    prompt = [3, 1, 4, 1, 5]
+    sp = SamplingParams(temperature)
+    for seed in range(4):
+        ref = generate(target, prompt, SpecConfig(rule="coupled" if rule == "coupled" else "greedy", temperature=temperature,
+                                                  seed=seed, max_tokens=40, spec=False)).tokens
+        drafter = ToyModel(vocab=64, seed=5, noise=noise, noise_seed=seed + 1)
+        res, link = _follow(drafter, rule, sp, seed, 40, target=target, prompt=prompt)
+        assert res.tokens == ref
+        if noise < 1:
+            assert res.stats.accepted > 10  # a close drafter really sped the stream up
+        assert res.stats.rounds <= len(ref)
+
+
+# ------------------------------------------------------------------------------------------ over sockets
+V = 64
+WIRE_PROMPT = (3, 1, 4, 1, 5, 9, 2, 6)
+
+
+@pytest.fixture(scope="module")
+def cloud():
+    with CloudServerThread(ToyModel(vocab=V, seed=1), ServerConfig(port=0, max_sessions=8)) as srv:
+        yield srv
+
+
+def _edge(port: int, mode: str, **kw):
+    cfg = EdgeConfig(mode=mode, connect=ConnectConfig(port=port), max_tokens=kw.pop("max_tokens", 48), **kw)
+    drafter = ToyModel(vocab=V, seed=1, noise=0.3, noise_seed=4)
+    return run_edge(drafter if mode != "cloud-only" else None, WIRE_PROMPT, cfg, model_id=drafter.tokenizer.fingerprint)
+
+
+@pytest.mark.parametrize("rule,temperature", [("greedy", 0.0), ("coupled", 0.9)])
+def test_the_edge_runtime_in_cloud_led_mode_gives_cloud_only_text(cloud, rule, temperature):
+    ref = _edge(cloud.port, "cloud-only", rule=rule, temperature=temperature, seed=3)
+    led = _edge(cloud.port, "cloud-led", rule=rule, temperature=temperature, seed=3)
+    assert led.tokens == ref.tokens and len(ref.tokens) == 48
+    s = led.stats
+    assert s.drafted > 0 and s.accepted > 0  # TOKENS carried the steps' figures, and drafts were used
+    assert s.rounds < s.emitted  # fewer target passes than tokens
+    assert s.cache["drafts_sent"] > 0 and s.bytes_up > 0
+
+
+def test_cloud_led_strict_with_q_rows_and_a_relaxed_rule_run_over_sockets(cloud):
+    for rule in ("strict", "cactus:delta=0.35"):
+        res = _edge(cloud.port, "cloud-led", rule=rule, temperature=1.0, seed=2, max_tokens=24)
+        assert len(res.tokens) == 24 and res.finished
+
+
+def _raw_session(port: int, rule: str = "greedy"):
+    import socket
+
+    s = socket.create_connection(("127.0.0.1", port), timeout=5)
+    hello = wire.Hello(model_id=ToyModel(vocab=V, seed=1).tokenizer.fingerprint, max_tokens=200, prompt=WIRE_PROMPT,
+                       temperature=0.0, rule=rule, mode=wire.Mode.CLOUD_LED)
+    s.sendall(wire.encode(hello))
+    dec = wire.FrameDecoder()
+    frames = []
+    while not frames:
+        frames = dec.feed(s.recv(65536))
+    assert isinstance(frames[0], wire.Welcome)
+    return s, dec, frames[0]
+
+
+def _read_until_error(s, dec) -> wire.Error:
+    while True:
+        data = s.recv(65536)
+        assert data, "closed without an ERROR"
+        for f in dec.feed(data):
+            if isinstance(f, wire.Error):
+                return f
+
+
+@pytest.mark.parametrize("make,code", [
+    (lambda w: wire.Draft(session=w.session + 1, seq=1, base=8, tokens=(1, 2)), wire.ErrorCode.UNKNOWN_SESSION),
+    (lambda w: wire.Draft(session=w.session, seq=1, base=8, tokens=(1, V + 5)), wire.ErrorCode.OVER_LIMIT),
+    (lambda w: wire.Verdict(seq=1, accepted=0, next_token=0, verify_us=0, committed=8), wire.ErrorCode.BAD_REQUEST),
+])
+def test_a_bad_frame_in_a_cloud_led_session_gets_its_typed_error_and_the_server_carries_on(cloud, make, code):
+    s, dec, w = _raw_session(cloud.port)
+    try:
+        s.sendall(wire.encode(make(w)))
+        assert _read_until_error(s, dec).code == code
+    finally:
+        s.close()
+    assert _edge(cloud.port, "cloud-led", rule="greedy", max_tokens=8).finished
+
+
+def test_a_relaxed_rule_without_q_rows_is_refused_in_cloud_led_mode(cloud):
+    s, dec, w = _raw_session(cloud.port, rule="cactus:delta=0.35")
+    try:
+        s.sendall(wire.encode(wire.Draft(session=w.session, seq=1, base=8, tokens=(1, 2))))
+        err = _read_until_error(s, dec)
+        assert err.code == wire.ErrorCode.BAD_REQUEST and "needs q rows" in err.message
+    finally:
+        s.close()
