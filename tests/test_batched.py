@@ -471,7 +471,7 @@ def toy_traces():
     return out
 
 
-@pytest.mark.parametrize("mode", ["acespec", "sync", "cloud-only"])
+@pytest.mark.parametrize("mode", ["acespec", "cloud-led", "sync", "cloud-only"])
 @pytest.mark.parametrize("kind", ["batched", "serial"])
 def test_bench_tenants_replay_edges_commit_the_targets_text(toy_traces, mode, kind):
     """The replay edges speak the real protocol: every session commits exactly the target's greedy
@@ -487,6 +487,8 @@ def test_bench_tenants_replay_edges_commit_the_targets_text(toy_traces, mode, ki
     assert r["tokens"] == sum(len(t.tokens) for t in toy_traces)
     if mode == "cloud-only":
         assert r["passes_per_token"] == 1.0
+    elif mode == "cloud-led":  # the toy cloud steps in microseconds, faster than the replayed drafter's
+        assert r["passes_per_token"] < 0.9  # 1 ms a token, so only some steps find a draft: they still count
     else:
         assert r["passes_per_token"] < 0.5  # blocks of 4 with a close drafter
     if kind == "batched":

@@ -103,6 +103,25 @@ def test_the_pricer_never_drafts_when_a_row_costs_more_than_it_brings():
     assert p.choose(0) == 0
 
 
+def test_the_pricer_explores_deeper_where_a_pass_costs_less_per_row():
+    """A CPU pass's cost per row falls as it grows (the 1.5B target here: a step 182 ms, 5 rows 421,
+    14 rows 722). Pricing only the shallow depths it tried would keep it shallow; it tries deeper
+    ones now and then and settles where the measured costs put the best rate."""
+    rng = np.random.default_rng(2)
+    cost = lambda k: 0.182 + 0.06 * k ** 0.75  # noqa: E731  (5 rows: 0.43 s, 14 rows: 0.75 s)
+    p = LeadPricer(LeadConfig(k_max=16))
+    ks = []
+    for _ in range(400):
+        k = p.choose(16)
+        acc = 0
+        while acc < k and rng.random() < 0.95:
+            acc += 1
+        p.observe(k, acc, cost(k))
+        ks.append(k)
+    best = max(range(17), key=lambda k: sum(0.95 ** j for j in range(k + 1)) / cost(k))
+    assert best >= 10 and abs(np.median(ks[-100:]) - best) <= 3, (best, ks[-20:])
+
+
 def test_the_pricer_probes_a_short_draft_rarely():
     p = LeadPricer(LeadConfig(k_max=16, probe_every=32, probe_k=2))
     _train(p, accept=0.05, step_s=0.18, row_s=0.06)

@@ -11,6 +11,7 @@ as `bench wan`, so every number compares with its neighbours):
     +cache                + the probabilistic state cache
     +branches             + pre-drafted outcomes sent as branch blocks
     acespec               + the adaptive depth controller and a window sized to the round trip (the full system)
+    cloud-led             the cloud streams without waiting; the edge's drafts, priced per step, speed it up
 
 `--policies` adds, at the highest RTT, the full system with fixed K = 2, 4, 8 and the +2/-1 schedule
 in place of the controller, so the controller's contribution is visible too. The bars of the
@@ -34,6 +35,7 @@ VARIANTS: dict[str, dict] = {
     "+cache": {"mode": "pipelined", "cache": True},
     "+branches": {"mode": "pipelined", "cache": True, "branches": True},
     "acespec": {"mode": "pipelined", "cache": True, "branches": True, "policy": "controller", "auto_window": True},
+    "cloud-led": {"mode": "cloud-led"},
 }
 POLICY_VARIANTS: dict[str, dict] = {
     "acespec:k=2": {"mode": "pipelined", "cache": True, "branches": True, "policy": "fixed", "k": 2, "auto_window": True},
@@ -73,6 +75,11 @@ def check_bars(result: dict, budget_bytes: int) -> list[tuple[str, str, bool | N
         out.append(("cache lookup < 50 us", f"{us:.1f} us", us < 50))
         peak = max(c["peak_bytes"] for c in caches)
         out.append((f"cache memory never above the budget ({budget_bytes >> 20} MB)", f"peak {peak / 1e6:.2f} MB", peak <= budget_bytes))
+    led = [(rtt, row["cloud-led"]["tokens_per_s"] / row["cloud-only"]["tokens_per_s"]) for rtt, row in by.items()
+           if row.get("cloud-led", {}).get("tokens_per_s") and row.get("cloud-only", {}).get("tokens_per_s")]
+    if led:
+        worst_rtt, worst = min(led, key=lambda x: x[1])
+        out.append(("cloud-led tokens/s >= cloud-only's at every RTT", f"worst {worst:.2f}x (RTT {worst_rtt} ms)", worst >= 1.0))
     passes = [m["target_passes_per_token"] for row in by.values() for name, m in row.items() if name == "acespec"]
     if passes:
         worst = max(passes)

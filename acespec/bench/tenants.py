@@ -40,7 +40,8 @@ import numpy as np
 from acespec import wire
 from acespec.argtypes import pos_int
 
-MODES = ("acespec", "sync", "cloud-only")
+MODES = ("acespec", "cloud-led", "sync", "cloud-only")
+LEAD = 12  # cloud-led: tokens the replayed chain runs ahead of the stream
 ENGINES = ("batched", "serial")
 K = 4  # draft depth of the replayed blocks (the trace's recording depth)
 WINDOW = 2  # acespec mode: blocks in flight
@@ -120,10 +121,9 @@ class ReplayEdge:
 
         sock.settimeout(None)
         threading.Thread(target=reader, daemon=True).start()
-        cloud_only = self.mode == "cloud-only"
+        mode = {"cloud-only": wire.Mode.CLOUD_ONLY, "cloud-led": wire.Mode.CLOUD_LED}.get(self.mode, wire.Mode.SPECULATIVE)
         hello = wire.Hello(model_id=self.model_id, max_tokens=self.max_tokens, prompt=tuple(self.tr.prompt_tokens), auth=self.auth,
-                           temperature=self.temperature, top_k=0, top_p=1.0, rule=self.rule, seed=self.seed,
-                           mode=wire.Mode.CLOUD_ONLY if cloud_only else wire.Mode.SPECULATIVE)
+                           temperature=self.temperature, top_k=0, top_p=1.0, rule=self.rule, seed=self.seed, mode=mode)
         self.hello_at = time.perf_counter()
         sock.sendall(wire.encode(hello))
 
@@ -145,8 +145,10 @@ class ReplayEdge:
             _, w = next_frame()
             if not isinstance(w, wire.Welcome):
                 raise RuntimeError(f"expected WELCOME, got {type(w).__name__}")
-            if cloud_only:
+            if mode == wire.Mode.CLOUD_ONLY:
                 self._stream(next_frame)
+            elif mode == wire.Mode.CLOUD_LED:
+                self._follow(sock, w.session, w.committed, inbox, next_frame)
             else:
                 self._speculate(sock, w.session, w.committed, next_frame)
             sock.sendall(wire.encode(wire.Close(reason=wire.CloseReason.NORMAL)))
@@ -167,6 +169,43 @@ class ReplayEdge:
                     self.run.latencies.append(t - last)
                 self.run.rounds += len(f.tokens)
                 last = t
+                if f.finished:
+                    self.run.finished = True
+                    return
+
+    def _follow(self, sock, sid: int, committed: int, inbox: queue.Queue, next_frame) -> None:
+        """Cloud-led: follow the stream, keep the replayed chain LEAD tokens ahead of it and upload it as
+        it grows; a streamed token the chain got wrong restarts it after that token."""
+        C = s = end = committed  # committed length, the chain's start, its end
+        last = self.hello_at
+        sent_end = -1
+        while True:
+            if end < C + LEAD and len(self.run.tokens) < self.max_tokens:
+                n = min(2, C + LEAD - end)
+                time.sleep(self.draft_s * n)
+                end += n
+            if end > C and end >= sent_end + 2:
+                sock.sendall(wire.encode(wire.Draft(session=sid, seq=0, base=C, tokens=tuple(self.chain(s, q) for q in range(C, end)))))
+                sent_end = end
+            while True:  # everything streamed so far, without waiting unless the chain is full
+                if end < C + LEAD and inbox.empty():
+                    break
+                t, f = next_frame()
+                if not isinstance(f, wire.Tokens):
+                    continue
+                for i, tok in enumerate(f.tokens[C - f.start:]):
+                    pos = C + i
+                    if pos >= end or tok != self.chain(s, pos):
+                        s = end = sent_end = pos + 1  # the drafter redrafts after the token it got wrong
+                self.run.tokens.extend(f.tokens[C - f.start:])
+                C = f.start + len(f.tokens)
+                end = max(end, C)
+                if self.run.first_s != self.run.first_s:
+                    self.run.first_s = t - last
+                else:
+                    self.run.latencies.append(t - last)
+                last = t
+                self.run.rounds += 1
                 if f.finished:
                     self.run.finished = True
                     return
@@ -479,6 +518,10 @@ def report(result: dict) -> str:
             parts.append(f"AceSpec batched / serial server {a['agg_tok_s'] / max(s['agg_tok_s'], 1e-9):.2f}x")
         if a and c:
             parts.append(f"AceSpec / cloud-only (same engine) {a['agg_tok_s'] / max(c['agg_tok_s'], 1e-9):.2f}x")
+        led = by.get(("batched", "cloud-led", n))
+        if led and c:
+            parts.append(f"cloud-led / cloud-only per session {led['per_session_tok_s'] / max(c['per_session_tok_s'], 1e-9):.2f}x "
+                         f"at {led['passes_per_token']:.2f} passes/token")
         one = by.get(("batched", "acespec", 1))
         if a and one:
             parts.append(f"agg vs N=1 {a['agg_tok_s'] / max(one['agg_tok_s'], 1e-9):.2f}x, p99 vs N=1 {a['lat_p99_s'] / max(one['lat_p99_s'], 1e-9):.2f}x")

@@ -574,6 +574,10 @@ class CloudServer:
                 writer.write(wire.encode(wire.Tokens(start=start, tokens=v.tokens[start : verdict.committed],
                                                      finished=verdict.finished, **step)))
                 await writer.drain()
+            if lead and v.finished:
+                b = lead.board.stats
+                log.info("session %d: cloud-led: %d steps, %d with a usable draft, %d drafts received; pricer %s", s.sid,
+                         b.steps, b.usable_steps, b.received, lead.pricer.describe())
             if s.owner is asyncio.current_task() and not closed.is_set():
                 # generation is over: keep the connection until the edge's CLOSE (which ends the
                 # session) or EOF, so a finished session does not linger and hold a slot

@@ -23,12 +23,13 @@ from dataclasses import dataclass, field
 @dataclass
 class LeadConfig:
     k_max: int = 16  # most draft tokens one step verifies
-    prior_accept: float = 0.7  # acceptance assumed at a position before any is seen
-    prior_weight: float = 2.0  # how many observations the prior is worth
-    decay: float = 0.97  # per-observation forgetting of acceptance and costs
+    prior_accept: float = 0.7  # acceptance assumed at the first draft position before any is seen
+    prior_weight: float = 2.0  # how many observations a prior is worth (a deeper position's prior is its predecessor's estimate)
+    decay: float = 0.97  # per-observation forgetting of acceptance
     prior_row_cost: float = 0.05  # extra cost of one draft row, as a fraction of a step, before one is measured
     probe_every: int = 32  # with drafting priced out, one step in this many verifies a short draft anyway
     probe_k: int = 2  # how long that probe is
+    explore_every: int = 8  # one drafting step in this many tries a deeper k whose cost is not measured yet
 
 
 @dataclass
@@ -36,10 +37,10 @@ class LeadPricer:
     cfg: LeadConfig = field(default_factory=LeadConfig)
     # per draft position i: (weighted accepted, weighted reached)
     _acc: list[list[float]] = field(default_factory=list)
-    _step_t: float | None = None  # EWMA of a plain step's own time
-    _row_t: float | None = None  # EWMA of what one draft row adds to it
+    _cost: dict[int, float] = field(default_factory=dict)  # k -> EWMA of a step's own time at that k (0: a plain step)
     _other: float = 0.0  # EWMA of time outside the session's own pass
     _since_draft: int = 0
+    _since_explore: int = 0
 
     def __post_init__(self) -> None:
         self._acc = [[0.0, 0.0] for _ in range(self.cfg.k_max)]
@@ -54,24 +55,38 @@ class LeadPricer:
             a[1] = a[1] * c.decay + 1.0
             if i >= accepted:
                 break  # positions after a rejection were never judged
-        ew = lambda old, new: new if old is None else 0.8 * old + 0.2 * new  # noqa: E731
-        if drafted == 0:
-            self._step_t = ew(self._step_t, own_s)
-        elif self._step_t is not None:
-            self._row_t = ew(self._row_t, max(0.0, own_s - self._step_t) / drafted)
+        old = self._cost.get(drafted)
+        self._cost[drafted] = own_s if old is None else 0.8 * old + 0.2 * own_s
         if wall_s is not None:
             self._other = 0.8 * self._other + 0.2 * max(0.0, wall_s - own_s)
 
     def accept(self, i: int) -> float:
-        a, n = self._acc[i]
         c = self.cfg
-        return (a + c.prior_accept * c.prior_weight) / (n + c.prior_weight)
+        prior = c.prior_accept if i == 0 else self.accept(i - 1)
+        a, n = self._acc[i]
+        return (a + prior * c.prior_weight) / (n + c.prior_weight)
 
     def cost(self, k: int) -> float:
-        """Expected own time of a step that verifies k draft tokens: a step plus k rows."""
-        step = 1.0 if self._step_t is None else self._step_t
-        row = step * self.cfg.prior_row_cost if self._row_t is None else self._row_t
-        return step + row * k
+        """Expected own time of a step that verifies k draft tokens: measured where it was, else
+        interpolated between measured depths, else extended from the deepest two (a pass's cost per
+        row falls as it grows on a CPU, so a line through shallow passes would overprice deep ones)."""
+        if k in self._cost:
+            return self._cost[k]
+        pts = sorted(self._cost.items())
+        if not pts or pts[0][0] != 0:  # no plain step measured yet: a unit step
+            step = pts[0][1] / (1 + self.cfg.prior_row_cost * pts[0][0]) if pts else 1.0
+            pts = [(0, step)] + pts
+        lo = max((p for p in pts if p[0] < k), default=None)
+        hi = min((p for p in pts if p[0] > k), default=None)
+        if lo is not None and hi is not None:
+            return lo[1] + (hi[1] - lo[1]) * (k - lo[0]) / (hi[0] - lo[0])
+        (k1, t1) = pts[-1]
+        if len(pts) >= 2:
+            (k0, t0) = pts[-2]
+            slope = max(0.0, (t1 - t0) / (k1 - k0))
+        else:
+            slope = t1 * self.cfg.prior_row_cost
+        return t1 + slope * (k - k1)
 
     def expected_tokens(self, k: int) -> float:
         e, reach = 1.0, 1.0
@@ -83,11 +98,12 @@ class LeadPricer:
     # -- the choice ----------------------------------------------------------------------------------
     def choose(self, available: int) -> int:
         """Draft tokens to verify this step, out of `available` that agree with the stream."""
-        n = min(available, self.cfg.k_max)
-        if self._row_t is None:  # a draft row's cost is still a guess: keep the first drafts short
-            n = min(n, 2 * self.cfg.probe_k)
+        c = self.cfg
+        n = min(available, c.k_max)
         if n <= 0:
             return 0
+        if not any(k > 0 for k in self._cost):  # a draft row's cost is still a guess: the first draft is short
+            n = min(n, 2 * c.probe_k)
         best_k, best_rate = 0, 1.0 / (self.cost(0) + self._other)
         for k in range(1, n + 1):
             rate = self.expected_tokens(k) / (self.cost(k) + self._other)
@@ -95,13 +111,17 @@ class LeadPricer:
                 best_k, best_rate = k, rate
         if best_k == 0:
             self._since_draft += 1
-            if self._since_draft >= self.cfg.probe_every:
-                best_k = min(n, self.cfg.probe_k)
+            if self._since_draft >= c.probe_every:
+                best_k = min(n, c.probe_k)
+        else:
+            self._since_explore += 1
+            deeper = min(n, max(best_k + 2, 2 * best_k))
+            if deeper > best_k and deeper not in self._cost and self._since_explore >= c.explore_every:
+                best_k, self._since_explore = deeper, 0
         if best_k:
             self._since_draft = 0
         return best_k
 
     def describe(self) -> dict:
         return {"accept": [round(self.accept(i), 3) for i in range(min(4, self.cfg.k_max))],
-                "step_ms": None if self._step_t is None else round(1e3 * self._step_t, 2),
-                "row_ms": None if self._row_t is None else round(1e3 * self._row_t, 3), "other_ms": round(1e3 * self._other, 2)}
+                "cost_ms": {k: round(1e3 * v, 2) for k, v in sorted(self._cost.items())}, "other_ms": round(1e3 * self._other, 2)}
