@@ -156,7 +156,7 @@ def test_chat_and_completions_return_acespec_generates_text(client, cli_referenc
     assert text == reference("def f(x):", **c) and finish == "length"
 
 
-@pytest.mark.parametrize("mode", ["acespec", "sync", "pipelined", "cloud-only"])
+@pytest.mark.parametrize("mode", ["acespec", "sync", "pipelined", "cloud-only", "cloud-led"])
 def test_every_mode_gives_the_same_text(client, mode):
     c = CASES["coupled"]
     text, _, usage = chat(client, stream=True, mode=mode, k=3, **c)

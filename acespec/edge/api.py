@@ -22,6 +22,7 @@ event. A client that goes away stops its generation and closes its cloud session
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import threading
 import time
@@ -36,6 +37,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from acespec.draft.prediction import prediction_usage
 from acespec.edge.client import EdgeError
 from acespec.edge.metrics import EdgeMetrics
 from acespec.edge.service import (
@@ -58,6 +60,13 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
+class PredictionContent(BaseModel):
+    """OpenAI's Predicted Outputs: text most of the answer is expected to repeat (e.g. the file being edited)."""
+
+    type: Literal["content"]
+    content: str | list[dict[str, Any]]
+
+
 class _Body(BaseModel):
     model_config = ConfigDict(extra="allow")  # OpenAI fields the edge does not use are ignored, as vLLM does
 
@@ -70,6 +79,7 @@ class _Body(BaseModel):
     n: int = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
+    prediction: PredictionContent | None = None
     # AceSpec's own (extra body fields)
     rule: str | None = None
     k: int | None = Field(None, ge=0, le=64)
@@ -148,6 +158,16 @@ class EdgeService:
                                   top_k=body.top_k, seed=seed, max_tokens=max_tokens)
         except (RuleSpecError, ValueError) as e:
             raise ApiError(400, str(e), param="rule" if isinstance(e, RuleSpecError) else None) from None
+        if body.prediction is not None:
+            content = body.prediction.content
+            if isinstance(content, list):  # content parts: text only, as in messages
+                if any(p.get("type") != "text" or not isinstance(p.get("text"), str) for p in content):
+                    raise ApiError(400, "only text content parts are supported", param="prediction.content")
+                content = "".join(p["text"] for p in content)
+            pred = self.tokenizer.encode(content)
+            if len(pred) > self.n_ctx:
+                raise ApiError(400, f"the prediction ({len(pred)} tokens) is longer than this edge's context", param="prediction")
+            cfg = dataclasses.replace(cfg, prediction=tuple(pred))
         if cfg.cache and self.slots < 2:
             raise ApiError(400, f"mode {mode} uses the state cache, which needs a drafter with forks (n_slots > 1)",
                            param="mode")
@@ -207,7 +227,14 @@ class _Answer:
             "accepted_tokens": s.accepted if s else 0, "drafted_tokens": s.drafted if s else 0,
             "target_passes": s.rounds if s else 0,
             "cache_hits": s.cache.get("hits", 0) if s else 0, "cache_lookups": s.cache.get("lookups", 0) if s else 0,
-        }
+        } | self._prediction_usage(res)
+
+    def _prediction_usage(self, res) -> dict:
+        pred = self.req.cfg.prediction
+        if not pred:
+            return {}
+        accepted, rejected = prediction_usage(pred, res.tokens if res is not None else [])
+        return {"completion_tokens_details": {"accepted_prediction_tokens": accepted, "rejected_prediction_tokens": rejected}}
 
     def _choice(self, text: str | None, finish: str | None, *, delta: bool, first: bool = False) -> dict:
         c: dict = {"index": 0}

@@ -23,6 +23,7 @@ from acespec import wire
 from acespec.control.depth import DEFAULT_PASS_BUDGET, DepthPolicy, make_policy
 from acespec.draft.cache import CacheConfig, StateCache
 from acespec.draft.chain import ChainDrafter
+from acespec.draft.prediction import PredictedDrafter, Prediction
 from acespec.edge.client import CloudSession, ConnectConfig, EdgeError, TcpLeadLink, TcpTransport
 from acespec.engine.follow import FollowConfig, FollowLoop
 from acespec.engine.loop import ORIGIN_TARGET, LoopConfig, LoopResult, Round, SpecLoop
@@ -54,6 +55,7 @@ class EdgeConfig:
     cache_budget_mb: float = 32.0  # state-cache memory budget per session
     branches: bool = False  # also send cached outcomes as branch blocks (needs cache; q-free rules)
     connect: ConnectConfig = field(default_factory=ConnectConfig)  # where the cloud is
+    prediction: tuple[int, ...] = ()  # predicted output tokens (OpenAI's Predicted Outputs): drafts where they line up
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -92,7 +94,9 @@ def run_edge(
     if cfg.mode != "cloud-only":
         if drafter_model is None:
             raise EdgeError("speculative modes need a drafter model")
-        drafter = ChainDrafter(drafter_model, sampling=sp, rule=rule, seed=cfg.seed, q_topn=cfg.q_topn)
+        kw = dict(sampling=sp, rule=rule, seed=cfg.seed, q_topn=cfg.q_topn)
+        drafter = (PredictedDrafter(drafter_model, Prediction(cfg.prediction, len(prompt)), **kw) if cfg.prediction
+                   else ChainDrafter(drafter_model, **kw))
     session = _open_while_prefilling(cfg.connect, hello, drafter, prompt)
     try:
         if drafter is None:
