@@ -214,6 +214,29 @@ def test_cloud_led_greedy_and_coupled_give_cloud_only_tokens_whatever_the_drafte
         assert res.stats.rounds <= len(ref)
 
 
+def test_a_branch_the_stream_takes_becomes_the_chain_and_the_text_stays_exact():
+    """Branches (the drafter's second choice at a likely miss, and a continuation after it, in a KV
+    fork) go up in the tree DRAFT; where the cloud emits that second choice, the board follows the
+    branch and the edge adopts it: the same tokens as cloud-only, and some branches really taken."""
+    target = ToyModel(vocab=64, seed=5)
+    prompt = [3, 1, 4, 1, 5]
+    taken = 0
+    for seed in range(6):
+        sp = SamplingParams(0.0)
+        ref = generate(target, prompt, SpecConfig(rule="greedy", seed=seed, max_tokens=60, spec=False)).tokens
+        rs = RuleSpec.parse("greedy")
+        v = TargetVerifier(target, prompt, sampling=sp, rule=rs, seed=seed, max_tokens=60)
+        link = LocalLeadLink(v, config=LeadConfig(k_max=4, prior_row_cost=0.0), lazy=True)
+        drafter = ChainDrafter(ToyModel(vocab=64, seed=5, noise=0.8, noise_seed=seed + 1), sampling=sp, rule=rs, seed=seed)
+        loop = FollowLoop(link, prompt, drafter=drafter,
+                          config=FollowConfig(max_tokens=60, max_lead=6, branch_len=4, max_branches=3))
+        res = loop.run()
+        assert res.tokens == ref
+        assert res.stats.cache["branches_drafted"] > 0
+        taken += res.stats.cache["branches_taken"]
+    assert taken > 0
+
+
 # ------------------------------------------------------------------------------------------ over sockets
 V = 64
 WIRE_PROMPT = (3, 1, 4, 1, 5, 9, 2, 6)

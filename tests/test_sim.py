@@ -55,7 +55,7 @@ NPU = DEVICE_PROFILES["edge-npu+h200"]
 MODES = ["sync", "pipelined", "sync+cache", "+cache", "+branches", "pipelined+adaptive", "acespec"]
 
 
-@pytest.mark.parametrize("mode", ["cloud-only", *MODES])
+@pytest.mark.parametrize("mode", ["cloud-only", "cloud-led", *MODES])
 @pytest.mark.parametrize("net", [WanProfile(), WanProfile(rtt_ms=150, jitter_ms=40, up_bps=5e6, down_bps=20e6, loss_pct=1)])
 def test_every_mode_commits_exactly_the_trace(mode, net):
     """The simulated edge runs the real loop against the real verifier (replay models): greedy decoding is
@@ -123,6 +123,51 @@ def test_cloud_only_is_rtt_insensitive_after_ttft(net):
         assert r.passes == r.n
         assert rate_after_ttft(r) == pytest.approx(rate_after_ttft(base), rel=1e-6)
         assert r.ttft_s - base.ttft_s == pytest.approx(rtt / 1e3, rel=1e-6, abs=1e-9)
+
+
+@pytest.mark.parametrize("rtt", [0, 100, 250])
+@pytest.mark.parametrize("p", [0.0, 0.5, 0.9])
+def test_cloud_led_is_never_slower_than_cloud_only(rtt, p):
+    """The cloud never waits for the edge, and a step verifies a draft only where the pricer expects it
+    to pay: whatever the acceptance and the round trip, cloud-led is at least cloud-only's speed."""
+    tr = random_trace(400, p, seed=5)
+    net = WanProfile(rtt_ms=rtt, up_bps=5e6, down_bps=20e6)
+    led = simulate(tr, NPU, net, parse_mode("cloud-led"))
+    base = simulate(tr, NPU, net, parse_mode("cloud-only"))
+    assert led.tokens == tr.tokens
+    assert rate_after_ttft(led) >= 0.98 * rate_after_ttft(base)
+
+
+def test_cloud_led_is_faster_when_the_drafter_can_run_ahead_of_the_stream():
+    """A draft helps only if it reaches the cloud before the stream passes it. After a miss the edge
+    learns the cloud's token half a round trip late and its new chain arrives a round trip after the
+    miss, so each miss costs about an RTT of plain steps: the gain is largest with no RTT and shrinks
+    as it grows (a tree of pre-drafted outcomes, not built yet, would keep the lead across misses).
+    And the chain must outrun the stream: the NPU profile's drafter (83 tok/s against the GPU's 55)
+    caps cloud-led at its own speed, where a fast one (770 tok/s) does not."""
+    fast = NPU.replace(draft_s_per_token=0.0013)
+    tr = random_trace(400, 0.9, seed=5)
+    gains = []
+    for rtt in (0, 100, 250):
+        net = WanProfile(rtt_ms=rtt, up_bps=5e6, down_bps=20e6)
+        led = simulate(tr, fast, net, parse_mode("cloud-led"))
+        base = simulate(tr, fast, net, parse_mode("cloud-only"))
+        assert led.tokens == tr.tokens and led.passes < base.passes
+        gains.append(rate_after_ttft(led) / rate_after_ttft(base))
+    assert gains[0] > 1.5 and gains[0] > gains[1] > gains[2] > 1.0, gains
+    slow = simulate(tr, NPU, WanProfile(), parse_mode("cloud-led"))
+    assert 1.1 / NPU.cloud_step_s < rate_after_ttft(slow) <= 1 / NPU.draft_s_per_token
+
+
+def test_cloud_led_prices_its_depth_down_to_none_on_a_cpu_profile():
+    """A CPU target (each verified row a third of a step) and poor drafts: the pricer stops drafting
+    (but for its rare probes), so cloud-led costs nothing against cloud-only."""
+    cpu = device(verify_c0_s=0.18, verify_c1_s=0.06, draft_s_per_token=0.03)
+    tr = random_trace(300, 0.3, seed=6)
+    led = simulate(tr, cpu, WanProfile(rtt_ms=100), parse_mode("cloud-led"))
+    base = simulate(tr, cpu, WanProfile(rtt_ms=100), parse_mode("cloud-only"))
+    assert led.tokens == tr.tokens and rate_after_ttft(led) >= 0.95 * rate_after_ttft(base)
+    assert led.stats.drafted < 0.25 * led.n
 
 
 @pytest.mark.parametrize("base,cached", [("sync", "sync+cache"), ("pipelined", "+cache")])

@@ -72,6 +72,10 @@ class ChainDrafter:
         self.tokens_drafted = 0
         self.clock = clock  # what `DraftBlock.seconds` is measured on (a simulator's virtual clock)
 
+    def free_ahead(self, context: Sequence[int]) -> int:
+        """Tokens this drafter can propose after `context` at no model cost (a prediction's); 0 here."""
+        return 0
+
     def prefill(self, context: Sequence[int]) -> None:
         """Put all of `context` but its last token in the drafter's cache (draft() evaluates the last
         one for its first row), so the prompt prefill can run while the edge waits on the network."""

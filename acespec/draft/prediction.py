@@ -65,6 +65,9 @@ class PredictedDrafter(ChainDrafter):
         self.prediction = prediction
         self.predicted = 0  # draft tokens taken from the prediction
 
+    def free_ahead(self, context: Sequence[int]) -> int:
+        return len(self.prediction.continuation(context, len(self.prediction.tokens)))
+
     def draft(self, context: Sequence[int], n: int, *, keep_q: bool | None = None, keep_top: int = 0,
               min_conf: float = 0.0, min_tokens: int = 1) -> DraftBlock:
         cont = self.prediction.continuation(context, n) if n > 0 else []

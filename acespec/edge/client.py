@@ -425,10 +425,11 @@ class TcpLeadLink(LeadLink):
     def rtt_s(self) -> float | None:
         return self._rtt
 
-    def send_draft(self, base: int, tokens: Sequence[int], q: np.ndarray | None) -> None:
+    def send_draft(self, base: int, tokens: Sequence[int], q: np.ndarray | None, parents: Sequence[int] | None = None) -> None:
         self._seq += 1
         rows = sparse_rows(q) if (self.send_q and q is not None) else None
-        self.s.link.send(wire.Draft(session=self.s.sid, seq=self._seq, base=base, tokens=tuple(int(t) for t in tokens), q=rows))
+        self.s.link.send(wire.Draft(session=self.s.sid, seq=self._seq, base=base, tokens=tuple(int(t) for t in tokens), q=rows,
+                                    parents=None if parents is None else tuple(parents)))
 
     def recv(self, timeout: float | None):
         now = time.perf_counter()

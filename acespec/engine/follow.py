@@ -14,6 +14,14 @@ The cloud checks any draft against what it committed since the draft's base, so 
 the edge saw the cloud's latest tokens still counts as long as they agree: that is how the uplink's
 half round trip is hidden. Nothing here waits for the cloud except when there is nothing to draft.
 
+A miss costs about a round trip of plain steps (the edge learns the cloud's token half an RTT late,
+and its new chain reaches the cloud half an RTT after that). So once the chain is as long as it is
+worth, the idle drafter pre-drafts *branches*: at the chain positions where a miss is likeliest to
+land on a token it can name (the drafter's reach times its second choice's probability), that
+second choice and a continuation after it, each drafted in a forked KV sequence of its own. Chain
+and branches go up as one tree DRAFT; when the stream takes a branch, the cloud follows it at once,
+and the edge makes that branch its chain (its KV already in place) instead of starting over.
+
 How far ahead to draft is priced by `LeadDepth`: enough tokens to cover what the cloud commits in a
 round trip, plus the depth the measured acceptance makes worth verifying; a drafter with nothing to
 add stays idle (and so does the uplink).
@@ -57,8 +65,10 @@ class LeadLink(ABC):
         """The next step (None if none within `timeout`; 0 = poll)."""
 
     @abstractmethod
-    def send_draft(self, base: int, tokens: Sequence[int], q: np.ndarray | None) -> None:
-        """Upload a chain that follows committed length `base`; `q`: [n, V] for rules that need it."""
+    def send_draft(self, base: int, tokens: Sequence[int], q: np.ndarray | None,
+                   parents: Sequence[int] | None = None) -> None:
+        """Upload a chain that follows committed length `base` (a tree with `parents`, the wire's
+        convention); `q`: [n, V] for rules that need it."""
 
     def resume(self, committed: Sequence[int]) -> int:
         """Reconnect; the cloud goes on streaming after the agreed committed length (returned)."""
@@ -76,6 +86,9 @@ class FollowConfig:
     chunk: int = 2  # tokens drafted between looks at the stream
     resend: int = 2  # upload the chain again once it has grown by this many tokens
     prior_rtt_s: float = 0.1  # round trip assumed until the link measures one
+    branch_len: int = 0  # tokens drafted after a branch's alternative (0 = no branches; they need a drafter with forks,
+    #                      and on the recorded HumanEval traces they do not pay yet: docs/design-notes.md)
+    max_branches: int = 4  # branches held at once, at distinct chain positions (each takes a KV slot)
 
 
 @dataclass
@@ -104,6 +117,23 @@ class LeadDepth:
         return max(1, min(self.cfg.max_lead, transit + worth))
 
 
+@dataclass
+class _Branch:
+    alt: int  # the token it assumes the stream takes instead of the chain's
+    tokens: list[int]  # what the drafter wrote after it
+    alts: list[tuple[int, float, float]]  # their alternatives (as `chain_alt`), should it become the chain
+    slot: int  # the drafter KV sequence holding it
+
+
+def _alternatives(blk) -> list[tuple[int, float, float]]:
+    """Per drafted token: (the drafter's best other token, its q, q of the drafted token); -1 if none."""
+    out = []
+    for tok, conf, (ids, qs) in zip(blk.tokens, blk.conf, blk.top or [((), ())] * len(blk.tokens)):
+        alt = next(((int(i), float(p)) for i, p in zip(ids, qs) if int(i) != tok), (-1, 0.0))
+        out.append((alt[0], alt[1], float(conf)))
+    return out
+
+
 class FollowLoop:
     def __init__(self, link: LeadLink, prompt: Sequence[int], *, drafter: ChainDrafter, config: FollowConfig,
                  on_tokens: Callable[[list[int]], None] | None = None, on_round: Callable[[Round], None] | None = None,
@@ -122,6 +152,15 @@ class FollowLoop:
         self.committed = list(self.prompt)
         self.chain: list[int] = []  # the drafter's guess after `committed`
         self.chain_q: list[np.ndarray] = []  # [V] per chain token, rules that need q
+        self.chain_alt: list[tuple[int, float, float]] = []  # per chain token: (second choice, its q, q of the token)
+        model = drafter.model
+        self._main = model.slot
+        self._free = [s for s in range(model.n_slots) if s != model.slot][: config.max_branches]  # KV slots for branches
+        self.branching = config.branch_len > 0 and bool(self._free) and not self.needs_q
+        self.branches: dict[int, _Branch] = {}  # absolute position of its alternative -> branch
+        self._nomore = -1  # chain end (absolute) at which no position was left worth a branch
+        self.branches_drafted = 0
+        self.branches_taken = 0
         self._gen = 0  # the chain's generation: a break starts a new one
         self._sent_gen = -1  # generation of the last upload
         self._sent_end = 0  # where the last upload's chain ended (base + length)
@@ -136,8 +175,8 @@ class FollowLoop:
         while not finished:
             if self.should_stop is not None and self.should_stop():
                 break
-            want = self.depth.target(self.link.rtt_s()) - len(self.chain)
-            got = self.link.recv(0 if want > 0 else None)
+            busy = self._want() > 0 or self._can_branch()
+            got = self.link.recv(0 if busy else None)
             while got is not None:
                 if isinstance(got, Disconnected):
                     self._resume()
@@ -146,28 +185,86 @@ class FollowLoop:
                 got = None if finished else self.link.recv(0)
             if finished:
                 break
-            want = self.depth.target(self.link.rtt_s()) - len(self.chain)
-            if want > 0 and len(self.committed) - len(self.prompt) < self.cfg.max_tokens:
-                self._draft(min(want, self.cfg.chunk))
+            want = self._want()
+            if want > 0:  # a few tokens between looks at the stream; what costs nothing (a prediction) at once
+                self._draft(max(min(want, self.cfg.chunk), min(want, self.drafter.free_ahead(self.committed + self.chain))))
+            elif self._can_branch():
+                self._draft_branch()
             if self.chain and (self._sent_gen != self._gen or
                                len(self.committed) + len(self.chain) >= self._sent_end + self.cfg.resend):
                 self._upload()
         self.stats.wall_s = self.clock() - t0
-        self.stats.cache.update({"drafts_sent": self.drafts_sent, "chain_breaks": self.chain_breaks})
+        self.stats.cache.update({"drafts_sent": self.drafts_sent, "chain_breaks": self.chain_breaks,
+                                 "branches_drafted": self.branches_drafted, "branches_taken": self.branches_taken})
         return LoopResult(self.committed[len(self.prompt):], self.stats, finished)
 
     # -- drafting ------------------------------------------------------------------------------------
+    def _want(self) -> int:
+        """Tokens to draft now: up to the lead depth, never past the generation budget (a chain that
+        long is of no use, and polling for it would spin)."""
+        left = self.cfg.max_tokens - (len(self.committed) - len(self.prompt))
+        return min(self.depth.target(self.link.rtt_s()), left) - len(self.chain)
+
     def _draft(self, n: int) -> None:
-        blk = self.drafter.draft(self.committed + self.chain, n, keep_q=self.needs_q)
+        blk = self.drafter.draft(self.committed + self.chain, n, keep_q=self.needs_q, keep_top=2 if self.branching else 0)
         self.chain.extend(blk.tokens)
         if self.needs_q and blk.q is not None:
             self.chain_q.extend(blk.q)
+        if self.branching:
+            self.chain_alt.extend(_alternatives(blk))
         self.stats.draft_s += blk.seconds
+
+    def _can_branch(self) -> bool:
+        return self.branching and bool(self._free) and bool(self.chain) and self._nomore < len(self.committed) + len(self.chain)
+
+    def _draft_branch(self) -> None:
+        """Pre-draft the likeliest nameable miss: at chain position j, weight = reach(j) x q(second
+        choice at j); the branch is that token and `branch_len` more after it, in the spare KV slot.
+        Positions the cloud will have passed when the tree reaches it (a round trip of the stream's
+        tokens) are skipped: a branch there could never be taken."""
+        rtt = self.link.rtt_s()
+        skip = min(len(self.chain_alt) - 1, math.ceil(self.depth.rate * (self.cfg.prior_rtt_s if rtt is None else rtt)))
+        base = len(self.committed)
+        reach, best, bw = 1.0, None, 0.0
+        for j, (alt, q_alt, q_tok) in enumerate(self.chain_alt):
+            w = reach * q_alt
+            if j >= skip and alt >= 0 and w > bw and base + j not in self.branches:
+                best, bw = j, w
+            if j >= skip:
+                reach *= q_tok
+        if best is None:
+            self._nomore = base + len(self.chain)  # nothing left worth a branch until the chain grows or moves
+            return
+        alt = self.chain_alt[best][0]
+        model, slot = self.drafter.model, self._free.pop()
+        model.fork(slot, min(base + best, model.held(self._main)))
+        model.activate(slot)
+        try:
+            blk = self.drafter.draft(self.committed + self.chain[:best] + [alt], self.cfg.branch_len, keep_top=2)
+        finally:
+            model.activate(self._main)
+        self.branches[base + best] = _Branch(alt, list(blk.tokens), _alternatives(blk), slot)
+        self.branches_drafted += 1
+        self.stats.draft_s += blk.seconds
+        self._sent_gen = -1  # the tree goes up with the next upload
+
+    def _drop_branches(self, keep: int | None = None) -> None:
+        for pos in [p for p in self.branches if p != keep]:
+            self._free.append(self.branches.pop(pos).slot)
 
     def _upload(self) -> None:
         n = min(len(self.chain), self.cfg.max_lead)
         q = np.stack(self.chain_q[:n]) if self.needs_q and self.chain_q else None
-        self.link.send_draft(len(self.committed), self.chain[:n], q)
+        tokens, parents = self.chain[:n], None
+        for pos, b in sorted(self.branches.items()):
+            j = pos - len(self.committed)  # the alternative extends chain token j - 1 (the base when j = 0)
+            if j >= n:
+                continue
+            if parents is None:
+                parents = list(range(n))
+            parents += [j] + list(range(len(tokens) + 1, len(tokens) + 1 + len(b.tokens)))
+            tokens = tokens + [b.alt] + b.tokens
+        self.link.send_draft(len(self.committed), tokens, q, parents)
         self._sent_gen, self._sent_end = self._gen, len(self.committed) + n
         self.drafts_sent += 1
 
@@ -185,16 +282,7 @@ class FollowLoop:
         if self.stats.emitted == 0:
             self.stats.ttft_s = now
         for t in new:
-            if self.chain and self.chain[0] == t:
-                del self.chain[0]
-                if self.chain_q:
-                    del self.chain_q[0]
-            elif self.chain:
-                self.chain_breaks += 1
-                self._gen += 1
-                self.chain.clear()
-                self.chain_q.clear()
-            self.committed.append(t)
+            self._take(t)
         self.stats.observe_block(c.drafted, c.accepted)
         self.stats.k_chosen.append(c.drafted)
         self.stats.emitted += len(new)
@@ -209,6 +297,37 @@ class FollowLoop:
             self.on_round(Round(tokens=new, origins=origins, drafted=c.drafted, accepted=c.accepted, latency_s=None,
                                 verify_s=c.verify_s, rtt_s=self.link.rtt_s()))
         return c.finished
+
+    def _take(self, t: int) -> None:
+        """One committed token: pop it off the chain, or take the branch it names, or start over."""
+        pos = len(self.committed)
+        b = self.branches.get(pos)
+        if self.chain and self.chain[0] == t:
+            del self.chain[0]
+            if self.chain_q:
+                del self.chain_q[0]
+            if self.chain_alt:
+                del self.chain_alt[0]
+            if b is not None:  # the stream went the chain's way: that branch is void
+                self._free.append(self.branches.pop(pos).slot)
+        elif b is not None and b.alt == t:
+            # the miss a branch pre-drafted: its KV sequence becomes the main one, the cloud holds the tree
+            self._drop_branches(keep=pos)
+            del self.branches[pos]
+            self._free.append(self._main)
+            self._main = b.slot
+            self.drafter.model.activate(b.slot)
+            self.chain, self.chain_alt, self.chain_q = list(b.tokens), list(b.alts), []
+            self.branches_taken += 1
+            self._sent_end = pos + 1 + len(self.chain)
+        elif self.chain:
+            self.chain_breaks += 1
+            self._gen += 1
+            self.chain.clear()
+            self.chain_q.clear()
+            self.chain_alt.clear()
+            self._drop_branches()
+        self.committed.append(t)
 
     def _resume(self) -> None:
         agreed = self.link.resume(self.committed)

@@ -59,28 +59,34 @@ class LeadState:
 class LocalLeadLink(LeadLink):
     """A cloud-led session in process: a blocking `recv`, or a poll after a draft was sent, takes one
     cloud step (plan, verify, stream) with whatever drafts the board holds; a poll with nothing new
-    sent returns None, so the edge drafts between steps. `q_topn` > 0 sends q as the wire would."""
+    sent returns None, so the edge drafts between steps. `q_topn` > 0 sends q as the wire would.
+    `lazy`: step only when the edge blocks (a cloud slower than the drafter: the edge drafts as far
+    ahead, and as wide, as it wants between two steps)."""
 
     def __init__(self, verifier: TargetVerifier, *, config: LeadConfig | None = None, q_topn: int = 0,
-                 clock: Clock = time.perf_counter) -> None:
+                 lazy: bool = False, clock: Clock = time.perf_counter) -> None:
         self.v = verifier
         self.state = LeadState(config)
         self.q_topn = q_topn
         self.clock = clock
         self._sent = False  # a draft arrived since the last step
+        self.lazy = lazy
 
-    def send_draft(self, base: int, tokens: Sequence[int], q: np.ndarray | None) -> None:
+    def rtt_s(self) -> float | None:
+        return 0.0
+
+    def send_draft(self, base: int, tokens: Sequence[int], q: np.ndarray | None, parents: Sequence[int] | None = None) -> None:
         rows = None
         if q is not None:
             n = self.q_topn or q.shape[1]
             rows = [tuple(zip(*(a.tolist() for a in sparse_top(row, n)))) for row in q]
-        self.state.take(base, tokens, None, rows, self.v.committed)
+        self.state.take(base, tokens, parents, rows, self.v.committed)
         self._sent = True
 
     def recv(self, timeout: float | None) -> StepChunk | Disconnected | None:
         if self.v.finished:
             return Disconnected("the session has finished")
-        if timeout is not None and not self._sent:
+        if timeout is not None and (self.lazy or not self._sent):
             return None
         self._sent = False
         t0 = self.clock()

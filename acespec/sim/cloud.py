@@ -5,7 +5,8 @@ dropped, what a verdict accepts and when a generation ends follow the shipped ru
 Only time is modelled. Like the serving engines, the accelerator runs one pass at a time, and a pass
 takes the head of every session's queue at once: a block to verify (a dropped block is answered at
 once and the next one taken), a plain decode step for a cloud-only session, or the prompt prefill of a
-new session. Its duration comes from a cost model, `pass_s(ks, prefill)`: the draft tokens verified
+new session; a cloud-led session's step verifies what its `LeadState` plans from the drafts that
+reached it (as the live server does), or is a plain step. Its duration comes from a cost model, `pass_s(ks, prefill)`: the draft tokens verified
 per session in the pass and the prompt tokens prefilled in it (`DeviceProfile.pass_s` for one
 session; a batched curve for many, see `acespec.sim.capacity`).
 
@@ -20,6 +21,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Protocol, Sequence
 
+from acespec.engine.lead import LeadState
 from acespec.engine.verifier import TargetVerifier, Verdict, VerifyJob
 from acespec.sim.kernel import Kernel, Mailbox
 from acespec.sim.link import FrameSizer, SimLink
@@ -35,10 +37,14 @@ class CloudCost(Protocol):
 
 @dataclass(frozen=True)
 class Streamed:
-    """A cloud-only TOKENS frame, as the simulated edge receives it."""
+    """A cloud-only or cloud-led TOKENS frame, as the simulated edge receives it."""
 
     tokens: tuple[int, ...]
     finished: bool
+    start: int = 0  # position of tokens[0]
+    drafted: int = 0  # cloud-led: draft tokens the step verified
+    accepted: int = 0
+    verify_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -57,6 +63,7 @@ class CloudSession:
     inbox: Mailbox  # the edge's
     real_id: Callable[[int], int]  # compact id -> real id, for frame sizes
     cloud_only: bool = False
+    lead: LeadState | None = None  # cloud-led: the drafts that arrived and the step pricing
     prefill: int = 0  # prompt tokens still to prefill (set when its HELLO arrives)
     ready: bool = False  # HELLO arrived
     queue: deque = field(default_factory=deque)  # blocks waiting for the accelerator
@@ -89,6 +96,10 @@ class SimCloud:
         s.queue.append(block)
         self._kick()
 
+    def lead_draft(self, s: CloudSession, base: int, tokens: tuple[int, ...], parents: tuple[int, ...] | None = None) -> None:
+        s.lead.take(base, tokens, parents, None, s.verifier.committed)
+        self._kick()
+
     # -- the accelerator --------------------------------------------------------------------------
     def _kick(self) -> None:
         if not self.busy:
@@ -105,6 +116,10 @@ class SimCloud:
             if s.prefill:
                 work.append((s, None))
                 prefill += s.prefill
+            elif s.lead is not None:
+                if not s.verifier.finished:
+                    draft, _ = s.lead.plan(s.verifier)
+                    work.append((s, s.verifier.prepare(s.lead.steps, s.verifier.committed, draft)))
             elif s.cloud_only:
                 if not s.verifier.finished:
                     work.append((s, s.verifier.prepare(s.passes, s.verifier.committed, [])))
@@ -141,9 +156,16 @@ class SimCloud:
                 s.verifier.warm()
                 s.prefill = 0
                 continue
+            start = s.verifier.committed
             v = self._verify(s, job, dt)
             s.passes += 1
-            if s.cloud_only:
+            if s.lead is not None:
+                s.lead.observe(v, dt)
+                toks = tuple(s.verifier.tokens[start:v.committed])
+                nbytes = self.sizer.tokens(start, tuple(s.real_id(x) for x in toks), v.finished, (v.drafted, v.accepted, v.verify_us))
+                frame = Streamed(toks, v.finished, start, v.drafted, v.accepted, dt)
+                s.down.send(nbytes, lambda t, f=frame, nb=nbytes, s=s: s.inbox.put((t, f, nb)))
+            elif s.cloud_only:
                 nbytes = self.sizer.tokens(s.verifier.committed - 1, (s.real_id(v.next_token),), v.finished)
                 frame = Streamed((v.next_token,), v.finished)
                 s.down.send(nbytes, lambda t, f=frame, nb=nbytes, s=s: s.inbox.put((t, f, nb)))

@@ -8,7 +8,8 @@ over a `SimTransport`. The drafter is a replay model whose every call costs the 
 `ChainDrafter`, the cache's step timings and the scheduler's budgets all read the virtual clock.
 Nothing of the loop is copied here: a change to the loop changes the simulation.
 
-Modes name live configurations: `cloud-only`, `sync`, `pipelined`, with `+cache`, `+branches`,
+Modes name live configurations: `cloud-only`, `cloud-led` (the live `FollowLoop` over a
+`SimLeadLink`), `sync`, `pipelined`, with `+cache`, `+branches`,
 `+adaptive` (the +2/-1 schedule), `+ctrl` (the cost-model controller), `+autowin` (a window sized to
 the round trip), and `:k=N`; `bench acespec`'s variant names (`+cache`, `acespec`, `acespec:k=8`, ...)
 mean what they mean there.
@@ -21,6 +22,8 @@ import numpy as np
 
 from acespec.draft.cache import DRAFTER_SLOTS
 from acespec.draft.chain import ChainDrafter
+from acespec.engine.follow import FollowConfig, FollowLoop, LeadLink, StepChunk
+from acespec.engine.lead import LeadState
 from acespec.engine.records import Block, LinkSample
 from acespec.engine.stats import RunStats
 from acespec.engine.transport import Transport
@@ -158,6 +161,36 @@ class SimTransport(Transport):
             return v
 
 
+class SimLeadLink(LeadLink):
+    """A cloud-led session's steps down and drafts up, over the simulated links; the round trip the
+    lead depth prices is the link profile's (the live link measures it with PINGs)."""
+
+    def __init__(self, edge: "SimEdge", rtt_s: float) -> None:
+        self.e = edge
+        self._rtt = rtt_s
+
+    def rtt_s(self) -> float | None:
+        return self._rtt
+
+    def send_draft(self, base: int, tokens, q, parents=None) -> None:
+        e = self.e
+        toks = tuple(int(t) for t in tokens)
+        par = None if parents is None else tuple(parents)
+        nbytes = e.sizer.draft(0, base, tuple(int(e.vocab.real_id[t]) for t in toks), par)
+        e.up.send(nbytes, lambda t: e.cloud.lead_draft(e.session, base, toks, par))
+
+    def recv(self, timeout: float | None):
+        e = self.e
+        while True:
+            item = e.inbox.get(e.thread, timeout)
+            if item is None:
+                return None
+            t, f, _ = item
+            if isinstance(f, Streamed):
+                e.thread.sleep(e.device.edge_overhead_s)  # decoding the frame and the loop's bookkeeping
+                return StepChunk(f.start, f.tokens, f.finished, f.drafted, f.accepted, f.verify_s, t)
+
+
 class SimEdge:
     """One edge on a kernel: its two links, its session at the cloud, and the simulated thread that
     runs the live edge's code. `result` is set when its generation ends."""
@@ -173,7 +206,9 @@ class SimEdge:
         verifier = TargetVerifier(ReplayModel(self.vocab, "target", n_slots=1), self.vocab.prompt, rule="greedy",
                                   max_tokens=trace.n, stop_ids=frozenset())
         self.session = CloudSession(verifier, self.down, self.inbox, real_id=lambda i: int(self.vocab.real_id[i]),
-                                    cloud_only=cfg.mode == "cloud-only")
+                                    cloud_only=cfg.mode == "cloud-only",
+                                    lead=LeadState() if cfg.mode == "cloud-led" else None)
+        self.rtt_s = net.rtt_ms / 1e3
         self.result: SimResult | None = None
         self.thread: SimThread = kernel.spawn(self._run, name, at=start)
 
@@ -183,12 +218,12 @@ class SimEdge:
         cloud_only = self.cfg.mode == "cloud-only"
         nbytes = self.sizer.hello([int(v.real_id[t]) for t in v.prompt], tr.n, cloud_only)
         self.up.send(nbytes, lambda t: self.cloud.hello(self.session))
-        stats, tokens = self._stream(t0) if cloud_only else self._speculate(t0)
+        stats, tokens = self._stream(t0) if cloud_only else self._speculate(t0, lead=self.cfg.mode == "cloud-led")
         stats.bytes_up, stats.bytes_down = self.up.bytes, self.down.bytes
         self.result = SimResult(self.cfg.label, stats, stats.emitted, self.session.passes,
                                 [int(v.real_id[t]) for t in tokens])
 
-    def _speculate(self, t0: float) -> tuple[RunStats, list[int]]:
+    def _speculate(self, t0: float, *, lead: bool = False) -> tuple[RunStats, list[int]]:
         from acespec.edge.runtime import build_loop
 
         model = ReplayModel(self.vocab, "draft", n_slots=DRAFTER_SLOTS,
@@ -199,7 +234,11 @@ class SimEdge:
             item = self.inbox.get(self.thread, None)
             if item[1] == "welcome":
                 break
-        loop = build_loop(SimTransport(self), drafter, self.vocab.prompt, self.cfg.edge_config(self.trace.n), clock=self.k.now)
+        if lead:
+            loop = FollowLoop(SimLeadLink(self, self.rtt_s), self.vocab.prompt, drafter=drafter,
+                              config=FollowConfig(max_tokens=self.trace.n), clock=self.k.now)
+        else:
+            loop = build_loop(SimTransport(self), drafter, self.vocab.prompt, self.cfg.edge_config(self.trace.n), clock=self.k.now)
         res = loop.run(t0)
         return res.stats, res.tokens
 
