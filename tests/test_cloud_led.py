@@ -51,6 +51,7 @@ def test_a_draft_wholly_behind_the_stream_is_forgotten_and_one_ahead_refused():
     assert b.put(BoardDraft(2, (5, 6)), 2)
     assert b.usable([0, 0, 5, 6], 8) == ([], None) and not b.drafts
     assert not b.put(BoardDraft(9, (1,)), 4) and b.stats.refused_ahead == 1  # no edge can have seen position 9
+    assert not b.put(BoardDraft(0, (1, 2)), 5) and not b.drafts  # behind the stream on arrival: never held
 
 
 def test_a_tree_branch_is_picked_the_moment_the_stream_takes_it():

@@ -231,6 +231,29 @@ def test_errors_come_back_in_openais_shape_and_the_server_stays_up(client, edge)
         assert json.loads(r.read())["status"] == "ok"
 
 
+def test_input_that_once_gave_500s_gets_a_4xx_and_the_schema_is_published(client, edge):
+    """Found by a mutation campaign (issue on the fleet's front door): a lone surrogate, valid JSON
+    but no Unicode text, in the prompt, the model name or a message; `max_completion_tokens` of the
+    wrong type on /v1/completions. Each is a 422 in OpenAI's shape; the server goes on serving."""
+    bad = [
+        ("/v1/completions", {"model": "acespec", "prompt": "\ud800"}),
+        ("/v1/completions", {"model": "\ud800x", "prompt": "hi"}),
+        ("/v1/chat/completions", {"model": "acespec", "messages": [{"role": "user", "content": "a\udc80"}]}),
+        ("/v1/completions", {"model": "acespec", "prompt": "hi", "stop": ["\ud83d"]}),
+        ("/v1/completions", {"model": "acespec", "prompt": "hi", "max_completion_tokens": "twelve"}),
+    ]
+    for path, body in bad:
+        status, out = _post(edge, path, json.dumps(body).encode())  # json.dumps keeps the surrogate as an escape
+        assert status == 422, (path, body, out)
+        _assert_openai_error(out["error"])
+    status, out = _post(edge, "/v1/completions", json.dumps({"model": "acespec", "prompt": "hi", "max_completion_tokens": 3}).encode())
+    assert status == 200 and out["usage"]["completion_tokens"] == 3
+    with urllib.request.urlopen(edge.url + "/openapi.json", timeout=5) as r:
+        schema = json.loads(r.read())
+    assert {"/v1/completions", "/v1/chat/completions", "/v1/models"} <= set(schema["paths"])
+    assert chat(client, **CASES["greedy"], max_tokens=5)[0] == reference(PROMPT, **CASES["greedy"], max_tokens=5)
+
+
 def test_an_unreachable_cloud_is_503(cloud):
     import socket
 

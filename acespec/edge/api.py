@@ -34,7 +34,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from acespec.draft.prediction import prediction_usage
@@ -67,11 +67,35 @@ class PredictionContent(BaseModel):
     content: str | list[dict[str, Any]]
 
 
+def _no_lone_surrogates(value: Any, where: str = "body") -> None:
+    """JSON may carry a lone surrogate ("\\ud800"), which no UTF-8 text can hold: refuse it here (422)
+    rather than fail later while tokenizing, or while writing the error that names it."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError(f"{where} holds a lone surrogate, which is not valid Unicode text") from None
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            _no_lone_surrogates(k, where)
+            _no_lone_surrogates(v, f"{where}.{k}" if isinstance(k, str) else where)
+    elif isinstance(value, list):
+        for v in value:
+            _no_lone_surrogates(v, where)
+
+
 class _Body(BaseModel):
     model_config = ConfigDict(extra="allow")  # OpenAI fields the edge does not use are ignored, as vLLM does
 
+    @model_validator(mode="before")
+    @classmethod
+    def _valid_text(cls, data: Any) -> Any:
+        _no_lone_surrogates(data)
+        return data
+
     model: str
     max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)  # chat's newer name; validated on both routes
     temperature: float | None = Field(None, ge=0, le=100)
     top_p: float | None = Field(None, gt=0, le=1)
     seed: int | None = Field(None, ge=0, lt=1 << 64)
@@ -95,7 +119,6 @@ class ChatMessage(BaseModel):
 
 class ChatBody(_Body):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
 
 
 class CompletionBody(_Body):
@@ -143,7 +166,7 @@ class EdgeService:
         if any(not 0 <= t < self.vocab_size for t in prompt):
             raise ApiError(400, f"prompt token ids must be in 0..{self.vocab_size - 1}", param="prompt")
         d = self.cfg.defaults
-        max_tokens = body.max_tokens or getattr(body, "max_completion_tokens", None) or d.max_tokens
+        max_tokens = body.max_tokens or body.max_completion_tokens or d.max_tokens
         if len(prompt) + max_tokens > self.n_ctx:
             raise ApiError(400, f"prompt ({len(prompt)} tokens) + max_tokens ({max_tokens}) exceeds this edge's context "
                                 f"of {self.n_ctx} tokens", param="max_tokens", code="context_length_exceeded")
@@ -304,7 +327,7 @@ async def _unless_gone(request: Request, aw):
 
 # ------------------------------------------------------------------------------------------ the app
 def create_app(svc: EdgeService) -> FastAPI:
-    app = FastAPI(title="AceSpec edge", docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="AceSpec edge", docs_url=None, redoc_url=None)  # the schema at /openapi.json, as vLLM's server
     app.state.svc = svc
     m: EdgeMetrics = svc.metrics
 

@@ -77,6 +77,9 @@ class DraftBoard:
         if d.base > committed_len or not d.tokens:
             self.stats.refused_ahead += d.base > committed_len
             return False
+        if d.base + len(d.tokens) <= committed_len:  # wholly behind the stream on arrival: never walked
+            self.stats.forgotten += 1
+            return False
         self.stats.received += 1
         self.drafts.append(d)
         if len(self.drafts) > self.max_drafts:

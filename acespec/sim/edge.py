@@ -146,19 +146,14 @@ class SimTransport(Transport):
         e.up.send(nbytes, lambda t: e.cloud.draft(e.session, sent))
 
     def recv(self, timeout: float | None = None) -> Verdict | None:
-        e = self.e
-        while True:
-            item = e.inbox.get(e.thread, timeout)
-            if item is None:
-                return None
-            t, v, nbytes = item
-            if not isinstance(v, Verdict):
-                continue
-            sent = self.sent_at.pop(v.seq, None)
-            if sent is not None:
-                self._record(LinkSample(sent[0], t, v.verify_us / 1e6, sent[1], nbytes, sent[2]))
-            e.thread.sleep(e.device.edge_overhead_s)  # decoding the frame and the loop's bookkeeping
-            return v
+        item = self.e.next_frame(Verdict, timeout)
+        if item is None:
+            return None
+        t, v, nbytes = item
+        sent = self.sent_at.pop(v.seq, None)
+        if sent is not None:
+            self._record(LinkSample(sent[0], t, v.verify_us / 1e6, sent[1], nbytes, sent[2]))
+        return v
 
 
 class SimLeadLink(LeadLink):
@@ -180,15 +175,11 @@ class SimLeadLink(LeadLink):
         e.up.send(nbytes, lambda t: e.cloud.lead_draft(e.session, base, toks, par))
 
     def recv(self, timeout: float | None):
-        e = self.e
-        while True:
-            item = e.inbox.get(e.thread, timeout)
-            if item is None:
-                return None
-            t, f, _ = item
-            if isinstance(f, Streamed):
-                e.thread.sleep(e.device.edge_overhead_s)  # decoding the frame and the loop's bookkeeping
-                return StepChunk(f.start, f.tokens, f.finished, f.drafted, f.accepted, f.verify_s, t)
+        item = self.e.next_frame(Streamed, timeout)
+        if item is None:
+            return None
+        t, f, _ = item
+        return StepChunk(f.start, f.tokens, f.finished, f.drafted, f.accepted, f.verify_s, t)
 
 
 class SimEdge:
@@ -211,6 +202,17 @@ class SimEdge:
         self.rtt_s = net.rtt_ms / 1e3
         self.result: SimResult | None = None
         self.thread: SimThread = kernel.spawn(self._run, name, at=start)
+
+    def next_frame(self, kind: type, timeout: float | None):
+        """The next (arrival time, frame, bytes) of type `kind` in the mailbox, None on timeout; the
+        edge pays its per-frame overhead (decoding the frame and the loop's bookkeeping)."""
+        while True:
+            item = self.inbox.get(self.thread, timeout)
+            if item is None:
+                return None
+            if isinstance(item[1], kind):
+                self.thread.sleep(self.device.edge_overhead_s)
+                return item
 
     def _run(self) -> None:
         tr, v = self.trace, self.vocab
