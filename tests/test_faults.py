@@ -18,6 +18,8 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, rule
 
+import pytest
+
 from acespec import wire
 from acespec.bench.faults import SCENARIOS, FaultsConfig, run_faults
 from acespec.bench.fuzz import run_fuzz
@@ -32,8 +34,9 @@ MODEL_ID = f"toy:vocab={V}"
 IO_TIMEOUT_S = 5.0
 
 
-def test_bench_faults_changes_no_text_under_any_fault():
-    cfg = FaultsConfig(max_tokens=40, resets=6, resets_per_gen=3, generations=1, concurrent=6, rtt_ms=10.0)
+@pytest.mark.parametrize("mode", ["pipelined", "cloud-led"])
+def test_bench_faults_changes_no_text_under_any_fault(mode):
+    cfg = FaultsConfig(max_tokens=40, resets=6, resets_per_gen=3, generations=1, concurrent=6, rtt_ms=10.0, mode=mode)
     result = run_faults(cfg)
     outcomes = {(o["scenario"], o["rule"]): o for o in result["outcomes"]}
     assert set(outcomes) == {(s, r) for s in SCENARIOS for r in ("greedy", "coupled")}

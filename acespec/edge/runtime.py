@@ -25,7 +25,7 @@ from acespec.draft.cache import CacheConfig, StateCache
 from acespec.draft.chain import ChainDrafter
 from acespec.draft.prediction import PredictedDrafter, Prediction
 from acespec.edge.client import CloudSession, ConnectConfig, EdgeError, TcpLeadLink, TcpTransport
-from acespec.engine.follow import FollowConfig, FollowLoop
+from acespec.engine.follow import FollowConfig, FollowLoop, StreamError
 from acespec.engine.loop import ORIGIN_TARGET, LoopConfig, LoopResult, Round, SpecLoop
 from acespec.engine.stats import RunStats
 from acespec.engine.transport import Clock, Transport
@@ -104,8 +104,11 @@ def run_edge(
         if cfg.mode == "cloud-led":
             link = TcpLeadLink(session, send_q=rule.info.needs_q)
             follow = FollowConfig(max_tokens=cfg.max_tokens, max_lead=min(FollowConfig.max_lead, session.max_draft_tokens))
-            res = FollowLoop(link, prompt, drafter=drafter, config=follow, on_tokens=on_tokens, on_round=on_round,
-                             should_stop=should_stop).run(t0)
+            try:
+                res = FollowLoop(link, prompt, drafter=drafter, config=follow, on_tokens=on_tokens, on_round=on_round,
+                                 should_stop=should_stop).run(t0)
+            except StreamError as e:
+                raise EdgeError(f"cloud-led stream: {e}") from None
             res.stats.bytes_up, res.stats.bytes_down = session.total_bytes()
             _link_stats(res.stats, session)
             res.stats.cache["rtt_ms_mean"] = None if link.rtt_s() is None else round(1e3 * link.rtt_s(), 3)

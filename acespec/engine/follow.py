@@ -44,6 +44,10 @@ from acespec.engine.stats import RunStats
 from acespec.engine.transport import Clock
 
 
+class StreamError(RuntimeError):
+    """The cloud's stream does not fit what the edge holds (a gap, or a resume at another length)."""
+
+
 @dataclass(frozen=True)
 class StepChunk:
     """One cloud-led step as the edge receives it (a TOKENS frame with HAS_STEP)."""
@@ -72,7 +76,7 @@ class LeadLink(ABC):
 
     def resume(self, committed: Sequence[int]) -> int:
         """Reconnect; the cloud goes on streaming after the agreed committed length (returned)."""
-        raise Disconnected("this link cannot reconnect")
+        raise StreamError("this link cannot reconnect")
 
     def rtt_s(self) -> float | None:
         """The link's round-trip time as measured so far, if it knows it."""
@@ -272,7 +276,7 @@ class FollowLoop:
     def _apply(self, c: StepChunk) -> bool:
         have = len(self.committed)
         if c.start > have:
-            raise Disconnected(f"the cloud streamed from {c.start}, the edge holds {have}")
+            raise StreamError(f"the cloud streamed from {c.start}, the edge holds {have}")
         new = list(c.tokens[have - c.start:])
         now = c.arrived - self._t0
         gap = None if self._last_arrival is None else c.arrived - self._last_arrival
@@ -332,5 +336,5 @@ class FollowLoop:
     def _resume(self) -> None:
         agreed = self.link.resume(self.committed)
         if agreed != len(self.committed):
-            raise Disconnected(f"the cloud resumed at {agreed}, the edge holds {len(self.committed)}")
+            raise StreamError(f"the cloud resumed at {agreed}, the edge holds {len(self.committed)}")
         self._sent_gen = -1  # a new session's board is empty: upload again
