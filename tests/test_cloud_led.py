@@ -91,6 +91,13 @@ def _train(p: LeadPricer, accept: float, step_s: float, row_s: float, n: int = 2
         p.observe(k, acc, step_s + row_s * k)
 
 
+def test_the_first_step_is_a_plain_one_so_the_first_token_comes_as_fast_as_cloud_only():
+    p = LeadPricer()
+    assert p.choose(16) == 0  # nothing measured: a draft's rows cannot be priced yet
+    p.observe(0, 0, 0.1)
+    assert 0 < p.choose(16) <= 4  # a row's cost is still a guess: the first draft is short
+
+
 def test_the_pricer_drafts_deep_when_rows_are_cheap_and_drafts_good():
     p = LeadPricer(LeadConfig(k_max=16))
     _train(p, accept=0.95, step_s=0.02, row_s=0.0005)  # a GPU: a row costs 2.5% of a step

@@ -29,7 +29,8 @@ class LeadConfig:
     prior_row_cost: float = 0.05  # extra cost of one draft row, as a fraction of a step, before one is measured
     probe_every: int = 32  # with drafting priced out, one step in this many verifies a short draft anyway
     probe_k: int = 2  # how long that probe is
-    explore_every: int = 8  # one drafting step in this many tries a deeper k whose cost is not measured yet
+    explore_every: int = 8  # one drafting step in this many tries a deeper k whose cost is not measured yet ...
+    explore_within: float = 0.9  # ... if its estimated rate is at least this share of the best measured one
 
 
 @dataclass
@@ -100,7 +101,7 @@ class LeadPricer:
         """Draft tokens to verify this step, out of `available` that agree with the stream."""
         c = self.cfg
         n = min(available, c.k_max)
-        if n <= 0:
+        if n <= 0 or 0 not in self._cost:  # a draft's rows are priced against a measured plain step (the first is one)
             return 0
         if not any(k > 0 for k in self._cost):  # a draft row's cost is still a guess: the first draft is short
             n = min(n, 2 * c.probe_k)
@@ -116,7 +117,10 @@ class LeadPricer:
         else:
             self._since_explore += 1
             deeper = min(n, max(best_k + 2, 2 * best_k))
-            if deeper > best_k and deeper not in self._cost and self._since_explore >= c.explore_every:
+            # an unmeasured deeper depth is tried only if its estimate comes close to the best: on a CPU
+            # whose rows cost as much as a step, probing ever deeper would itself cost the user
+            close = self.expected_tokens(deeper) / (self.cost(deeper) + self._other) >= c.explore_within * best_rate
+            if deeper > best_k and deeper not in self._cost and close and self._since_explore >= c.explore_every:
                 best_k, self._since_explore = deeper, 0
         if best_k:
             self._since_draft = 0
