@@ -5,14 +5,15 @@
 _setup_filter() { grep -v "^WARNING: Location 'file://" || true; }
 
 # step "what it does" RETRY-COMMAND -- command args...
-# Runs the command, its output shown as it comes and kept in a log; on failure prints the step, the
-# package pip names, the log's tail and the retry command, and exits with the command's status.
+# Runs the command, its output shown as it comes (unless STEP_QUIET=1) and kept in a log; on failure
+# prints the step, the package pip names, the log's tail and the retry command, and exits with the
+# command's status.
 step() {
   local what="$1" retry="$2"; shift 3
   local log; log="$(mktemp "${TMPDIR:-/tmp}/acespec-setup.XXXXXX")"
   local rc
   set +e
-  "$@" 2>&1 | tee "$log" | _setup_filter >&2
+  if [ "${STEP_QUIET:-0}" = 1 ]; then "$@" >"$log" 2>&1; else "$@" 2>&1 | tee "$log" | _setup_filter >&2; fi
   rc=${PIPESTATUS[0]}
   set -e
   if [ "$rc" = 0 ]; then rm -f "$log"; return 0; fi

@@ -13,6 +13,7 @@ fi
 echo "setup-browser: installing chromium and chromium-driver (apt)" >&2
 export DEBIAN_FRONTEND=noninteractive
 retry="bash scripts/setup-browser.sh"
+export STEP_QUIET=1  # apt's progress is noise; its output is shown if it fails
 step "update Debian's package lists (apt-get update)" "$retry" -- $SUDO apt-get update -qq
 step "install chromium and chromium-driver from Debian's packages" "$retry" -- \
   $SUDO apt-get install -y -qq --no-install-recommends chromium chromium-driver
