@@ -464,17 +464,12 @@ class CloudServer:
                     if isinstance(f, wire.Draft):
                         if self._stopping:
                             continue  # draining: the edge will be told GOING_AWAY after the verdicts it is owed
-                        if f.session != s.sid:
-                            raise ProtocolError(wire.ErrorCode.UNKNOWN_SESSION, f"DRAFT names session {f.session}, this connection holds {s.sid}")
-                        if any(t >= V for t in f.tokens):
-                            raise ProtocolError(wire.ErrorCode.OVER_LIMIT, "draft token id outside the target vocabulary")
+                        self._check_draft(s, f)
                         if f.parents is not None:
                             # verifying a tree as a chain would ignore its shape: refuse it until trees are verified
                             raise ProtocolError(wire.ErrorCode.BAD_REQUEST, "this server verifies chains only: DRAFT with HAS_TREE refused")
                         q = None
                         if f.q is not None:
-                            if any(t >= V for row in f.q for t, _ in row):
-                                raise ProtocolError(wire.ErrorCode.OVER_LIMIT, "q row token id outside the target vocabulary")
                             q = np.stack([dense_row([i for i, _ in row], [p for _, p in row], V) for row in f.q]) if f.q else None
                         elif s.verifier.rule.info.needs_q and f.tokens:
                             raise ProtocolError(wire.ErrorCode.BAD_REQUEST, f"rule {s.verifier.rule} needs q rows with each DRAFT")
@@ -587,13 +582,19 @@ class CloudServer:
         finally:
             reading.cancel()
 
-    def _take_draft(self, s: Session, f: wire.Draft) -> None:
-        """Put a cloud-led DRAFT on the session's board, after the checks a DRAFT gets in edge-led mode."""
+    def _check_draft(self, s: Session, f: wire.Draft) -> None:
+        """What any DRAFT must be, in either mode: for this connection's session, ids in the target's vocabulary."""
         V = self.target.vocab_size
         if f.session != s.sid:
             raise ProtocolError(wire.ErrorCode.UNKNOWN_SESSION, f"DRAFT names session {f.session}, this connection holds {s.sid}")
-        if any(t >= V for t in f.tokens) or (f.q is not None and any(t >= V for row in f.q for t, _ in row)):
+        if any(t >= V for t in f.tokens):
             raise ProtocolError(wire.ErrorCode.OVER_LIMIT, "draft token id outside the target vocabulary")
+        if f.q is not None and any(t >= V for row in f.q for t, _ in row):
+            raise ProtocolError(wire.ErrorCode.OVER_LIMIT, "q row token id outside the target vocabulary")
+
+    def _take_draft(self, s: Session, f: wire.Draft) -> None:
+        """Put a cloud-led DRAFT on the session's board, after the checks a DRAFT gets in edge-led mode."""
+        self._check_draft(s, f)
         rule = s.verifier.rule
         if f.q is None and rule.info.needs_q and rule.name != "strict":
             raise ProtocolError(wire.ErrorCode.BAD_REQUEST, f"rule {rule} needs q rows with each DRAFT")
