@@ -108,6 +108,11 @@ def test_build_tools_are_pinned_and_build_the_package():
     for r in map(Requirement, PYPROJECT["build-system"]["requires"]):
         assert drift([r], pins) == []
     assert pins["setuptools"] >= Version("70.1")  # builds wheels (bdist_wheel) without the `wheel` package
+    # the set-up installs with --no-build-isolation, so llama-cpp-python's sdist (no Linux CPU wheel on
+    # PyPI) builds with these or not at all: its build-system asks scikit-build-core >= 0.9.2, which asks
+    # CMake >= 3.21 (a fresh machine may have no CMake) and Ninja
+    assert pins["scikit-build-core"] >= Version("0.9.2") and pins["cmake"] >= Version("3.21") and "ninja" in pins
+    assert all(pins[d] for d in ("pathspec", "packaging"))  # scikit-build-core's own dependencies, pinned too
 
 
 def _imported_modules() -> set[str]:
