@@ -322,10 +322,24 @@ def test_outcomes_of_later_blocks_share_one_queue_weighted_by_their_prior():
     assert cache.entries and all(k[0] > 0 for k in cache.entries)
 
 
-def test_lookup_is_a_constant_time_dict_hit():
-    res, cache = run_delayed("greedy", 0.0, 0)
-    assert cache.metrics.lookups > 0
-    assert cache.metrics.lookup_s / cache.metrics.lookups < 50e-6
+def test_a_lookup_is_a_dict_hit_that_runs_no_drafter_pass():
+    """A verdict's continuation must come from the cache without drafting: the lookup only pops the entry
+    and switches the drafter to its sequence (no pass, however many entries are held)."""
+    D = drafter()
+    dr = ChainDrafter(D, sampling=SamplingParams(0.0), rule=RuleSpec.parse("greedy"))
+    committed = PROMPT + [7, 9]
+    cache = StateCache(dr, CacheConfig(max_entries_per_block=8))
+    b0 = dr.draft(committed, 4, keep_top=cache.cfg.alternatives + 1)
+    cache.plan_block(0, committed, b0.tokens, b0.top, [0.6] * 4, bonus_guess=None)
+    while cache.has_work:
+        cache.predraft_step()
+    held = dict(cache.entries)
+    assert len(held) >= 2
+    for key, entry in held.items():
+        passes = D.eval_calls
+        assert cache.lookup(*key) is entry and D.eval_calls == passes
+        assert key not in cache.entries  # taken, not copied: a second verdict cannot reuse its slot
+    assert cache.lookup(0, 0, -1) is None and cache.metrics.lookups == len(held) + 1 and cache.metrics.hits == len(held)
 
 
 # --------------------------------------------------------------------------- over the network
