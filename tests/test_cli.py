@@ -262,7 +262,7 @@ def test_serve_batched_engine_serves_an_edge_over_the_cli():
         line = srv.stdout.readline()
         assert "batched engine, 2 KV slot(s) of 512 tokens" in line, line
         port = line.split("listening on ")[1].split()[0].split(":")[1]
-        metrics_url = srv.stdout.readline().split("metrics at ")[1].strip()
+        metrics_url = srv.stdout.readline().split("metrics at ")[1].split()[0]
         outs = []
         for mode in ("pipelined", "cloud-only"):
             p = run("edge", "--cloud", f"127.0.0.1:{port}", "--draft", "toy:vocab=64,seed=1,noise=0.5", "--mode", mode,
@@ -286,6 +286,7 @@ def test_serve_batched_engine_serves_an_edge_over_the_cli():
         (["--frame-timeout", "nan"], ["--frame-timeout must be a positive number"]),
         (["--tls-cert", "x.pem"], ["TLS needs both --tls-cert and --tls-key"]),
         (["--auth-failures-per-min", "-1"], ["--auth-failures-per-min"]),
+        (["--gc-full", "-1"], ["--gc-full must be"]),
     ],
 )
 def test_serve_refuses_bad_trust_options(args, needles):

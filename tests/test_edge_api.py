@@ -449,3 +449,30 @@ def test_bench_api_runs_both_sides_with_toy_models(tmp_path):
     assert len(r["pairs"]) == 2 and r["same_text"] == 2
     assert all(pair[s]["tokens"] == 16 for pair in r["pairs"] for s in ("edge", "api"))
     assert r["ratio"]["ttft"] > 0 and "time to first token" in p.stdout
+
+
+def test_the_deepest_k_the_api_takes_fits_the_clouds_draft_limit(edge):
+    """k = 64 is in the API's range, but a pipelined block carries the guessed bonus too (65 ids, over
+    the wire's 64): the edge keeps the block within the cloud's WELCOME.max_draft_tokens (found by
+    `acespec bench fuzz-http`, where it was a 500)."""
+    code, body = _post(edge, "/v1/completions", json.dumps({"model": "acespec", "prompt": "hello", "max_tokens": 12, "k": 64, "mode": "pipelined",
+                                                              "temperature": 0.0}).encode())
+    assert code == 200, body
+    assert body["usage"]["completion_tokens"] == 12
+
+
+def test_a_prompt_over_the_wires_limit_is_a_400_not_a_500(edge):
+    """The toy drafter's context is huge, but a HELLO carries at most Limits.max_prompt_tokens ids
+    (found by `acespec bench fuzz-http`, where a 100,000-character prompt was a 500)."""
+    code, body = _post(edge, "/v1/completions", json.dumps({"model": "acespec", "prompt": "x" * 40_000, "max_tokens": 4}).encode())
+    assert code == 400 and body["error"]["code"] == "context_length_exceeded", body
+
+
+def test_an_absurd_top_k_is_a_422_not_a_500(edge):
+    """A top_k past what the wire's HELLO can carry was a 500 from the codec (found by `acespec bench fuzz-http`)."""
+    for top_k in (2**64 + 1, 10**70):
+        code, body = _post(edge, "/v1/completions", json.dumps({"model": "acespec", "prompt": "hi", "max_tokens": 4,
+                                                                  "top_k": top_k}).encode())
+        assert code == 422 and body["error"]["param"] == "top_k", body
+    code, _ = _post(edge, "/v1/completions", json.dumps({"model": "acespec", "prompt": "hi", "max_tokens": 4, "top_k": 1 << 31}).encode())
+    assert code == 200

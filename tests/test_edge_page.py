@@ -1,5 +1,5 @@
 """The edge's web page in a real browser: headless Chromium (Debian's, installed by
-scripts/setup-browser.sh) driven through selenium loads `/`, sends a prompt, waits for the streamed
+scripts/setup-system.sh) driven through selenium loads `/`, sends a prompt, waits for the streamed
 answer, and checks it against the API's text and its origin marks. The screenshot goes to
 docs/screenshots/ (not committed; the README's comes from the real pair, see `main` below).
 
@@ -77,7 +77,7 @@ def ask(driver, url: str, prompt: str, *, mode: str = "", max_tokens: int = 48, 
 @pytest.fixture(scope="module")
 def chromium():
     if not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)):
-        pytest.skip("Chromium is not installed: run scripts/setup-browser.sh (scripts/test.sh does)")
+        pytest.skip("Chromium is not installed: run scripts/setup-system.sh (scripts/test.sh does)")
     d = browser()
     yield d
     d.quit()

@@ -592,8 +592,10 @@ def test_after_8_abandoned_hellos_a_new_client_is_served_within_the_resume_grace
 def test_hellos_reset_before_their_welcome_leave_no_session_behind():
     """8 clients send HELLO and reset at once, before their WELCOME can be written. A session whose
     WELCOME never went out must not stay "connected" (it would hold its slot until the idle timeout,
-    300 s here): every one is ended, and a newcomer is served at once."""
-    with CloudServerThread(toy_target(), server_config(max_sessions=8, idle_timeout_s=300.0, resume_grace_s=300.0)) as srv:
+    300 s here): none is, and a newcomer is served. (Where the event loop reports the failed WELCOME
+    write only after it returned, the session is parked for a RESUME like any other whose edge went
+    away: it holds its slot for the resume grace, 1 s here, and the newcomer's BUSY retries wait it out.)"""
+    with CloudServerThread(toy_target(), server_config(max_sessions=8, idle_timeout_s=300.0, resume_grace_s=1.0)) as srv:
         for _ in range(8):
             s = connect(srv.port)
             s.sendall(wire.encode(hello()))
@@ -605,7 +607,7 @@ def test_hellos_reset_before_their_welcome_leave_no_session_behind():
         assert not stuck, f"{len(stuck)} sessions still count as connected with no connection"
         # (a HELLO read after its RST may also have been dropped unread; either way no slot is held)
         cfg = EdgeConfig(mode="sync", rule="coupled", k=3, temperature=TEMP, seed=SEED, max_tokens=10,
-                         connect=ConnectConfig(host=HOST, port=srv.port, token=TOKEN, busy_retry_s=0.0))
+                         connect=ConnectConfig(host=HOST, port=srv.port, token=TOKEN, busy_retry_s=15.0, backoff_max_s=0.2))
         assert run_edge(toy_drafter(), list(PROMPT), cfg, model_id=MODEL_ID).tokens == reference(10)
 
 
@@ -619,6 +621,28 @@ def test_the_edge_gives_up_on_busy_after_busy_retry_s():
         assert e.value.code == ErrorCode.BUSY
         assert srv.server.errors_sent["BUSY"] >= 2  # retried before giving up
         held.close()
+
+
+def test_a_replica_going_away_answers_a_hello_busy_so_the_edge_opens_elsewhere():
+    """A HELLO that reaches a replica after its stop began (draining), or after its engine stopped,
+    is refused BUSY, which sends a fleet edge to another replica; never INTERNAL, which ends the run."""
+    import asyncio
+
+    with CloudServerThread(toy_target(), server_config()) as srv:
+        srv.server.draining = True
+        s = connect(srv.port)
+        wire.send_frame(s, hello())
+        f = recv_one(s)
+        assert isinstance(f, wire.Error) and f.code == ErrorCode.BUSY and "draining" in f.message, f
+        s.close()
+        srv.server.draining = False
+        asyncio.run_coroutine_threadsafe(srv.server.engine.stop(), srv._loop).result(10)
+        s = connect(srv.port)
+        wire.send_frame(s, hello())
+        f = recv_one(s)
+        assert isinstance(f, wire.Error) and f.code == ErrorCode.BUSY, f
+        s.close()
+        assert srv.server.errors_sent["BUSY"] == 2 and not srv.server.errors_sent.get("INTERNAL")
 
 
 def test_a_half_frame_after_the_handshake_is_dropped_at_the_frame_deadline():
@@ -787,8 +811,16 @@ def test_failed_auth_is_rate_limited_per_address():
     with CloudServerThread(toy_target(), server_config(auth_failures_per_min=3)) as srv:
         for _ in range(2):
             assert_refused(_send(srv.port, wire.encode(hello(auth=b"guess"))), ErrorCode.BAD_AUTH)
-        assert_refused(_send(srv.port, wire.encode(wire.Resume(session=1, committed=P, auth=TOKEN, secret=b"x"))),
-                       ErrorCode.UNKNOWN_SESSION)  # a wrong session secret counts as a failure too
+        # a RESUME of an id this server does not hold is what honest edges send after a restart or
+        # through a balancer: the same answer, but no failure counted
+        for _ in range(5):
+            assert_refused(_send(srv.port, wire.encode(wire.Resume(session=1 << 22, committed=P, auth=TOKEN, secret=b"x"))),
+                           ErrorCode.UNKNOWN_SESSION)
+        s0, _ = open_session(srv.port)  # not refused: those five counted nothing
+        s0.close()
+        live, w = open_session(srv.port)
+        assert_refused(_send(srv.port, wire.encode(wire.Resume(session=w.session, committed=P, auth=TOKEN, secret=b"x"))),
+                       ErrorCode.UNKNOWN_SESSION)  # a wrong secret for a live session counts as a failure
         err = assert_refused(_send(srv.port, wire.encode(hello())), ErrorCode.BAD_AUTH)
         assert "too many" in err.message
         other = socket.socket()
@@ -798,6 +830,7 @@ def test_failed_auth_is_rate_limited_per_address():
         wire.send_frame(other, hello())
         assert isinstance(recv_one(other), wire.Welcome)
         other.close()
+        live.close()
 
 
 # ------------------------------------------------------------------------------------------ restarts

@@ -292,10 +292,16 @@ def add_parser(bench_subparsers: argparse._SubParsersAction) -> argparse.Argumen
     return p
 
 
-def cmd_bench_faults(args: argparse.Namespace) -> int:
-    rules = tuple(r.strip() for r in args.rules.split(",") if r.strip())
+def lossless_rules(text: str) -> tuple[str, ...]:
+    """`--rules` of a campaign that checks exact texts: a comma-separated subset of TEMPERATURE's rules."""
+    rules = tuple(r.strip() for r in text.split(",") if r.strip())
     if not rules or any(r not in TEMPERATURE for r in rules):
         raise ValueError(f"--rules: the campaign checks exact texts, so only {', '.join(TEMPERATURE)}")
+    return rules
+
+
+def cmd_bench_faults(args: argparse.Namespace) -> int:
+    rules = lossless_rules(args.rules)
     scenarios = tuple(s.strip() for s in args.scenarios.split(",") if s.strip())
     if not scenarios or any(s not in SCENARIOS for s in scenarios):
         raise ValueError(f"--scenarios: choose from {', '.join(SCENARIOS)}")

@@ -296,14 +296,15 @@ class BatchedEngine(VerifyEngine):
         s.last_used = time.monotonic()
         _resolve(op.fut, None)
 
-    def _free_slot(self, exclude: _State | None, *, waiting: bool = False) -> int | None:
-        """A slot for a newcomer (or a swapped-out session coming back): a free one, else the slot of the
-        parked or least recently used idle session, whose KV is dropped."""
+    def _pick_slot(self, exclude: _State | None, waiting: bool) -> tuple[int | None, _State | None]:
+        """(a free slot, None), else (the slot of the parked or least recently used idle session, that
+        session), else (None, None). Picks only: `_free_slot` takes it."""
+        holders = dict(self._holder)  # /ready reads this from another thread
         for slot in range(self.cfg.slots):
-            if slot not in self._holder:
-                return slot
+            if slot not in holders:
+                return slot, None
         now = time.monotonic()
-        idle = [h for h in self._holder.values() if h is not exclude and not h.ops]
+        idle = [h for h in holders.values() if h is not exclude and not h.ops]
         parked = [h for h in idle if h.parked]
         if parked:
             victim = min(parked, key=lambda h: h.last_used)
@@ -311,9 +312,19 @@ class BatchedEngine(VerifyEngine):
             # a returning session may take any idle slot; a newcomer only one idle for swap_idle_s
             old = [h for h in idle if waiting or now - h.last_used >= self.cfg.swap_idle_s]
             if not old:
-                return None
+                return None, None
             victim = min(old, key=lambda h: h.last_used)
-        slot = victim.slot
+        return victim.slot, victim
+
+    def has_room(self) -> bool:
+        return self._pick_slot(None, waiting=False)[0] is not None
+
+    def _free_slot(self, exclude: _State | None, *, waiting: bool = False) -> int | None:
+        """A slot for a newcomer (or a swapped-out session coming back): a free one, else the slot of the
+        parked or least recently used idle session, whose KV is dropped."""
+        slot, victim = self._pick_slot(exclude, waiting)
+        if victim is None:
+            return slot
         self._evict(victim)
         self.swaps += 1
         log.info("session %d swapped out of slot %d", victim.id, slot)

@@ -32,6 +32,7 @@ from typing import Sequence
 
 import numpy as np
 
+from acespec.engine.board import DraftBoard
 from acespec.engine.verifier import TargetVerifier, Verdict
 from acespec.models.base import Model
 from acespec.verify import RuleSpec, SamplingParams
@@ -56,6 +57,7 @@ class SessionSpec:
     rule: RuleSpec = field(default_factory=lambda: RuleSpec.parse("strict"))  # verification rule
     seed: int = 0  # shared seed (coupled noise, the rule's rng)
     max_tokens: int = 256  # generation budget in new tokens
+    cloud_led: bool = False  # the cloud decodes without waiting and the edge's drafts follow it (engines may verify them natively)
 
 
 @dataclass(eq=False)
@@ -98,6 +100,24 @@ class VerifyEngine(ABC):
     @abstractmethod
     def close(self, s: EngineSession) -> None:
         """The session is over: free its KV; requests still queued for it are cancelled."""
+
+    # -- cloud-led sessions that the engine's own decoding loop drives (vLLM's speculative decoding) --
+    def leads_natively(self, s: EngineSession) -> bool:
+        """Whether this cloud-led session's steps are the engine's own (`lead_step`), with the edge's drafts
+        verified inside it (`lead_publish`), instead of `step` / `verify` requests the server plans."""
+        return False
+
+    def lead_publish(self, s: EngineSession, board: DraftBoard) -> None:
+        """The session's board changed (a DRAFT arrived): make its drafts visible to the engine's loop."""
+        raise NotImplementedError
+
+    async def lead_step(self, s: EngineSession, board: DraftBoard) -> Verdict:
+        """The tokens the engine's own loop has committed since the last call (at least one)."""
+        raise NotImplementedError
+
+    def has_room(self) -> bool:
+        """Whether `open` would find KV room for one more session now (read by /ready from another thread)."""
+        return True
 
     async def start(self) -> None:
         pass
@@ -189,7 +209,51 @@ class SerialEngine(VerifyEngine):
                 "kv_bytes_per_token": int(getattr(self.target, "kv_bytes_per_token", 0))}
 
 
-ENGINES = ("batched", "serial", "vllm")
+class NoopEngine(VerifyEngine):
+    """Verdicts computed instantly, for measuring the front end alone (`acespec bench frontend`): as if
+    the target's rows were one-hot on whatever the edge drafted (and on token 0 after it), every block
+    is accepted in full and committed through the session's real bookkeeping (stale blocks, budget,
+    end of sequence), with no model pass and no rule. Not a target anyone should serve text from."""
+
+    name = "noop"
+
+    def __init__(self, target: Model) -> None:
+        self.target = target
+        self._ids = itertools.count(1)
+        self.verdicts = 0
+
+    @property
+    def max_context(self) -> int:
+        return self.target.n_ctx
+
+    async def open(self, spec: SessionSpec) -> EngineSession:
+        return EngineSession(next(self._ids), self._make_verifier(spec))
+
+    def _now(self, s: EngineSession, seq: int, base: int, tokens: Sequence[int], q) -> Verdict:
+        job = s.verifier.prepare(seq, base, tokens, q)
+        if isinstance(job, Verdict):
+            return job
+        self.verdicts += 1
+        # the outcome of any rule on rows one-hot on the draft (and on token 0 after it): all accepted
+        return s.verifier.commit(job, job.k, 0, 0.0)
+
+    async def verify(self, s, seq, base, tokens, q):
+        return self._now(s, seq, base, tokens, q)
+
+    async def step(self, s):
+        return self._now(s, 0, s.verifier.committed, [], None)
+
+    async def rollback(self, s, n):
+        s.verifier.rollback(n)
+
+    def close(self, s) -> None:
+        pass
+
+    def metrics(self) -> dict:
+        return {"engine": self.name, "verdicts": self.verdicts, "slots": 1, "kv_tokens_allocated": 0}
+
+
+ENGINES = ("batched", "serial", "vllm", "noop")
 
 
 def make_engine(kind: str, target, **batch) -> VerifyEngine:
@@ -199,6 +263,8 @@ def make_engine(kind: str, target, **batch) -> VerifyEngine:
         from acespec.cloud.vllm_engine import VllmConfig, VllmEngine
 
         return VllmEngine(VllmConfig(model=str(target), **batch))
+    if kind == "noop":
+        return NoopEngine(target)
     if kind == "serial":
         if batch:
             raise ValueError(f"the serial engine takes no batching options ({', '.join(batch)})")

@@ -13,8 +13,8 @@ idle sessions expire.
 
 Trust (docs/design-notes.md, "Trust model"): a HELLO's token names its tenant; WELCOME gives the
 session a random id and a 32-byte secret, and only a RESUME with that secret, the same tenant's token
-and a digest of the same committed tokens reattaches it (anything else is UNKNOWN_SESSION, counted
-as a failed auth against the peer address). Every read after the handshake has a deadline once a
+and a digest of the same committed tokens reattaches it (anything else is UNKNOWN_SESSION; a wrong
+secret for a live session counts as a failed auth against the peer address). Every read after the handshake has a deadline once a
 frame has begun; connections are limited per address and in total; TLS with `ServerConfig.tls`.
 
 The server owns the protocol only. Every session's target work goes through a verify engine
@@ -67,6 +67,8 @@ class ServerConfig:
     tls: ssl.SSLContext | None = None  # TLS server context (acespec.tls.server_context); None = plain TCP
     engine: str = "batched"  # verify engine for a bare target model: batched | serial (see engine.py)
     lead_k_max: int = 16  # cloud-led: most draft tokens one step verifies
+    gc_full_s: float = 0.0  # see _keep_gc: one full garbage collection this often; 0 = leave the process's collector be
+    # (`acespec serve`, whose process is the server, uses 300; a server embedded in other code leaves it alone)
 
 
 def _peer_addr(writer: asyncio.StreamWriter) -> str:
@@ -110,30 +112,41 @@ class CloudServer:
         self._gate = Gatekeeper(self.cfg.tenants, self.cfg.token, self.cfg.auth_failures_per_min)
         self._server: asyncio.base_events.Server | None = None
         self._sweeper: asyncio.Task | None = None
+        self._gc_task: asyncio.Task | None = None  # gc_full_s > 0: the periodic full collection (_keep_gc)
         self._conns: dict[asyncio.Task, asyncio.StreamWriter] = {}  # live connections
         self._per_addr: dict[str, int] = {}  # peer address -> open connections
         self._opening = 0  # sessions admitted by the engine whose WELCOME has not gone out yet
         self._verdict_queues: dict[asyncio.Task, asyncio.Queue] = {}  # speculative connections -> their verdict queue
         self._stopping = False
+        self.draining = False  # stop() has begun: /ready fails from this moment (cloud/metrics.py)
+        self._loop: asyncio.AbstractEventLoop | None = None
         self.errors_sent: dict[str, int] = {}  # ErrorCode name -> count, for tests, logs and metrics
         self.handshakes = {"opened": 0, "resumed": 0}  # sessions opened by HELLO, reattached by RESUME
         self.port = self.cfg.port
 
     # -- lifecycle --------------------------------------------------------------------------------
     async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
         await self.engine.start()
         tls = {} if self.cfg.tls is None else {"ssl": self.cfg.tls, "ssl_handshake_timeout": self.cfg.handshake_timeout_s}
         self._server = await asyncio.start_server(self._on_connect, self.cfg.host, self.cfg.port, **tls)
         self.port = self._server.sockets[0].getsockname()[1]
         self._sweeper = asyncio.create_task(self._sweep())
+        self._gc_task = asyncio.create_task(self._keep_gc()) if self.cfg.gc_full_s > 0 else None
         log.info("cloud verifier listening on %s:%d (target %s)", self.cfg.host, self.port, self.target.name)
 
     async def stop(self) -> None:
+        self.draining = True
         if self._server:
             self._server.close()
             await self._server.wait_closed()
         if self._sweeper:
             self._sweeper.cancel()
+        if self._gc_task is not None:
+            self._gc_task.cancel()
+            import gc
+
+            gc.unfreeze()  # what was frozen is the collector's again
         # Drain: blocks already received are still verified and their verdicts sent, then every edge
         # is told we are going away (CLOSE(GOING_AWAY): it reconnects, and if the cloud that answers
         # has lost the session, opens a new one carrying its text) and its connection is closed, so
@@ -161,11 +174,59 @@ class CloudServer:
             await asyncio.gather(*late, return_exceptions=True)
         await self.engine.stop()
 
+    # -- what the HTTP port's checks read (from its own thread) -------------------------------------
+    def readiness(self) -> tuple[bool, str]:
+        """Whether a new session would be taken now, and if not, why (GET /ready)."""
+        if self.draining:
+            return False, "draining: finishing the verdicts owed, taking no new sessions"
+        if self._server is None:
+            return False, "not started"
+        live = len(self.sessions) + self._opening
+        if live >= self.cfg.max_sessions:
+            return False, f"at its session cap ({live} of {self.cfg.max_sessions})"
+        if not self.engine.has_room():
+            return False, "no KV room: every slot is held by an active session"
+        return True, "ready"
+
+    def loop_alive(self, timeout: float) -> bool:
+        """True when the event loop runs a callback within `timeout` seconds (GET /health)."""
+        import threading
+
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return False
+        ran = threading.Event()
+        try:
+            loop.call_soon_threadsafe(ran.set)
+        except RuntimeError:  # closed meanwhile
+            return False
+        return ran.wait(timeout)
+
     async def serve_forever(self) -> None:
         await self.start()
         assert self._server
         async with self._server:
             await self._server.serve_forever()
+
+    async def _keep_gc(self) -> None:
+        """Keep Python's cyclic garbage collector off the event loop's critical path. Every session is
+        a few hundred long-lived objects, and a full collection scans them all: at 10,000 sessions it
+        stopped the loop for 0.6 s, which every edge felt as a frame delayed (`bench frontend`). So the
+        objects that survived a second are frozen (moved where the collector no longer scans them), and
+        once every `gc_full_s` everything is unfrozen, collected in full (the cycles of sessions that
+        ended meanwhile go) and frozen again."""
+        import gc
+
+        last_full = time.monotonic()
+        # young collections less often: a verdict's short-lived objects die by reference count anyway
+        gc.set_threshold(max(gc.get_threshold()[0], 20000), 50, 50)
+        while True:
+            await asyncio.sleep(1.0)
+            if time.monotonic() - last_full >= self.cfg.gc_full_s:
+                gc.unfreeze()
+                gc.collect()
+                last_full = time.monotonic()
+            gc.freeze()
 
     async def _sweep(self) -> None:
         while True:
@@ -214,8 +275,8 @@ class CloudServer:
             await self._refuse(writer, e.code, str(e))
         except asyncio.TimeoutError:
             await self._refuse(writer, wire.ErrorCode.BAD_REQUEST, "no HELLO or RESUME within the handshake timeout")
-        except (ConnectionError, asyncio.IncompleteReadError):
-            pass  # the edge went away; its session waits for RESUME
+        except (ConnectionError, asyncio.IncompleteReadError, ssl.SSLError):
+            pass  # the edge went away (or broke its TLS, e.g. data after our close_notify); its session waits for RESUME
         except asyncio.CancelledError:
             raise
         except Exception as e:  # a bug must not take the server down
@@ -363,12 +424,15 @@ class CloudServer:
             )
         if any(t >= self.target.vocab_size for t in h.prompt):
             raise ProtocolError(wire.ErrorCode.OVER_LIMIT, "prompt token id outside the target vocabulary")
+        if self.draining:  # a HELLO that was already on its way when stop() began: send it elsewhere
+            raise ProtocolError(wire.ErrorCode.BUSY, "this replica is draining; open the session on another")
         if len(self.sessions) + self._opening > self.cfg.max_sessions:  # _opening counts this one
             raise ProtocolError(wire.ErrorCode.BUSY, f"the server holds {self.cfg.max_sessions} sessions; retry later")
-        spec = SessionSpec(tuple(h.prompt), sampling=sp, rule=rule, seed=h.seed, max_tokens=h.max_tokens)
+        spec = SessionSpec(tuple(h.prompt), sampling=sp, rule=rule, seed=h.seed, max_tokens=h.max_tokens,
+                           cloud_led=h.mode == wire.Mode.CLOUD_LED)
         try:
             handle = await self.engine.open(spec)
-        except EngineBusy as e:
+        except (EngineBusy, EngineStopped) as e:  # stopped: the replica is going away, and BUSY sends the edge to another
             raise ProtocolError(wire.ErrorCode.BUSY, str(e)) from None
         except EngineRefused as e:
             raise ProtocolError(wire.ErrorCode.BAD_REQUEST, str(e)) from None
@@ -396,9 +460,13 @@ class CloudServer:
     async def _resume(self, r: wire.Resume, tenant: str, addr: str) -> Session:
         s = self.sessions.get(r.session)
         # an unknown id, another tenant's session and a wrong secret get the same answer, so RESUME
-        # tells a client nothing about sessions it does not hold; each counts as a failed auth
+        # tells a client nothing about sessions it does not hold. Only a wrong secret for a live
+        # session counts as a failed auth: an unknown id is what an honest edge sends after this
+        # replica restarted, or through a balancer to a replica it never used, and with every edge
+        # behind one balancer address, counting those would lock them all out
         if s is None or s.tenant != tenant or not hmac.compare_digest(r.secret, s.secret):
-            self._gate.failed(addr)
+            if s is not None:
+                self._gate.failed(addr)
             raise ProtocolError(wire.ErrorCode.UNKNOWN_SESSION, f"no session {r.session} for these credentials (expired, never opened, or not yours)")
         if s.in_handshake:
             # two RESUMEs at once: the first one wins; this one must not also be told a committed
@@ -548,6 +616,9 @@ class CloudServer:
                     elif not isinstance(f, wire.Pong):
                         raise ProtocolError(wire.ErrorCode.BAD_REQUEST, f"unexpected {type(f).__name__.upper()} in a {s.mode.name.lower().replace('_', '-')} session")
 
+        # on an engine whose own decoding loop verifies the drafts (vLLM's speculative decoding), a
+        # step is whatever that loop committed since the last one, and the pricing happens there
+        native = lead is not None and self.engine.leads_natively(s.handle)
         reading = asyncio.create_task(read_side())
         try:
             v = s.verifier
@@ -556,15 +627,18 @@ class CloudServer:
                     reading.result()  # re-raise a protocol error from the read side
                 start = v.committed
                 t0 = time.perf_counter()
-                draft, q = lead.plan(v) if lead else ([], None)
-                if draft:
+                draft, q = lead.plan(v) if lead and not native else ([], None)
+                if native:
+                    verdict = await self.engine.lead_step(s.handle, lead.board)
+                elif draft:
                     verdict = await self.engine.verify(s.handle, lead.steps, start, draft, q)
                 else:
                     verdict = await self.engine.step(s.handle)
                 s.last_active = time.monotonic()
                 step = {}
                 if lead:
-                    lead.observe(verdict, time.perf_counter() - t0)
+                    if not native:
+                        lead.observe(verdict, time.perf_counter() - t0)
                     step = {"drafted": verdict.drafted, "accepted": verdict.accepted, "verify_us": verdict.verify_us}
                 writer.write(wire.encode(wire.Tokens(start=start, tokens=v.tokens[start : verdict.committed],
                                                      finished=verdict.finished, **step)))
@@ -598,7 +672,8 @@ class CloudServer:
         rule = s.verifier.rule
         if f.q is None and rule.info.needs_q and rule.name != "strict":
             raise ProtocolError(wire.ErrorCode.BAD_REQUEST, f"rule {rule} needs q rows with each DRAFT")
-        s.lead.take(f.base, f.tokens, f.parents, f.q, s.verifier.committed)
+        if s.lead.take(f.base, f.tokens, f.parents, f.q, s.verifier.committed) and self.engine.leads_natively(s.handle):
+            self.engine.lead_publish(s.handle, s.lead.board)
 
 
 class CloudServerThread:

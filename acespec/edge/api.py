@@ -37,6 +37,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from acespec import wire
 from acespec.draft.prediction import prediction_usage
 from acespec.edge.client import EdgeError
 from acespec.edge.metrics import EdgeMetrics
@@ -107,7 +108,7 @@ class _Body(BaseModel):
     # AceSpec's own (extra body fields)
     rule: str | None = None
     k: int | None = Field(None, ge=0, le=64)
-    top_k: int | None = Field(None, ge=0)
+    top_k: int | None = Field(None, ge=0, le=1 << 31)  # past any vocabulary it changes nothing; the wire takes 64 bits
     mode: Literal["acespec", "pipelined", "sync", "cloud-only", "cloud-led"] | None = None
     marks: bool = False
 
@@ -167,9 +168,12 @@ class EdgeService:
             raise ApiError(400, f"prompt token ids must be in 0..{self.vocab_size - 1}", param="prompt")
         d = self.cfg.defaults
         max_tokens = body.max_tokens or body.max_completion_tokens or d.max_tokens
-        if len(prompt) + max_tokens > self.n_ctx:
+        # the wire bounds a session too: its HELLO carries the prompt, and a session reopened after a
+        # failover carries the prompt and everything generated
+        n_ctx = min(self.n_ctx, wire.Limits().max_prompt_tokens)
+        if len(prompt) + max_tokens > n_ctx:
             raise ApiError(400, f"prompt ({len(prompt)} tokens) + max_tokens ({max_tokens}) exceeds this edge's context "
-                                f"of {self.n_ctx} tokens", param="max_tokens", code="context_length_exceeded")
+                                f"of {n_ctx} tokens", param="max_tokens", code="context_length_exceeded")
         stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
         if len(stop) > MAX_STOP:
             raise ApiError(400, f"at most {MAX_STOP} stop strings", param="stop")

@@ -22,6 +22,17 @@ def parse_hostport(text: str) -> tuple[str, int]:
     return host.strip("[]"), p
 
 
+def parse_fleet(text: str) -> list[tuple[str, int]]:
+    """"HOST:PORT[,HOST:PORT...]": one cloud, or the replicas of a fleet."""
+    parts = [t.strip() for t in text.split(",")]
+    if not all(parts):
+        raise ValueError(f"expected HOST:PORT[,HOST:PORT...], got {text!r}")
+    out = [parse_hostport(t) for t in parts]
+    if len(set(out)) != len(out):
+        raise ValueError(f"--cloud lists an address twice: {text!r}")
+    return out
+
+
 def add_edge_options(p: argparse.ArgumentParser, *, modes: tuple[str, ...]) -> None:
     """The edge's run options, shared by `acespec edge` and `acespec edge serve`."""
     from acespec.argtypes import pos_float, pos_float_or_inf
@@ -30,7 +41,8 @@ def add_edge_options(p: argparse.ArgumentParser, *, modes: tuple[str, ...]) -> N
     from acespec.models.registry import DEFAULT_DRAFT
 
     p.add_argument("--draft", default=DEFAULT_DRAFT, help=f"drafter model (default {DEFAULT_DRAFT})")
-    p.add_argument("--cloud", help="HOST:PORT of the cloud verifier (or the WAN emulator); required")
+    p.add_argument("--cloud", help="HOST:PORT of the cloud verifier (or the WAN emulator); a fleet: HOST:PORT,HOST:PORT,... "
+                                   "or a name that resolves to several addresses; required")
     p.add_argument("--mode", choices=modes, default="pipelined")
     p.add_argument("--k", type=_positive_int, default=4)
     p.add_argument("--policy", choices=["fixed", "adaptive", "controller"], default="fixed")
@@ -85,7 +97,7 @@ def edge_config_from_args(args: argparse.Namespace, *, controller_default: bool 
 
     if not args.cloud:
         raise ValueError("--cloud HOST:PORT is required")
-    host, port = parse_hostport(args.cloud)
+    (host, port), *replicas = parse_fleet(args.cloud)
     RuleSpec.parse(args.rule)
     if args.window < 1:
         raise ValueError("--window must be >= 1")
@@ -113,7 +125,7 @@ def edge_config_from_args(args: argparse.Namespace, *, controller_default: bool 
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed or 0, max_tokens=args.max_tokens,
         cache=args.cache, cache_budget_mb=args.cache_budget_mb, branches=args.branches, pass_budget=args.pass_budget,
         connect=ConnectConfig(host=host, port=port, token=token, tls=tls, tls_server_name=args.tls_server_name,
-                              busy_retry_s=args.busy_retry),
+                              busy_retry_s=args.busy_retry, replicas=tuple(replicas)),
     )
     return cfg, slots
 

@@ -14,11 +14,19 @@ session expired), the edge opens a new one whose prompt is the old prompt plus e
 so far, with the generation budget reduced to match, and carries on: with greedy or coupled
 sampling (noise keyed by absolute position and the shared seed) the text is the same as if nothing
 had happened.
+
+A fleet: `replicas` (or a `host` whose name resolves to several addresses) lists more clouds. A new
+session goes to any of them, tried in turn from a random one, so a crowd of edges spreads out and a
+replica that refuses (connection refused, BUSY) costs the next one only. A RESUME goes only to the
+replica that issued the session, because it carries the session's secret; if that replica said
+GOING_AWAY, answers UNKNOWN_SESSION or BUSY, or stays unreachable for `failover_after` attempts, the
+edge opens a new session carrying its committed text on another replica instead.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import queue
 import random
 import socket
@@ -61,6 +69,34 @@ class ConnectConfig:
     tls: "ssl.SSLContext | None" = None  # TLS to the cloud (see tls.py); None = plain TCP
     tls_server_name: str | None = None  # name to check the cloud's certificate against (default: host)
     limits: wire.Limits = field(default_factory=wire.Limits)  # what we accept from the cloud
+    replicas: tuple[tuple[str, int], ...] = ()  # more cloud addresses (a fleet) besides host:port; see the module doc
+    failover_after: int = 2  # in a fleet: failed RESUME attempts on the session's own replica before reopening elsewhere
+
+    def fleet(self) -> list["Replica"]:
+        """Every address to try: host:port and the replicas, each name expanded to every address it
+        resolves to (a name that does not resolve is kept: connecting to it reports the error)."""
+        out: list[Replica] = []
+        for name, port in ((self.host, self.port), *self.replicas):
+            try:
+                infos = socket.getaddrinfo(name, port, type=socket.SOCK_STREAM)
+                addrs = list(dict.fromkeys(str(i[4][0]) for i in infos))
+            except (socket.gaierror, UnicodeError):
+                addrs = [name]
+            for a in addrs:
+                r = Replica(name, a, int(port))
+                if r not in out:
+                    out.append(r)
+        return out
+
+
+@dataclass(frozen=True)
+class Replica:
+    name: str  # as given (the TLS server name unless tls_server_name says otherwise)
+    addr: str  # the address connected to
+    port: int
+
+    def __str__(self) -> str:
+        return f"{self.name}:{self.port}" if self.name == self.addr else f"{self.name} ({self.addr}):{self.port}"
 
 
 _EOF = object()
@@ -73,9 +109,12 @@ class _Link:
     driven through a MemoryBIO pair under one lock, because an SSL connection may not be read and
     written from two threads at once."""
 
-    def __init__(self, cfg: ConnectConfig) -> None:
+    def __init__(self, cfg: ConnectConfig, replica: Replica) -> None:
         self.cfg = cfg
-        self.sock = socket.create_connection((cfg.host, cfg.port), timeout=cfg.connect_timeout_s)
+        self.replica = replica
+        self.going_away = False  # the cloud sent CLOSE(GOING_AWAY): it is draining
+        self.identity: bytes | None = None  # TLS: a digest of the replica's certificate (which replica answered)
+        self.sock = socket.create_connection((replica.addr, replica.port), timeout=cfg.connect_timeout_s)
         self.frames: queue.Queue = queue.Queue()
         self.bytes_up = 0  # frame bytes sent (TLS records cost a little more on the wire)
         self.bytes_down = 0  # frame bytes received
@@ -86,8 +125,9 @@ class _Link:
             self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if cfg.tls is not None:
                 self._bio_in, self._bio_out = ssl.MemoryBIO(), ssl.MemoryBIO()
-                self._tls = cfg.tls.wrap_bio(self._bio_in, self._bio_out, server_hostname=cfg.tls_server_name or cfg.host)
+                self._tls = cfg.tls.wrap_bio(self._bio_in, self._bio_out, server_hostname=cfg.tls_server_name or replica.name)
                 self._tls_handshake()
+                self.identity = hashlib.sha256(self._tls.getpeercert(binary_form=True) or b"").digest()
         except BaseException:
             self.sock.close()
             raise
@@ -147,6 +187,8 @@ class _Link:
                     data, closed = self._decrypt(data)
                 self.bytes_down += len(data)
                 for f in dec.feed(data):
+                    if isinstance(f, wire.Close) and f.reason == wire.CloseReason.GOING_AWAY:
+                        self.going_away = True
                     self.frames.put((time.perf_counter(), f))
                 if closed:
                     break
@@ -233,9 +275,17 @@ class CloudSession:
         self.reconnects = 0  # successful RESUMEs
         self.recoveries = 0  # new sessions opened because the cloud had lost ours
         self.busy_waits = 0  # BUSY answers waited out
+        self.failovers = 0  # sessions reopened on another replica than the one that issued them
         self._jitter = random.Random()
-        self.link, w = self._handshake(lambda: hello)
+        self.replicas = cfg.fleet()
+        first = self._jitter.randrange(len(self.replicas))
+        self.link, w = self._handshake(lambda link: hello, self.replicas[first:] + self.replicas[:first])
         self._welcomed(w)
+
+    @property
+    def home(self) -> Replica:
+        """The replica that issued the session (and its secret)."""
+        return self.link.replica
 
     def _welcomed(self, w: wire.Welcome) -> None:
         self.sid = w.session
@@ -246,43 +296,51 @@ class CloudSession:
     def _sleep(self, delay: float) -> None:
         time.sleep(delay * self._jitter.uniform(0.5, 1.0))  # jitter: a crowd of edges does not retry in step
 
-    def _handshake(self, greeting: Callable[[], object]) -> tuple[_Link, wire.Welcome]:
+    def _handshake(self, greeting: Callable[[_Link], object], targets: Sequence[Replica],
+                   attempts: int | None = None) -> tuple[_Link, wire.Welcome]:
         """Connect, send the greeting (HELLO or RESUME), wait for WELCOME; retry the whole exchange.
 
-        A failed link anywhere in it (connect, TLS, a reset before WELCOME, silence) uses one of
-        `reconnect_attempts`; BUSY is waited out with backoff for up to `busy_retry_s`; any other
-        refusal is raised at once as an EdgeError with its code."""
+        Each round tries `targets` in order and takes the first WELCOME. A round in which every target
+        failed (connect, TLS, a reset before WELCOME, silence) uses one of `attempts` (default
+        `reconnect_attempts`); a round in which one answered BUSY is waited out with backoff for up to
+        `busy_retry_s`; any other refusal is raised at once as an EdgeError with its code."""
         cfg = self.cfg
+        attempts = max(1, cfg.reconnect_attempts if attempts is None else attempts)
         delay = cfg.backoff_s
         failures = 0
         busy_until: float | None = None
         while True:
-            link = None
-            try:
-                link = _Link(cfg)
-                if not link.send(greeting()):
-                    raise EdgeError("connection lost while sending the handshake")
-                return link, _expect_welcome(link, cfg.handshake_timeout_s)
-            except ssl.SSLCertVerificationError as e:
-                raise EdgeError(f"TLS: the cloud's certificate was refused: {e.verify_message}") from None
-            except (OSError, EdgeError) as e:
-                if link is not None:
-                    link.close()
-                code = getattr(e, "code", None) if isinstance(e, EdgeError) else None
-                if code == wire.ErrorCode.BUSY:
-                    now = time.monotonic()
-                    busy_until = busy_until or now + cfg.busy_retry_s
-                    if now >= busy_until:
-                        raise EdgeError(f"the cloud stayed busy for {cfg.busy_retry_s:g} s: {e}", code) from None
-                    self.busy_waits += 1
-                elif code is not None:
-                    raise
-                else:
-                    failures += 1
-                    if failures >= max(1, cfg.reconnect_attempts):
-                        raise EdgeError(
-                            f"cannot reach the cloud at {cfg.host}:{cfg.port} after {failures} attempts: {e}"
-                        ) from None
+            busy, last = None, None
+            for target in targets:
+                link = None
+                try:
+                    link = _Link(cfg, target)
+                    if not link.send(greeting(link)):
+                        raise EdgeError("connection lost while sending the handshake")
+                    return link, _expect_welcome(link, cfg.handshake_timeout_s)
+                except ssl.SSLCertVerificationError as e:
+                    raise EdgeError(f"TLS: the cloud's certificate was refused: {e.verify_message}") from None
+                except (OSError, EdgeError) as e:
+                    if link is not None:
+                        link.close()
+                    code = getattr(e, "code", None) if isinstance(e, EdgeError) else None
+                    if code == wire.ErrorCode.BUSY:
+                        busy = e
+                    elif code is not None:
+                        raise
+                    else:
+                        last = e
+            if busy is not None:
+                now = time.monotonic()
+                busy_until = busy_until or now + cfg.busy_retry_s
+                if now >= busy_until:
+                    raise EdgeError(f"the cloud stayed busy for {cfg.busy_retry_s:g} s: {busy}", wire.ErrorCode.BUSY) from None
+                self.busy_waits += 1
+            else:
+                failures += 1
+                if failures >= attempts:
+                    where = ", ".join(map(str, targets))
+                    raise EdgeError(f"cannot reach the cloud at {where} after {failures} attempts: {last}") from None
             self._sleep(delay)
             delay = min(cfg.backoff_max_s, delay * 2)
 
@@ -293,35 +351,70 @@ class CloudSession:
 
     def resume(self, committed: Sequence[int]) -> int:
         """Reconnect and continue from `committed` (every committed token, prompt included); returns the
-        committed length the cloud agreed to. RESUME first; if the cloud no longer holds the session,
-        a new session whose prompt is `committed` (see `recover`)."""
+        committed length the cloud agreed to. RESUME on the session's own replica first; if it no
+        longer holds the session (or, in a fleet, is draining, busy or unreachable), a new session
+        whose prompt is `committed` (see `recover`).
+
+        With TLS the edge knows its replica by its certificate: a connection that a balancer routed
+        to another replica gets the new session's HELLO, not the RESUME and its secret."""
+        home, drained, home_id = self.home, self.link.going_away, self.link.identity
         self._retire()
         committed = [int(t) for t in committed]
+        others = [r for r in self.replicas if r != home]
+        if drained and others and self.cfg.recover:
+            return self.recover(committed, avoid=home)
         resume = wire.Resume(session=self.sid, committed=len(committed), auth=self.cfg.token, secret=self.secret,
                              digest=wire.committed_digest(committed))
+        fresh = self._continuation(committed) if self.cfg.recover else None
+
+        def greeting(link: _Link):
+            if home_id is None or link.identity == home_id:
+                return resume
+            if fresh is None:
+                raise EdgeError(f"reached another replica than the session's through {link.replica}; "
+                                "its secret goes to no other, and recovery is off")
+            return fresh
+
         try:
-            self.link, w = self._handshake(lambda: resume)
+            self.link, w = self._handshake(greeting, [home], self.cfg.failover_after if others else None)
         except EdgeError as e:
-            if e.code != wire.ErrorCode.UNKNOWN_SESSION or not self.cfg.recover:
+            gone = e.code == wire.ErrorCode.UNKNOWN_SESSION or (others and e.code in (None, wire.ErrorCode.BUSY))
+            if not gone or not self.cfg.recover:
                 raise
-            return self.recover(committed)
+            return self.recover(committed, avoid=home if e.code != wire.ErrorCode.UNKNOWN_SESSION else None)
+        if home_id is not None and self.link.identity != home_id:  # the new session's WELCOME
+            return self._recovered(w, committed, moved=True)
         self.reconnects += 1
         self._welcomed(w)
         return w.committed
 
-    def recover(self, committed: Sequence[int]) -> int:
-        """Open a new session that continues the old one: prompt = `committed`, budget = what is left."""
+    def _continuation(self, committed: Sequence[int]) -> wire.Hello:
+        """The HELLO of a new session that continues this one: prompt = `committed`, budget = what is left."""
         h = self.hello
         generated = len(committed) - len(h.prompt)
         if generated < 0 or list(committed[: len(h.prompt)]) != list(h.prompt):
             raise EdgeError("cannot recover: the committed tokens do not start with the prompt")
-        hello = dataclasses.replace(h, prompt=tuple(committed), max_tokens=max(0, h.max_tokens - generated))
-        self.link, w = self._handshake(lambda: hello)
+        return dataclasses.replace(h, prompt=tuple(committed), max_tokens=max(0, h.max_tokens - generated))
+
+    def _recovered(self, w: wire.Welcome, committed: Sequence[int], moved: bool) -> int:
         if w.committed != len(committed):
             raise EdgeError(f"the new session starts at {w.committed}, the edge holds {len(committed)} tokens")
         self.recoveries += 1
+        self.failovers += moved
         self._welcomed(w)
         return w.committed
+
+    def recover(self, committed: Sequence[int], avoid: Replica | None = None) -> int:
+        """Open a new session that continues the old one (see `_continuation`). Every replica is tried,
+        `avoid` (one that is draining or unreachable) last."""
+        prev, prev_id = self.link.replica, self.link.identity
+        hello = self._continuation(committed)
+        first = self._jitter.randrange(len(self.replicas))
+        order = [r for r in self.replicas[first:] + self.replicas[:first] if r != avoid]
+        order += [avoid] if avoid is not None else []
+        self.link, _w = self._handshake(lambda link: hello, order)
+        moved = self.link.replica != prev or (prev_id is not None and self.link.identity != prev_id)
+        return self._recovered(_w, committed, moved)
 
     def total_bytes(self) -> tuple[int, int]:
         return self.bytes_up + self.link.bytes_up, self.bytes_down + self.link.bytes_down

@@ -84,7 +84,8 @@ class EdgeMetrics:
         g = Gauge("acespec:cloud_sessions_live", "Generations holding (or opening) a cloud session", registry=r)
         g.set_function(lambda: self.sessions_live)
         self.sessions_resumed = Counter("acespec:cloud_sessions_resumed",
-                                        "Cloud sessions continued after a dropped link (resume) or a lost session (recover)",
+                                        "Cloud sessions continued after a dropped link (resume) or a lost session (recover; "
+                                        "failover: of those, reopened on another replica of the fleet)",
                                         ["how"], registry=r)
         self.busy = Counter("acespec:cloud_busy", "BUSY answers from the cloud, retried with backoff", registry=r)
 
@@ -155,4 +156,5 @@ class RequestTracker:
             m.bytes_down.inc(session.bytes_down)
             m.sessions_resumed.labels("resume").inc(session.reconnects)
             m.sessions_resumed.labels("recover").inc(session.recoveries)
+            m.sessions_resumed.labels("failover").inc(session.failovers)
             m.busy.inc(session.busy_waits)

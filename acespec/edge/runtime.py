@@ -14,6 +14,8 @@ Modes:
 
 from __future__ import annotations
 
+import dataclasses
+
 import threading
 import time
 from dataclasses import dataclass, field
@@ -113,6 +115,10 @@ def run_edge(
             _link_stats(res.stats, session)
             res.stats.cache["rtt_ms_mean"] = None if link.rtt_s() is None else round(1e3 * link.rtt_s(), 3)
             return res
+        if cfg.k + 1 > session.max_draft_tokens:
+            # a block is K tokens and (pipelined) the guessed bonus before them: keep it within what the
+            # cloud said it takes (WELCOME.max_draft_tokens), or the DRAFT would be refused as over limit
+            cfg = dataclasses.replace(cfg, k=max(1, session.max_draft_tokens - 1))
         transport = TcpTransport(session, send_q=rule.info.needs_q)
         loop = build_loop(transport, drafter, prompt, cfg, policy=policy, on_tokens=on_tokens, on_round=on_round,
                           should_stop=should_stop)
@@ -217,4 +223,5 @@ def _cloud_only(session: CloudSession, prompt, cfg: EdgeConfig, on_tokens, t0: f
 def _link_stats(stats: RunStats, session: CloudSession) -> None:
     stats.cache["reconnects"] = session.reconnects
     stats.cache["recoveries"] = session.recoveries
+    stats.cache["failovers"] = session.failovers
     stats.cache["busy_waits"] = session.busy_waits

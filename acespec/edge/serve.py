@@ -87,8 +87,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
             await super().startup(sockets=sockets)
             if self.started:  # the port is known only now (--port 0)
                 port = self.servers[0].sockets[0].getsockname()[1]
+                fleet = ",".join(f"{h}:{p}" for h, p in [(d.connect.host, d.connect.port), *d.connect.replicas])
                 print(f"acespec edge serve: http://{args.host}:{port} (model {svc.cfg.served_model}; drafter {args.draft} "
-                      f"x {args.drafters}; cloud {d.connect.host}:{d.connect.port}; default mode {svc.cfg.default_mode}, "
+                      f"x {args.drafters}; cloud {fleet}; default mode {svc.cfg.default_mode}, "
                       f"rule {d.rule})", flush=True)
 
     server = Server(uvicorn.Config(create_app(svc), host=args.host, port=args.port, log_level="warning", lifespan="off",

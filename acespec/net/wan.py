@@ -333,10 +333,13 @@ class WanProxy:
         if self._loop is not None:
             self._epoch = self._loop.time()
 
-    def reset_connections(self) -> int:
-        """Abort every proxied connection with RST on both sides. Returns how many were reset.
-        The listener keeps accepting, so a reconnect works immediately."""
+    def reset_connections(self, limit: int | None = None, rng: random.Random | None = None) -> int:
+        """Abort every proxied connection (or `limit` of them, picked with `rng`) with RST on both
+        sides. Returns how many were reset. The listener keeps accepting, so a reconnect works
+        immediately."""
         conns = list(self._conns.values())
+        if limit is not None and limit < len(conns):
+            conns = (rng or random).sample(conns, limit)
         for conn in conns:
             conn.abort()
         self._counters.resets += len(conns)
@@ -491,8 +494,8 @@ class WanProxyThread:
     def blackhole_remaining_s(self) -> float:
         return self._call(lambda: self.proxy.blackhole_remaining_s)
 
-    def reset_connections(self) -> int:
-        return self._call(self.proxy.reset_connections)
+    def reset_connections(self, limit: int | None = None, rng: random.Random | None = None) -> int:
+        return self._call(lambda: self.proxy.reset_connections(limit, rng))
 
     def blackhole(self, seconds: float, drop: bool = False) -> None:
         self._call(lambda: self.proxy.blackhole(seconds, drop=drop))

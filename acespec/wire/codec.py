@@ -211,7 +211,13 @@ class _Reader:
 
     def tokens(self, limit: int, what) -> tuple[int, ...]:
         n = self.count(limit, f"{what} count")
-        return tuple(self.token(f"{what} id") for _ in range(n))
+        vocab, out = self.limits.max_vocab, []
+        for _ in range(n):  # token() inlined, its message built only on failure: this runs for every id on the wire
+            value = self.uvarint(what)
+            if value >= vocab:
+                raise WireError(OVER_LIMIT, f"{what} id = {value} is not below max_vocab {vocab}")
+            out.append(value)
+        return tuple(out)
 
     def f32(self, what, low, high) -> float:
         value = _F32.unpack_from(self.buf, self._take(4, what))[0]
@@ -243,6 +249,13 @@ class _Reader:
         if flags & ~int(known):  # int(): ~ on an IntFlag inverts only its defined bits, giving 0
             raise WireError(BAD_FRAME, f"{what} has reserved bits set: {flags:#04x}")
         return flags
+
+
+# The flag bits as plain ints: IntFlag arithmetic costs microseconds a frame on the hot path.
+_D_Q, _D_TREE = int(DraftFlag.HAS_Q), int(DraftFlag.HAS_TREE)
+_V_DROPPED, _V_P, _V_PATH, _V_FINISHED = (int(VerdictFlag.DROPPED), int(VerdictFlag.HAS_P), int(VerdictFlag.HAS_PATH),
+                                          int(VerdictFlag.FINISHED))
+_T_FINISHED, _T_STEP = int(TokensFlag.FINISHED), int(TokensFlag.HAS_STEP)
 
 
 # One encoder and one decoder per frame type, written side by side so they stay mirror images.
@@ -311,7 +324,7 @@ def _enc_draft(w: _Writer, f: Draft) -> None:
     w.uvarint(f.seq, "DRAFT.seq")
     w.uvarint(f.base, "DRAFT.base")
     n = len(f.tokens)
-    w.out.append((DraftFlag.HAS_Q if f.q is not None else 0) | (DraftFlag.HAS_TREE if f.parents is not None else 0))
+    w.out.append((_D_Q if f.q is not None else 0) | (_D_TREE if f.parents is not None else 0))
     w.tokens(f.tokens, w.limits.max_draft_tokens, "DRAFT.tokens")
     if f.q is not None:
         if len(f.q) != n:
@@ -331,12 +344,12 @@ def _dec_draft(r: _Reader) -> Draft:
     session = r.uvarint("DRAFT.session")
     seq = r.uvarint("DRAFT.seq")
     base = r.uvarint("DRAFT.base")
-    flags = r.flags(DraftFlag.HAS_Q | DraftFlag.HAS_TREE, "DRAFT.flags")
+    flags = r.flags(_D_Q | _D_TREE, "DRAFT.flags")
     tokens = r.tokens(r.limits.max_draft_tokens, "DRAFT.tokens")
     q = parents = None
-    if flags & DraftFlag.HAS_Q:
+    if flags & _D_Q:
         q = tuple(r.row(f"DRAFT.q[{i}]") for i in range(len(tokens)))
-    if flags & DraftFlag.HAS_TREE:
+    if flags & _D_TREE:
         parents = tuple(r.uvarint(f"DRAFT.parents[{i}]") for i in range(len(tokens)))
         for i, parent in enumerate(parents):
             _check_parent(parent, i)
@@ -359,10 +372,10 @@ def _enc_verdict(w: _Writer, f: Verdict) -> None:
     limits = w.limits
     w.uvarint(f.seq, "VERDICT.seq")
     flags = (
-        (VerdictFlag.DROPPED if f.dropped else 0)
-        | (VerdictFlag.HAS_P if f.p is not None else 0)
-        | (VerdictFlag.HAS_PATH if f.path is not None else 0)
-        | (VerdictFlag.FINISHED if f.finished else 0)
+        (_V_DROPPED if f.dropped else 0)
+        | (_V_P if f.p is not None else 0)
+        | (_V_PATH if f.path is not None else 0)
+        | (_V_FINISHED if f.finished else 0)
     )
     w.out.append(flags)
     accepted = _uint(f.accepted, "VERDICT.accepted")
@@ -384,15 +397,15 @@ def _dec_verdict(r: _Reader) -> Verdict:
     limits = r.limits
     seq = r.uvarint("VERDICT.seq")
     flags = r.flags(
-        VerdictFlag.DROPPED | VerdictFlag.HAS_P | VerdictFlag.HAS_PATH | VerdictFlag.FINISHED, "VERDICT.flags"
+        _V_DROPPED | _V_P | _V_PATH | _V_FINISHED, "VERDICT.flags"
     )
     accepted = r.count(limits.max_draft_tokens, "VERDICT.accepted")
     next_token = r.token("VERDICT.next_token")
     verify_us = r.uvarint("VERDICT.verify_us")
     committed = r.uvarint("VERDICT.committed")
-    p = r.row("VERDICT.p") if flags & VerdictFlag.HAS_P else None
+    p = r.row("VERDICT.p") if flags & _V_P else None
     path = None
-    if flags & VerdictFlag.HAS_PATH:
+    if flags & _V_PATH:
         n = r.count(limits.max_draft_tokens, "VERDICT.path count")
         path = tuple(r.uvarint("VERDICT.path index") for _ in range(n))
         _check_path(path, accepted, limits)
@@ -402,8 +415,8 @@ def _dec_verdict(r: _Reader) -> Verdict:
         next_token=next_token,
         verify_us=verify_us,
         committed=committed,
-        dropped=bool(flags & VerdictFlag.DROPPED),
-        finished=bool(flags & VerdictFlag.FINISHED),
+        dropped=bool(flags & _V_DROPPED),
+        finished=bool(flags & _V_FINISHED),
         p=p,
         path=path,
     )
@@ -481,7 +494,7 @@ def _enc_tokens(w: _Writer, f: Tokens) -> None:
     w.uvarint(f.start, "TOKENS.start")
     w.tokens(f.tokens, w.limits.max_prompt_tokens, "TOKENS.tokens")
     step = f.drafted is not None
-    w.out.append((TokensFlag.FINISHED if f.finished else 0) | (TokensFlag.HAS_STEP if step else 0))
+    w.out.append((_T_FINISHED if f.finished else 0) | (_T_STEP if step else 0))
     if not step:
         if f.accepted or f.verify_us:
             raise WireError(BAD_FRAME, "TOKENS.accepted and verify_us need HAS_STEP (drafted set)")
@@ -497,9 +510,9 @@ def _enc_tokens(w: _Writer, f: Tokens) -> None:
 def _dec_tokens(r: _Reader) -> Tokens:
     start = r.uvarint("TOKENS.start")
     tokens = r.tokens(r.limits.max_prompt_tokens, "TOKENS.tokens")
-    flags = r.flags(TokensFlag.FINISHED | TokensFlag.HAS_STEP, "TOKENS.flags")
-    finished = bool(flags & TokensFlag.FINISHED)
-    if not flags & TokensFlag.HAS_STEP:
+    flags = r.flags(_T_FINISHED | _T_STEP, "TOKENS.flags")
+    finished = bool(flags & _T_FINISHED)
+    if not flags & _T_STEP:
         return Tokens(start=start, tokens=tokens, finished=finished)
     drafted = r.count(r.limits.max_draft_tokens, "TOKENS.drafted")
     accepted = r.uvarint("TOKENS.accepted")
