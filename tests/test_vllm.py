@@ -32,6 +32,7 @@ from acespec.verify import RuleSpec, SamplingParams, coupled_sample  # noqa: E40
 pytestmark = pytest.mark.vllm
 
 K = 20  # the engine's top-K
+LEAD_K = 4  # edge-draft tokens vLLM's own speculative decoding verifies a step (native cloud-led)
 BLOCK = 32  # vLLM's KV block on CPU
 
 
@@ -59,7 +60,10 @@ def tiny(tmp_path_factory):
 @pytest.fixture(scope="module")
 def engines(tiny):
     lt = LoopThread()
-    vl = make_engine("vllm", str(tiny), n_ctx=1024, logprobs=K)
+    # lead_k: the engine runs vLLM's speculative decoding with AceSpec's proposer, so every test here also
+    # shows that edge-led verify requests and cloud-only streams are unchanged beside it (they get no
+    # proposals); unpriced, so the native cloud-led tests know what is proposed
+    vl = make_engine("vllm", str(tiny), n_ctx=1024, logprobs=K, lead_k=LEAD_K, lead_price=False)
     lt.run(vl.start())
     hf = SerialEngine(HFModel.load(str(tiny), device="cpu"))
     yield lt, vl, hf
@@ -254,6 +258,170 @@ def test_refuses_rules_that_need_the_full_distribution(engines):
     vl.close(s)
 
 
+# -- native cloud-led: the edge's drafts inside vLLM's own speculative decoding ---------------------
+async def _native_run(vl, spec: SessionSpec, draft_at) -> tuple[list[int], dict]:
+    """One native cloud-led session to its end; after every step the 'edge' uploads `draft_at(tokens)`
+    (a (base, tokens) draft, or None), as a real edge's chain would follow the stream."""
+    from acespec.engine.board import BoardDraft, DraftBoard
+
+    s = await vl.open(spec)
+    assert vl.leads_natively(s)
+    board = DraftBoard()
+    before = vl.metrics()
+    try:
+        while not s.verifier.finished:
+            d = draft_at(s.verifier.tokens)
+            drafts = [] if d is None else d if isinstance(d, list) else [d]
+            if sum(board.put(BoardDraft(*x), s.verifier.committed) for x in drafts):
+                vl.lead_publish(s, board)
+            await vl.lead_step(s, board)
+        after = vl.metrics()
+        return s.verifier.generated, {k: after[k] - before[k] for k in ("lead_proposed", "lead_accepted", "lead_tokens")}
+    finally:
+        vl.close(s)
+
+
+def test_native_cloud_led_greedy_equals_cloud_only_with_right_and_wrong_drafts(engines):
+    """Greedy cloud-led sessions whose drafts vLLM's speculative decoding verifies: the text is the one
+    cloud-only gives on the same engine, whether the drafts are right (the reference itself) or right
+    for a while and then wrong; vLLM kept the right ones and refused the wrong ones."""
+    lt, vl, hf = engines
+
+    async def go():
+        out = []
+        for n_prompt in (9, BLOCK + 3):
+            prompt = _prompt(500 + n_prompt, n_prompt)
+            spec = SessionSpec(prompt, max_tokens=48, rule=RuleSpec.parse("greedy"))
+            c = await vl.open(spec)
+            while not c.verifier.finished:
+                await vl.step(c)
+            ref = c.verifier.generated
+            vl.close(c)
+            lead = SessionSpec(prompt, max_tokens=48, rule=RuleSpec.parse("greedy"), cloud_led=True)
+            P = len(prompt)
+            right = await _native_run(vl, lead, lambda t: (len(t), tuple(ref[len(t) - P : len(t) - P + 8])) if len(t) - P < 48 else None)
+            rng = np.random.default_rng(n_prompt)
+
+            def noisy(t):
+                j = len(t) - P
+                good = int(rng.integers(0, 4))
+                toks = [ref[j + i] if i < good and j + i < 48 else int(rng.integers(0, 512)) for i in range(6)]
+                return (len(t), tuple(toks)) if j < 48 else None
+            wrong = await _native_run(vl, lead, noisy)
+            out.append((ref, right, wrong))
+        return out
+
+    for ref, (text_r, m_r), (text_w, m_w) in lt.run(go()):
+        assert text_r == ref and text_w == ref
+        assert m_r["lead_accepted"] == m_r["lead_proposed"] > 0  # the reference itself: every proposal kept
+        assert 0 < m_w["lead_accepted"] < m_w["lead_proposed"]  # a real mix of kept and refused drafts
+        assert m_r["lead_tokens"] == m_w["lead_tokens"] == 48
+
+
+def test_the_proposer_repairs_vllms_cpu_expand_kernel_before_sampling():
+    """vLLM 0.32's CPU expand kernel (per-request temperatures spread over draft tokens, before its
+    rejection sampler scales the target's rows) writes into an int64 copy and leaves the float output
+    uninitialised; the proposer's check finds that in the worker and installs a torch version. Done
+    here in the test process after the same kernel set-up a CPU worker does."""
+    from vllm.platforms import current_platform
+
+    from acespec.cloud.vllm_proposer import ensure_expand_is_right, expand_is_right
+
+    if not current_platform.is_cpu():
+        pytest.skip("the broken kernel is the CPU build's")
+    current_platform.import_kernels()
+    current_platform.register_triton_kernel_overrides()
+    broken = not expand_is_right()
+    assert ensure_expand_is_right() == broken
+    assert expand_is_right() and not ensure_expand_is_right()  # fixed, and a second check installs nothing
+
+
+def _chi2_sf(stat: float, df: int) -> float:
+    import torch
+
+    return float(torch.special.gammaincc(torch.tensor(df / 2.0, dtype=torch.float64), torch.tensor(stat / 2.0, dtype=torch.float64)))
+
+
+def _pooled_chisquare(counts: dict, exact: dict, n: int, min_expected: float = 5.0) -> float:
+    """As tests/test_lossless.py: cells with expected count < min_expected pooled into one; the p-value."""
+    cells = sorted((p, c) for c, p in exact.items() if p > 0.0)
+    small = [c for p, c in cells if n * p < min_expected]
+    bins = [[c] for p, c in cells if n * p >= min_expected]
+    if small:
+        pool = small
+        while bins and n * sum(exact[c] for c in pool) < min_expected:
+            pool = pool + bins.pop(0)
+        bins.insert(0, pool)
+    stat = sum((sum(counts.get(c, 0) for c in b) - n * sum(exact[c] for c in b)) ** 2 / (n * sum(exact[c] for c in b)) for b in bins)
+    assert len(bins) >= 10, "too few cells for the test to mean much"
+    return _chi2_sf(stat, len(bins) - 1)
+
+
+@pytest.mark.parametrize("temperature", [0.7, 1.0])
+def test_native_cloud_led_strict_keeps_the_targets_law(engines, temperature):
+    """Strict at temperature > 0, natively: the law of the first two tokens, where the second is drafted
+    (for each likely first token, a draft of its second most likely successor, so both the accept and the
+    residual path of vLLM's rejection sampler matter), against the exact law from the same weights in
+    transformers. The same chi-square rejects the law a sampler that always kept the draft would give."""
+    import torch
+
+    from acespec.engine.board import BoardDraft, DraftBoard
+    from acespec.verify import softmax
+
+    lt, vl, hf = engines
+    prompt = _prompt(77, 12)
+    P, V, N = len(prompt), 512, 2400
+    m = random_qwen2("tiny", seed=0)  # the weights save_random_qwen2 wrote for vLLM
+    with torch.no_grad():
+        p1 = softmax(m(torch.tensor([list(prompt)])).logits[0, -1].double().numpy() / temperature)
+        rows = m(torch.tensor([list(prompt) + [a] for a in range(V)])).logits[:, -1].double().numpy()
+    p2 = np.stack([softmax(r / temperature) for r in rows])  # [V, V]: p(b | a)
+    exact = {(a, b): p1[a] * p2[a, b] for a in range(V) for b in range(V) if p1[a] * p2[a, b] > 1e-12}
+    firsts = [int(a) for a in np.argsort(-p1)[:8]]
+    drafts = {a: int(np.argsort(-p2[a])[1]) for a in firsts}  # each likely first token's second-choice successor
+
+    async def one(seed: int):
+        spec = SessionSpec(prompt, sampling=SamplingParams(temperature=temperature), rule=RuleSpec.parse("strict"),
+                           seed=seed, max_tokens=2, cloud_led=True)
+        s = await vl.open(spec)
+        assert vl.leads_natively(s)
+        board = DraftBoard()
+        for a in firsts:
+            board.put(BoardDraft(P, (a, drafts[a])), P)
+        vl.lead_publish(s, board)
+        try:
+            while not s.verifier.finished:
+                await vl.lead_step(s, board)
+            return tuple(s.verifier.generated)
+        finally:
+            vl.close(s)
+
+    async def go():
+        before = vl.metrics()
+        seqs = []
+        for wave in range(0, N, 48):
+            seqs += await asyncio.gather(*(one(10_000 * int(temperature * 10) + wave + i) for i in range(48)))
+        after = vl.metrics()
+        return seqs, after["lead_proposed"] - before["lead_proposed"], after["lead_accepted"] - before["lead_accepted"]
+
+    seqs, proposed, accepted = lt.run(go(), timeout=900)
+    n = len(seqs)
+    counts: dict = {}
+    for sq in seqs:
+        counts[sq] = counts.get(sq, 0) + 1
+    assert sum(p1[a] for a in firsts) > 0.5 and proposed > 0.4 * n  # most sessions had their second token drafted
+    assert 0 < accepted < proposed  # both of the rejection sampler's paths were taken
+    assert _pooled_chisquare(counts, exact, n) > 1e-3
+    # power: the law of a sampler that kept every drafted token, sampled here, fails the same test
+    rng = np.random.default_rng(0)
+    lossy: dict = {}
+    for _ in range(n):
+        a = int(rng.choice(V, p=p1 / p1.sum()))
+        b = drafts[a] if a in drafts else int(rng.choice(V, p=p2[a] / p2[a].sum()))
+        lossy[a, b] = lossy.get((a, b), 0) + 1
+    assert _pooled_chisquare(lossy, exact, n) < 1e-6
+
+
 # -- the whole system: `acespec serve --engine vllm` and a real edge ------------------------------
 def _noisy_drafter(seed: int = 0):
     """The target's weights with noise on the output head: agrees with the target often, not always."""
@@ -294,19 +462,28 @@ def test_edge_through_acespec_serve_vllm_equals_cloud_only(tiny, tmp_path):
         drafter = _noisy_drafter()
         prompt = list(_prompt(400, 24))
         out = {}
+        # cloud-led greedy and strict run inside vLLM's speculative decoding (serve's default --lead-k 8);
+        # cloud-led coupled at temperature 1 runs as verify requests beside them
         for rule, sp in (("greedy", {}), ("coupled", {"temperature": 1.0, "top_k": K})):
-            for mode in ("pipelined", "sync", "cloud-only"):
+            for mode in ("pipelined", "sync", "cloud-only", "cloud-led"):
                 cfg = EdgeConfig(mode=mode, rule=rule, k=3, max_tokens=40, seed=11, connect=ConnectConfig(port=port), **sp)
                 res = run_edge(drafter if mode != "cloud-only" else None, prompt, cfg, model_id=drafter.tokenizer.fingerprint)
                 out[rule, mode] = (res.tokens, res.stats)
+        cfg = EdgeConfig(mode="cloud-led", rule="strict", temperature=1.0, max_tokens=40, seed=11, connect=ConnectConfig(port=port))
+        strict = run_edge(drafter, prompt, cfg, model_id=drafter.tokenizer.fingerprint)
         for rule in ("greedy", "coupled"):
             assert out[rule, "pipelined"][0] == out[rule, "cloud-only"][0]
             assert out[rule, "sync"][0] == out[rule, "cloud-only"][0]
+            assert out[rule, "cloud-led"][0] == out[rule, "cloud-only"][0]
             assert len(out[rule, "cloud-only"][0]) == 40
+        assert len(strict.tokens) == 40  # sampled strict, refused on this engine before: its law is vLLM's sampler's
         st = out["greedy", "sync"][1]
         assert 0 < st.accepted < st.drafted  # the noisy drafter was partly right: a real speculative run
         text = urllib.request.urlopen(f"http://127.0.0.1:{mport}/metrics", timeout=10).read().decode()
         fams = {f.name: f for f in text_string_to_metric_families(text)}
+        # the cloud-led sessions' drafts went through vLLM's rejection sampler, and some were kept
+        assert fams["acespec:lead_native_tokens"].samples[0].value >= 80
+        assert 0 < fams["acespec:lead_native_accepted"].samples[0].value <= fams["acespec:lead_native_proposed"].samples[0].value
         requests = fams["acespec:engine_requests"].samples[0].value
         assert requests > sum(len(t) for t, _ in out.values()) / 5  # one request per block, not per run
         assert fams["acespec:verdicts"].samples[0].value > 0
@@ -316,3 +493,175 @@ def test_edge_through_acespec_serve_vllm_equals_cloud_only(tiny, tmp_path):
     finally:
         proc.terminate()
         proc.wait(60)
+
+
+# -- AceSpec's rules inside vLLM's rejection sampler (acespec/cloud/vllm_plugin.py) -------------------
+def _plugin_sampler():
+    from acespec.cloud import vllm_plugin
+
+    rs = vllm_plugin.cpu_sampler()
+    assert rs.rejection_sample is vllm_plugin.rejection_sample
+    return rs
+
+
+def _metadata(B: int, rules: dict, seeds: list[int] | None = None):
+    from acespec.cloud.vllm_plugin import sampling_metadata
+
+    return sampling_metadata(B, rules, seeds)
+
+
+def _one_step(rs, q: np.ndarray, p: np.ndarray, meta, B: int, seed: int):
+    """One rejection-sampler step over B requests with one draft token each, x ~ q: the emitted first tokens."""
+    import torch
+
+    rng = np.random.default_rng(seed)
+    V = len(p)
+    draft = torch.tensor(rng.choice(V, size=B, p=q), dtype=torch.int32)
+    bonus = torch.tensor(rng.choice(V, size=(B, 1), p=p), dtype=torch.int64)
+    logits = torch.tensor(np.log(np.maximum(p, 1e-30)), dtype=torch.float32).repeat(B, 1)
+    out = rs.rejection_sample(draft, [1] * B, 1, torch.arange(1, B + 1, dtype=torch.int32),
+                              torch.tensor(q, dtype=torch.float32).repeat(B, 1), logits, bonus, meta)
+    return out[:, 0].numpy()
+
+
+@pytest.mark.parametrize("rule", ["strict", "typical", "cactus", "mentored", "fuzzy", "r_fuzzy", "casc_opt", "casc_tok"])
+def test_plugin_rules_in_vllms_sampler_give_the_rules_law(rule):
+    """Each rule, inside vLLM's rejection sampler: over 40,000 one-token steps (x ~ q), the first token's
+    law is within total variation 0.01 of the law the rule's definition gives (tests/relaxed_laws.py),
+    on the hand-built case where that law is furthest from the target's (so a sampler that ignored the
+    rule would fail by far more than 0.01)."""
+    from relaxed_laws import CASES, analytic_first_token
+
+    rs = _plugin_sampler()
+    B = 40_000
+    spec = RuleSpec.parse(rule)
+    law_of = (lambda q, p: p) if rule == "strict" else (lambda q, p: analytic_first_token(rule, q, p, spec.kwargs()))
+    name, q, p = max(CASES, key=lambda c: 0.5 * np.abs(law_of(c[1], c[2]) - c[2]).sum())
+    expected = law_of(q, p)
+    if rule != "strict":
+        assert 0.5 * np.abs(expected - p).sum() > 0.03  # the rule relaxes here: vLLM's own strict would fail
+    rules = {} if rule == "strict" else {i: spec for i in range(B)}  # strict is vLLM's own sampler
+    first = _one_step(rs, q, p, _metadata(B, rules), B, seed=len(name))
+    law = np.bincount(first, minlength=len(p)) / B
+    tv = 0.5 * np.abs(law - expected).sum()
+    assert tv <= 0.01, (rule, name, tv)
+
+
+def test_plugin_changes_nothing_when_no_rule_is_asked_for():
+    """Installed and patched, with no request asking for a rule: the step is vLLM's own, bit for bit
+    (seeded requests, same generators)."""
+    from relaxed_laws import CASES
+
+    import vllm.v1.sample.rejection_sampler as rs0
+
+    rs = _plugin_sampler()
+    from acespec.cloud import vllm_plugin
+
+    _, q, p = CASES[0]
+    B = 512
+    a = _one_step(rs, q, p, _metadata(B, {}, seeds=list(range(B))), B, seed=3)
+    original = vllm_plugin._state["original"]
+    rs0.rejection_sample = original
+    try:
+        b = _one_step(rs0, q, p, _metadata(B, {}, seeds=list(range(B))), B, seed=3)
+    finally:
+        rs0.rejection_sample = vllm_plugin.rejection_sample
+    assert np.array_equal(a, b)
+
+
+def test_plugin_refuses_a_rule_it_cannot_run():
+    from vllm import SamplingParams as VSP
+
+    from acespec.cloud.vllm_plugin import AceSpecRules
+
+    AceSpecRules.validate_params(VSP(temperature=1.0, extra_args={"acespec_rule": "cactus:delta=0.3"}))
+    AceSpecRules.validate_params(VSP(temperature=1.0))
+    for bad, why in (("nope", "unknown rule"), ("cactus:delta=-1", "delta"), ("coupled", "not a rejection rule")):
+        with pytest.raises(ValueError, match=why):
+            AceSpecRules.validate_params(VSP(temperature=1.0, extra_args={"acespec_rule": bad}))
+
+
+def test_plugin_rule_asked_for_per_request_decides_inside_a_running_engine(engines):
+    """Through the entry points, in vLLM's own worker: requests drafted by the proposer (a board slot for
+    their prompt) that ask for `mentored` with alpha near 1 keep nearly every draft; the same requests
+    without a rule (vLLM's strict sampler) keep a second-choice draft only about as often as the target
+    gives it; and a malformed rule is refused at submission."""
+    from vllm import SamplingParams as VSP
+
+    from acespec.engine.board import BoardDraft
+
+    lt, vl, hf = engines
+    prompt = list(_prompt(91, 10))
+    P = len(prompt)
+    m = random_qwen2("tiny", seed=0)
+    import torch
+
+    from acespec.verify import softmax
+
+    with torch.no_grad():
+        p1 = softmax(m(torch.tensor([prompt])).logits[0, -1].double().numpy())
+        rows = m(torch.tensor([prompt + [a] for a in range(512)])).logits[:, -1].double().numpy()
+    firsts = [int(a) for a in np.argsort(-p1)[:8]]
+    second = {a: int(np.argsort(-softmax(rows[a]))[1]) for a in firsts}
+    slot = vl._board.assign(prompt, LEAD_K)
+    vl._board.publish(slot, [BoardDraft(P, (a, second[a])) for a in firsts])
+
+    async def kept(extra: dict | None, n: int = 160) -> float:
+        async def one(i):
+            sp = VSP(temperature=1.0, max_tokens=2, seed=7000 + i, detokenize=False, ignore_eos=True, extra_args=extra)
+            out = None
+            async for o in vl._llm.generate({"prompt_token_ids": prompt}, sp, request_id=f"plugin-{extra}-{i}"):
+                out = o
+            return [int(t) for t in out.outputs[0].token_ids]
+        outs = await asyncio.gather(*(one(i) for i in range(n)))
+        drafted = [o for o in outs if o[0] in second]
+        return sum(o[1] == second[o[0]] for o in drafted) / len(drafted)
+
+    try:
+        relaxed = lt.run(kept({"acespec_rule": "mentored:alpha=0.999999"}))
+        plain = lt.run(kept(None))
+        with pytest.raises(Exception, match="unknown rule"):
+            lt.run(kept({"acespec_rule": "nope"}, n=1))
+    finally:
+        vl._board.release(slot)
+    assert relaxed > 0.95
+    assert plain < 0.6
+
+
+def test_typical_cloud_led_runs_natively_with_the_plugin(engines):
+    """A rule that needs no drafter rows (typical) at temperature 0.5: a native cloud-led session, its
+    drafts decided by AceSpec's rule inside vLLM's sampler (before the plugin, refused on this engine);
+    a rule that needs q rows still goes through verify requests."""
+    lt, vl, hf = engines
+    prompt = _prompt(93, 16)
+    spec = SessionSpec(prompt, sampling=SamplingParams(temperature=0.5), rule=RuleSpec.parse("typical"), seed=5,
+                       max_tokens=24, cloud_led=True)
+    import torch
+
+    from acespec.verify import softmax
+
+    P = len(prompt)
+    with torch.no_grad():
+        p1 = softmax(random_qwen2("tiny", seed=0)(torch.tensor([list(prompt)])).logits[0, -1].double().numpy() / 0.5)
+    firsts = [int(a) for a in np.argsort(-p1)[:8]]
+    assert p1[firsts].sum() > 0.95  # and the session is seeded: vLLM draws the same first token every run
+    # before the stream starts: a chain after each likely first token, so the second step has a draft
+    # to verify (a draft made after the stream has begun is behind it: the stream does not wait)
+    tree = [(P, (a, (a + 1) % 512, (a + 2) % 512)) for a in firsts]
+    text, m = lt.run(_native_run(vl, spec, lambda t: tree if len(t) == P else None))
+    assert len(text) == 24 and m["lead_tokens"] == 24 and m["lead_proposed"] > 0
+
+    async def opened():
+        s = await vl.open(SessionSpec(prompt, sampling=SamplingParams(temperature=1.0, top_k=K), rule=RuleSpec.parse("cactus"),
+                                      max_tokens=8, cloud_led=True))
+        native = vl.leads_natively(s)
+        vl.close(s)
+        return native
+    assert lt.run(opened()) is False
+
+
+def test_bench_plugin_cost_prints_each_rule_against_strict():
+    out = subprocess.run([os.path.join(os.path.dirname(sys.executable), "acespec"), "bench", "plugin-cost", "--batch", "4",
+                          "--k", "2", "--vocab", "64", "--reps", "2", "--rules", "cactus"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert re.search(r"^strict .* 1\.00x vLLM's strict$", out.stdout, re.M) and re.search(r"^cactus .*x vLLM's strict$", out.stdout, re.M)

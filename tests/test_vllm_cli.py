@@ -46,3 +46,11 @@ def test_without_vllm_installed_it_says_how_to_get_it(tmp_path):
 
     r = _serve("--target", str(save_random_qwen2(tmp_path / "m")), "--n-ctx", "512")
     assert r.returncode == 2 and "scripts/setup.sh vllm" in r.stderr, r.stderr
+
+
+def test_bench_plugin_cost_without_vllm_says_where_to_run_it():
+    pytest.importorskip("torch")
+    if __import__("importlib").util.find_spec("vllm") is not None:
+        pytest.skip("vLLM is installed here")
+    r = subprocess.run([sys.executable, "-m", "acespec.cli", "bench", "plugin-cost"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "scripts/setup.sh vllm" in r.stderr and "Traceback" not in r.stderr

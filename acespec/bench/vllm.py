@@ -106,7 +106,7 @@ def cmd_tenants_vllm(args) -> int:
         say(f"bench tenants --engine vllm: serving a tiny random Qwen2 ({target})")
     n_prompts = max(ns)
     rng = np.random.default_rng(args.seed)
-    engine = make_engine("vllm", target, n_ctx=1024, max_sessions=max(64, 2 * n_prompts))
+    engine = make_engine("vllm", target, n_ctx=1024, max_sessions=max(64, 2 * n_prompts), lead_k=args.lead_k)
     V = engine.target.vocab_size
     prompts = {f"p{i}": [int(t) for t in rng.integers(0, V, int(rng.integers(20, 60)))] for i in range(n_prompts)}
     cfg = ServerConfig(port=0, max_sessions=max(n_prompts, 1) * 2, max_new_tokens=args.max_tokens, idle_timeout_s=args.cap + 60,
@@ -164,6 +164,9 @@ def report(result: dict) -> str:
     if m:
         out.append(f"engine: {m['requests']} vLLM requests, {m['resubmits']} resubmitted past the prefix cache, "
                    f"{m['cached_tokens']} of {m['prompt_tokens']} prompt tokens served by the prefix cache")
+        if m.get("lead_k"):
+            out.append(f"cloud-led inside vLLM's speculative decoding (K = {m['lead_k']}): {m['lead_tokens']} tokens, "
+                       f"{m['lead_accepted']} of {m['lead_proposed']} proposed draft tokens kept")
     c = result.get("cost")
     if c:
         med = c["median_s"]

@@ -18,6 +18,13 @@ only turns a draft block into one vLLM request and its answer back into a verdic
   another session or a rolled-back one already computed the same tokens.
 - **cloud-only**: greedy sessions are one ordinary streaming request; sampled ones take one k = 0
   verify per token, so the coupled rule's shared-seed draw (not vLLM's sampler) picks each token.
+- **cloud-led, natively** (`lead_k` > 0): a cloud-led session under greedy decoding, or under `strict`
+  at any temperature, is one streaming request, and vLLM's own speculative decoding verifies the
+  edge's drafts inside it: the engine runs with vLLM's `custom_class` method and AceSpec's proposer
+  (`cloud/vllm_proposer.py`), which reads each session's drafts from a board in shared memory
+  (`cloud/vllm_board.py`) that the server writes as DRAFTs arrive. vLLM's rejection sampler works on
+  full rows, so this is exact at every temperature with no top-K truncation; other rules' cloud-led
+  sessions run as verify requests, as edge-led blocks do.
 
 Only the prompt's token ids cross into vLLM (`skip_tokenizer_init`); the tokenizer that defines the
 session's fingerprint is loaded here from the same directory.
@@ -59,6 +66,8 @@ class VllmConfig:
     memory_utilization: float | None = None  # share of GPU memory (on CPU: of the NUMA node's) vLLM may take; None: 0.9 GPU, 0.3 CPU
     tensor_parallel_size: int = 1  # GPUs one replica spans
     enforce_eager: bool | None = None  # skip graph capture/compilation; None: on CPU (start-up in seconds), off on GPU
+    lead_k: int = 0  # >0: cloud-led sessions run in vLLM's own speculative decoding, verifying up to this many edge-draft tokens a step
+    lead_price: bool = True  # the proposer prices each session's depth from what its drafts earn (off: propose all that agrees, up to lead_k)
 
 
 @dataclass(frozen=True)
@@ -107,7 +116,10 @@ class _Session(EngineSession):
     tail_max: float = 0.0  # largest per-row bound on the target mass outside the rows used
     tail_sum: float = 0.0
     rows: int = 0
-    stream: object = None  # cloud-only greedy: the open vLLM stream (an async generator)
+    native: bool = False  # cloud-led inside vLLM's speculative decoding (see the module docstring)
+    slot: int | None = None  # native: its slot on the shared draft board
+    counted: tuple[int, int] = (0, 0)  # native: the board's (proposed, accepted) counters at the last step
+    stream: object = None  # cloud-only greedy, native cloud-led: the open vLLM stream (an async generator)
     stream_at: int = -1  # committed length the stream's next token follows
     streamed: deque = field(default_factory=deque)  # tokens the stream delivered ahead of step()
 
@@ -125,6 +137,7 @@ class VllmEngine(VerifyEngine):
         self.cfg = cfg
         self.target = load_target_info(cfg.model, cfg.n_ctx)
         self._llm = None
+        self._board = None  # lead_k > 0: the shared draft board (created at start)
         self._ids = itertools.count(1)
         self._rids = itertools.count(1)
         self._live: set[_Session] = set()
@@ -134,6 +147,7 @@ class VllmEngine(VerifyEngine):
         self.prompt_tokens = 0  # prompt tokens sent
         self.cached_tokens = 0  # of which vLLM's prefix cache served
         self.streamed_tokens = 0  # cloud-only tokens from streaming requests
+        self.lead_tokens = 0  # tokens of native cloud-led sessions (what vLLM proposed and kept: _lead_totals)
         self.tail_counts = [0] * len(TAIL_BUCKETS)
         self.tail_max = 0.0
         self.tail_sum = 0.0
@@ -156,13 +170,23 @@ class VllmEngine(VerifyEngine):
         if cpu:
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{self.cfg.cpu_kv_gib:g}")
         c = self.cfg
+        lead = {}
+        if c.lead_k > 0:
+            from acespec.cloud.vllm_board import CONFIG_KEY, BoardShape, SharedBoard
+
+            self._board = SharedBoard(BoardShape(slots=c.max_sessions))
+            lead = dict(
+                speculative_config={"method": "custom_class", "model": "acespec.cloud.vllm_proposer.EdgeDraftProposer",
+                                    "num_speculative_tokens": c.lead_k},
+                additional_config={CONFIG_KEY: {**self._board.shape.as_config(self._board.name), "price": c.lead_price}},
+            )
         args = AsyncEngineArgs(
             model=c.model, skip_tokenizer_init=True, max_model_len=c.n_ctx, max_logprobs=c.logprobs,
             enable_prefix_caching=True, max_num_seqs=c.max_sessions, tensor_parallel_size=c.tensor_parallel_size,
             dtype=("float32" if cpu else "auto") if c.dtype == "auto" else c.dtype,
             block_size=c.block_size or (32 if cpu else None),
             gpu_memory_utilization=c.memory_utilization or (0.3 if cpu else 0.9),
-            enforce_eager=cpu if c.enforce_eager is None else c.enforce_eager,
+            enforce_eager=cpu if c.enforce_eager is None else c.enforce_eager, **lead,
         )
         t0 = time.perf_counter()
         self._llm = AsyncLLM.from_engine_args(args)
@@ -175,9 +199,29 @@ class VllmEngine(VerifyEngine):
         if self._llm is not None:
             llm, self._llm = self._llm, None
             llm.shutdown()
+        if self._board is not None:
+            self._board.destroy()
+            self._board = None
 
     # -- sessions -----------------------------------------------------------------------------------
+    def _native(self, spec: SessionSpec) -> bool:
+        """Whether vLLM's rejection sampler gives this session's law: greedy decoding (any lossless
+        rule is the argmax there), `strict` at any temperature, or at temperature > 0 a relaxed rule
+        that needs no drafter rows (`typical`), which AceSpec's plugin runs inside that sampler
+        (`cloud/vllm_plugin.py`; drafts reach vLLM as token ids only, so rules that need q do not)."""
+        r = spec.rule
+        if spec.sampling.greedy:
+            ok = r.name in ("greedy", "strict", "coupled")
+        else:
+            ok = r.name == "strict" or (r.name not in ("greedy", "coupled") and not r.info.needs_q)
+        return self._board is not None and spec.cloud_led and ok
+
     async def open(self, spec: SessionSpec) -> EngineSession:
+        slot = self._board.assign(spec.prompt, self.cfg.lead_k) if self._native(spec) else None
+        if slot is not None:
+            s = _Session(next(self._ids), self._make_verifier(spec), spec=spec, native=True, slot=slot)
+            self._live.add(s)
+            return s  # its stream's first request prefills the prompt
         try:
             exactness = topk_exactness(spec.rule, spec.sampling, self.cfg.logprobs)
         except TopKRuleError as e:
@@ -195,6 +239,9 @@ class VllmEngine(VerifyEngine):
         s.closed = True
         self._live.discard(s)
         self._drop_stream(s)
+        if s.slot is not None and self._board is not None:
+            self._board.release(s.slot)
+            s.slot = None
         if s.rows:
             log.info("session %d: %s", s.id, s.report())
 
@@ -235,6 +282,31 @@ class VllmEngine(VerifyEngine):
             self.verdicts += 1
             return v.finish(job, row, time.perf_counter() - t0)
 
+    # -- native cloud-led sessions -----------------------------------------------------------------
+    def leads_natively(self, s) -> bool:
+        return s.native
+
+    def lead_publish(self, s, board) -> None:
+        if s.slot is not None and self._board is not None:
+            self._board.publish(s.slot, board.drafts)
+
+    async def lead_step(self, s, board) -> Verdict:
+        async with self._turn(s):
+            v = s.verifier
+            t0 = time.perf_counter()
+            chunk = await self._stream_chunk(s, lead=True)
+            # what vLLM's steps behind this chunk proposed and kept, from the proposer's counters (they
+            # lag one step: a proposal is accounted when the next step shows what it earned)
+            c = self._board.counters(s.slot) if s.slot is not None else {"proposed": 0, "accepted": 0}
+            drafted, accepted = c["proposed"] - s.counted[0], c["accepted"] - s.counted[1]
+            s.counted = (c["proposed"], c["accepted"])
+            self.lead_tokens += len(chunk)
+            self.verdicts += 1
+            verdict = v.commit_decoded(chunk, time.perf_counter() - t0, drafted=drafted, accepted=accepted)
+            board.usable(v.tokens, 0)  # forget the drafts the stream has passed or contradicted
+            self.lead_publish(s, board)
+            return verdict
+
     # -- vLLM requests ------------------------------------------------------------------------------
     class _Turn:
         def __init__(self, s: _Session) -> None:
@@ -259,7 +331,7 @@ class VllmEngine(VerifyEngine):
         from vllm import SamplingParams as VSP
 
         K = top or self.cfg.logprobs
-        return VSP(max_tokens=kw.pop("max_tokens", 1), temperature=0.0, detokenize=False, ignore_eos=True,
+        return VSP(max_tokens=kw.pop("max_tokens", 1), temperature=kw.pop("temperature", 0.0), detokenize=False, ignore_eos=True,
                    logprobs=K if logprobs else None, prompt_logprobs=K if (logprobs and k) else None,
                    skip_reading_prefix_cache=skip_cache, **kw)
 
@@ -301,28 +373,51 @@ class VllmEngine(VerifyEngine):
         return rows
 
     async def _streamed_token(self, s: _Session) -> int:
-        """The next token of the session's greedy streaming request, (re)opened at its committed length."""
+        """The next token of the session's greedy streaming request."""
+        if s.stream is None or s.stream_at != s.verifier.committed or not s.streamed:
+            s.streamed.extend(await self._stream_chunk(s))
+        s.stream_at += 1
+        self.streamed_tokens += 1
+        return s.streamed.popleft()
+
+    async def _stream_chunk(self, s: _Session, lead: bool = False) -> list[int]:
+        """The tokens the session's streaming request has produced since the last call (at least one),
+        the request (re)opened at the committed length. Greedy: vLLM's argmax. Sampled (native cloud-led,
+        `strict`): vLLM's sampler at the session's temperature / top-k / top-p, seeded by the session's
+        seed and the length the request starts at, so a reopened stream does not replay its draws."""
         from vllm.sampling_params import RequestOutputKind
 
         v = s.verifier
         if s.stream is None or s.stream_at != v.committed:
             self._drop_stream(s)
             left = v.prompt_len + v.max_tokens - v.committed
-            params = self._params(0, skip_cache=False, logprobs=False, max_tokens=left,
-                                  stop_token_ids=sorted(v.stop_ids), output_kind=RequestOutputKind.DELTA)
+            sp = s.spec.sampling
+            sampling = {} if sp.greedy else dict(temperature=sp.temperature,
+                                                  seed=(s.spec.seed * 1_000_003 + v.committed) % (1 << 63))
+            if not sp.greedy and s.spec.rule.name != "strict":
+                from acespec.cloud.vllm_plugin import RULE_ARG
+
+                sampling["extra_args"] = {RULE_ARG: str(s.spec.rule)}  # decided by AceSpec's plugin in vLLM's sampler
+            if not sp.greedy and sp.top_k:
+                sampling["top_k"] = sp.top_k
+            if not sp.greedy and sp.top_p < 1.0:
+                sampling["top_p"] = sp.top_p
+            params = self._params(0, skip_cache=False, logprobs=False, max_tokens=left, stop_token_ids=sorted(v.stop_ids),
+                                  output_kind=RequestOutputKind.DELTA, **sampling)
             s.stream = self._llm.generate({"prompt_token_ids": list(v.tokens)}, params, request_id=f"acespec-{next(self._rids)}")
             s.stream_at = v.committed
             self.requests += 1
             self.prompt_tokens += v.committed
-        while not s.streamed:
+        out: list[int] = []
+        while not out:
             try:
                 o = await s.stream.__anext__()
             except StopAsyncIteration:
                 raise RuntimeError(f"session {s.id}: vLLM ended the stream before the session did") from None
-            s.streamed.extend(int(t) for t in o.outputs[0].token_ids)
-        s.stream_at += 1
-        self.streamed_tokens += 1
-        return s.streamed.popleft()
+            out = [int(t) for t in o.outputs[0].token_ids]
+        if lead:
+            s.stream_at += len(out)
+        return out
 
     def _drop_stream(self, s: _Session) -> None:
         if s.stream is not None:
@@ -334,10 +429,16 @@ class VllmEngine(VerifyEngine):
             except RuntimeError:  # no loop (shutdown): the engine's stop() ends every request
                 pass
 
+    def _lead_totals(self) -> dict:
+        """Draft tokens the proposer gave vLLM and vLLM kept, over every native session (the board's totals)."""
+        c = self._board.counters() if self._board is not None else {"proposed": 0, "accepted": 0}
+        return {"lead_proposed": c["proposed"], "lead_accepted": c["accepted"]}
+
     def metrics(self) -> dict:
         return {
             "engine": self.name, "verdicts": self.verdicts, "slots": self.cfg.max_sessions, "sessions": len(self._live),
             "requests": self.requests, "resubmits": self.resubmits, "prompt_tokens": self.prompt_tokens,
+            "lead_k": self.cfg.lead_k, "lead_tokens": self.lead_tokens, **self._lead_totals(),
             "cached_tokens": self.cached_tokens, "streamed_tokens": self.streamed_tokens, "logprobs_k": self.cfg.logprobs,
             "tail_mass_max": self.tail_max, "tail_mass_sum": self.tail_sum, "tail_buckets": list(zip(TAIL_BUCKETS, self.tail_counts)),
         }

@@ -138,25 +138,24 @@ class TargetVerifier:
         if self.committed != job.committed:
             raise RuntimeError(f"verify job prepared at {job.committed}, but the session has committed {self.committed}")
         t0 = time.perf_counter()
-        draft, k, C = job.draft, job.k, job.committed
+        draft, C = job.draft, job.committed
         p = probs_from_logits(logits, self.sampling)  # [k+1, V]
         accepted, nxt = verify_block(self.rule, draft, job.q, p, self.rng, seed=self.seed, start_pos=C)
-        emitted = draft[:accepted].tolist() + [int(nxt)]
-        # stop at end-of-sequence or the token budget, keeping the verdict's shape
-        budget = self.prompt_len + self.max_tokens - C
-        cut = next((i for i, t in enumerate(emitted) if t in self.stop_ids), None)
-        finished = False
-        if cut is not None:
-            emitted, finished = emitted[: cut + 1], True
-        if len(emitted) >= budget:
-            emitted, finished = emitted[:budget], True
+        self.last_p = p
+        return self.commit(job, accepted, int(nxt), seconds + time.perf_counter() - t0, p)
+
+    def commit(self, job: "VerifyJob", accepted: int, nxt: int, seconds: float, p: np.ndarray | None = None) -> Verdict:
+        """Commit a rule's outcome for `job` (the first `accepted` draft tokens, then `nxt`), cut at
+        end-of-sequence or the budget; `p` [k+1, V] only for the eval harness's records."""
+        t0 = time.perf_counter()
+        draft, k, C = job.draft, job.k, job.committed
+        emitted, finished = self._cut(draft[:accepted].tolist() + [int(nxt)])
         accepted, nxt = len(emitted) - 1, emitted[-1]
-        if self.record_accepted:
+        if self.record_accepted and p is not None:
             for i in range(accepted):
                 row = p[i]
                 tok = int(draft[i])
                 self.accepted_support.append((float(row[tok]), int((row > row[tok]).sum()) + 1))
-        self.last_p = p
         self.tokens.extend(emitted)
         self.finished = finished
         dt = seconds + time.perf_counter() - t0
@@ -167,6 +166,33 @@ class TargetVerifier:
         s.emitted += len(emitted)
         s.verify_s += dt
         return Verdict(job.seq, accepted, int(nxt), self.committed, int(dt * 1e6), finished=finished, drafted=k)
+
+    def _cut(self, emitted: list[int]) -> tuple[list[int], bool]:
+        """Stop at end-of-sequence or the token budget: (the tokens kept, whether generation is over)."""
+        budget = self.prompt_len + self.max_tokens - self.committed
+        cut = next((i for i, t in enumerate(emitted) if t in self.stop_ids), None)
+        finished = False
+        if cut is not None:
+            emitted, finished = emitted[: cut + 1], True
+        if len(emitted) >= budget:
+            emitted, finished = emitted[:budget], True
+        return emitted, finished
+
+    def commit_decoded(self, emitted: Sequence[int], seconds: float, *, drafted: int = 0, accepted: int = 0) -> Verdict:
+        """Commit tokens an engine decoded by itself (vLLM's own speculative decoding verified the
+        edge's drafts: `drafted` of them proposed, `accepted` kept), cut at end-of-sequence or the budget."""
+        if not emitted:
+            raise ValueError("commit_decoded needs at least one token")
+        kept, self.finished = self._cut([int(t) for t in emitted])
+        self.tokens.extend(kept)
+        s = self.stats
+        s.rounds += 1
+        s.drafted += drafted
+        s.accepted += min(accepted, len(kept))
+        s.emitted += len(kept)
+        s.verify_s += seconds
+        return Verdict(0, min(accepted, len(kept) - 1), kept[-1], self.committed, int(seconds * 1e6), finished=self.finished,
+                       drafted=drafted)
 
     def warm(self) -> int:
         """Prefill the committed prefix (all but its last token, which verify() always evaluates), so
