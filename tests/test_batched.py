@@ -29,6 +29,8 @@ from acespec.edge.client import ConnectConfig
 from acespec.edge.runtime import EdgeConfig, run_edge
 from acespec.engine.verifier import TargetVerifier
 from acespec.models.toy import ToyModel
+
+from paced_toy import PassCostToy
 from acespec.verify import RuleSpec, SamplingParams
 
 V = 48
@@ -218,17 +220,9 @@ def test_kv_budget_busy_then_swap_out_and_exact_resume():
 # ----------------------------------------------------------------------------------- chunked prefill
 
 
-class SlowToy(ToyModel):
-    """A toy target whose batched call costs time per token, so ticks overlap with new arrivals."""
-
-    def _eval_batch(self, items):
-        time.sleep(0.0004 * sum(len(t) for _, t, _ in items))
-        return super()._eval_batch(items)
-
-
 def test_a_long_prompt_never_holds_back_another_sessions_block_by_more_than_one_tick():
     budget = 64
-    engine = BatchedEngine(SlowToy(vocab=V, seed=1), BatchConfig(tick_tokens=budget))
+    engine = BatchedEngine(PassCostToy(vocab=V, seed=1, pass_s=0.0, token_s=0.0004), BatchConfig(tick_tokens=budget))
     s_a = spec(list(range(20)), rule="greedy", temperature=0.0, max_tokens=400)
     s_b = spec([i % V for i in range(2000)], rule="greedy", temperature=0.0, max_tokens=4)
 
@@ -480,26 +474,72 @@ def test_bench_tenants_replay_edges_commit_the_targets_text(toy_traces, mode, ki
     from acespec.bench.tenants import run_cell
     from acespec.cloud.engine import make_engine
 
-    r = run_cell(make_engine(kind, toy_target()), toy_traces, mode, 6, max_tokens=40, draft_s=0.001, cap_s=30)
+    # cloud-led prices each step's depth from what passes cost: a toy pass costs microseconds, and
+    # almost nothing of it is fixed, so no draft would pay; this one has a GPU's shape (a fixed 3 ms)
+    target = PassCostToy(vocab=V, seed=1) if mode == "cloud-led" else toy_target()
+    r = run_cell(make_engine(kind, target), toy_traces, mode, 6, max_tokens=40, draft_s=0.001, cap_s=30)
     assert not r["errors"] and r["capped"] == 0
     for tr in toy_traces:
         assert r["outputs"][tr.id] == tr.tokens
     assert r["tokens"] == sum(len(t.tokens) for t in toy_traces)
     if mode == "cloud-only":
         assert r["passes_per_token"] == 1.0
-    elif mode == "cloud-led":  # the toy cloud steps in microseconds, faster than the replayed drafter's
-        assert r["passes_per_token"] < 0.9  # 1 ms a token, so only some steps find a draft: they still count
+    elif mode == "cloud-led":  # a step takes about as long as the replayed drafter's 1 ms a token,
+        assert r["passes_per_token"] < 0.9  # so only some steps find a draft: they still count
     else:
         assert r["passes_per_token"] < 0.5  # blocks of 4 with a close drafter
     if kind == "batched":
         assert r["engine_metrics"]["max_batch_sessions"] > 1
 
 
+def test_bench_tenants_cells_over_the_wan_emulator_and_sampled_keep_cloud_only_text(toy_traces):
+    """The never-slower grid's cells: through the WAN emulator at an RTT, greedy, a cloud-led session
+    commits the target's text; at T > 0 (coupled) cloud-led and cloud-only give the same text."""
+    from acespec.bench.tenants import run_cell
+    from acespec.cloud.engine import make_engine
+
+    r = run_cell(make_engine("batched", toy_target()), toy_traces, "cloud-led", 3, max_tokens=40, draft_s=0.001, cap_s=30, rtt_ms=40)
+    assert not r["errors"] and r["rtt_ms"] == 40 and all(r["outputs"][tr.id] == tr.tokens for tr in toy_traces[:3])
+    assert r["first_p50_s"] >= 0.02  # HELLO -> first token crossed the emulated path (40 ms, the profile's +-20 ms jitter)
+    kw = dict(max_tokens=30, draft_s=0.001, cap_s=30, rule="coupled", temperature=0.9)
+    led, plain = (run_cell(make_engine("batched", toy_target()), toy_traces, m, 4, **kw) for m in ("cloud-led", "cloud-only"))
+    assert not led["errors"] and not plain["errors"] and led["outputs"] == plain["outputs"]
+    assert any(plain["outputs"][tr.id] != tr.tokens[:30] for tr in toy_traces[:4])  # sampled: not the greedy text
+
+
+def _row(mode, n, rtt, per_s, outputs, passes=1.0):
+    return {"engine": "batched", "mode": mode, "n": n, "rtt_ms": rtt, "per_session_tok_s": per_s, "passes_per_token": passes,
+            "outputs": outputs}
+
+
+def test_the_never_slower_grid_names_the_worst_cell_and_counts_tokens_that_differ():
+    from acespec.bench.tenants_report import never_slower
+
+    rows = [_row("cloud-only", 1, 0, 5.0, {"a": [1, 2, 3]}), _row("cloud-led", 1, 0, 6.0, {"a": [1, 2, 3]}, 0.3),
+            _row("cloud-only", 4, 100, 2.0, {"a": [1, 2, 3], "b": [4, 5]}),
+            _row("cloud-led", 4, 100, 1.9, {"a": [1, 2, 3], "b": [4, 6, 7]}, 0.9),
+            _row("acespec", 4, 100, 9.0, {})]
+    text = "\n".join(never_slower(rows))
+    assert "1.20x at 0.30 passes/token, 0 texts differ (0 of 3 tokens from the first difference on)" in text
+    assert "0.95x at 0.90 passes/token, 1 texts differ (1 of 5 tokens from the first difference on)  <- slower" in text
+    assert "worst cell 0.95x (RTT 100 ms, N = 4): SLOWER than cloud-only" in text
+    assert "1 of 3 texts differ from cloud-only's (1 of 8 tokens from the first difference on)" in text
+    assert never_slower([_row("cloud-led", 1, 0, 6.0, {})]) == []  # no cloud-only cell to compare with
+    # repeated runs: the means decide, and the spread of the runs' own ratios is shown
+    rows = [_row("cloud-only", 1, 0, 5.0, {"a": [1]}), _row("cloud-led", 1, 0, 4.5, {"a": [1]}),
+            _row("cloud-only", 1, 0, 4.0, {"a": [1]}), _row("cloud-led", 1, 0, 5.5, {"a": [2]})]
+    text = "\n".join(never_slower(rows))
+    assert "means over 2 interleaved runs" in text and "1.11x (runs 0.90-1.38x)" in text and "1 of 2 texts differ" in text
+
+
 def test_bench_tenants_cli_refuses_bad_arguments(tmp_path, capsys):
     from acespec.cli import main
 
     for argv, msg in ((["--n", "0"], ">= 1"), (["--n", "x"], "integers"), (["--modes", "warp"], "unknown mode"),
-                      (["--traces", str(tmp_path / "none.json")], "no trace file"), (["--cap", "0"], "--cap")):
+                      (["--traces", str(tmp_path / "none.json")], "no trace file"), (["--cap", "0"], "--cap"),
+                      (["--rtt", "fast"], "--rtt"), (["--temperature", "-1"], "--temperature"),
+                      (["--temperature", "0.8"], "cloud-led and cloud-only modes only"),
+                      (["--engine", "vllm", "--rtt", "100"], "not yet available with --engine vllm")):
         rc = main(["bench", "tenants", *argv])
         assert rc == 2
         assert msg in capsys.readouterr().err

@@ -18,6 +18,16 @@ one-session-at-a-time server, the baseline). Per cell it reports aggregate commi
 per-session tokens/s, verdict latency p50/p99 (DRAFT sent -> VERDICT in; for cloud-only the gap
 between streamed tokens), target passes per token, and the KV memory the engine held.
 
+The never-slower grid (the cloud-led bar): `--rtt 0,100,250` runs every cell at each RTT through the
+WAN emulator (`net/wan.py`, the `wan` profile with that RTT), `--temperature T` makes the sessions
+coupled at T (cloud-led and cloud-only only: a replayed edge-led block is exact only for greedy), and
+`--repeats R` runs each cell R times with the modes interleaved run by run. The report then ends with
+cloud-led's per-session tok/s against cloud-only's in every (RTT, N) cell, the worst cell, and how many
+texts differ from cloud-only's:
+
+    acespec bench tenants --n 1,4,8 --rtt 0,100,250 --modes cloud-led,cloud-only --serial-modes '' \
+        --shared-n '' --invariance 0 --temperature 1.0 --repeats 2 --max-tokens 64
+
 Same text whatever the load: `--invariance` runs each session alone and then all of them at once,
 greedy and coupled, on the batch-invariant engine and on the plain one (one unified KV cache, the
 "before"), and counts the tokens that differ.
@@ -39,6 +49,7 @@ import numpy as np
 
 from acespec import wire
 from acespec.argtypes import pos_int
+from acespec.bench.tenants_report import _line, never_slower, plot, report  # noqa: F401  (re-exported)
 
 MODES = ("acespec", "cloud-led", "sync", "cloud-only")
 LEAD = 12  # cloud-led: tokens the replayed chain runs ahead of the stream
@@ -307,21 +318,31 @@ def run_edges(port: int, traces, mode: str, n: int, *, model_id: str, vocab: int
     }
 
 
-def run_cell(engine, traces, mode: str, n: int, *, cap_s: float = 120.0, max_tokens: int = 48, **kw) -> dict:
-    """`run_edges` against a fresh in-process server on `engine`, plus the engine's own figures."""
+def run_cell(engine, traces, mode: str, n: int, *, cap_s: float = 120.0, max_tokens: int = 48, rtt_ms: float = 0.0,
+             **kw) -> dict:
+    """`run_edges` against a fresh in-process server on `engine`, plus the engine's own figures. With
+    `rtt_ms` > 0 the edges reach it through the WAN emulator (the `wan` profile at that RTT: jitter,
+    5 Mbit/s up, 20 down), as `bench wan` does; 0 is loopback."""
+    import contextlib
+
     from acespec.cloud.server import CloudServerThread, ServerConfig
+    from acespec.net.profile import profile_from_args
+    from acespec.net.wan import WanProxyThread
 
     target = engine.target
     # every replay edge connects from 127.0.0.1: lift the per-address connection limit past N
     cfg = ServerConfig(port=0, max_sessions=max(n, 1), max_new_tokens=max_tokens, idle_timeout_s=cap_s + 60,
                        max_connections=max(256, 2 * n), max_connections_per_addr=max(32, 2 * n))
-    with CloudServerThread(engine, cfg) as srv:
-        row = run_edges(srv.port, traces, mode, n, model_id=target.tokenizer.fingerprint, vocab=target.vocab_size,
+    with CloudServerThread(engine, cfg) as srv, contextlib.ExitStack() as stack:
+        port = srv.port
+        if rtt_ms > 0:
+            port = stack.enter_context(WanProxyThread("127.0.0.1", 0, "127.0.0.1", srv.port, profile_from_args("wan", rtt=rtt_ms))).port
+        row = run_edges(port, traces, mode, n, model_id=target.tokenizer.fingerprint, vocab=target.vocab_size,
                         cap_s=cap_s, max_tokens=max_tokens, **kw)
         m = engine.metrics()
     kv_b = m.get("kv_bytes_per_token", 0)
     name = "shared" if engine.name == "batched" and not getattr(engine.target, "batch_invariant", True) else engine.name
-    return {"engine": name, **row, "kv_peak_mb": m.get("kv_peak", 0) * kv_b / 2**20,
+    return {"engine": name, **row, "rtt_ms": rtt_ms, "temperature": kw.get("temperature", 0.0), "kv_peak_mb": m.get("kv_peak", 0) * kv_b / 2**20,
             "kv_alloc_mb": m.get("kv_tokens_allocated", 0) * kv_b / 2**20, "engine_metrics": m}
 
 
@@ -394,6 +415,15 @@ def add_parser(sub) -> None:
     p.add_argument("--shared-n", default="1,8",
                    help="N for the shared-pass engine (one unified KV cache; not batch-invariant), acespec mode ('' = none)")
     p.add_argument("--max-tokens", type=pos_int, default=48, help="tokens per session (default 48)")
+    p.add_argument("--rtt", default="0", help="round-trip times in ms, comma-separated: each cell runs at each through the WAN "
+                                              "emulator's `wan` profile (0: loopback; default 0)")
+    p.add_argument("--repeats", type=pos_int, default=1,
+                   help="runs of each (RTT, N) cell, the modes interleaved run by run (A B A B), so a drift in the "
+                        "machine's speed falls on every mode alike; ratios compare the modes' means (default 1)")
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="0 (default): greedy sessions; > 0: coupled sessions at this temperature (the same text as "
+                        "cloud-only), whose replayed greedy chain the sampled stream leaves wherever it samples another "
+                        "token: lower acceptance than greedy's")
     p.add_argument("--traces", default=DEFAULT_TRACES, help=f"acceptance traces to replay (default {DEFAULT_TRACES})")
     p.add_argument("--draft-ms", type=float, help="drafting time per token (default: the trace file's measured figure)")
     p.add_argument("--cap", type=float, default=120.0, help="seconds per cell; a capped cell counts what it committed (default 120)")
@@ -407,6 +437,9 @@ def add_parser(sub) -> None:
                         "vllm: the vLLM engine (run from .venv-vllm; see bench/vllm.py)")
     p.add_argument("--target", help="vllm: a Hugging Face model directory (default: a tiny random Qwen2 built on the spot)")
     p.add_argument("--seed", type=int, default=0, help="vllm: prompts and drawn acceptance (default 0)")
+    p.add_argument("--lead-k", type=int, default=8,
+                   help="vllm: cloud-led sessions in vLLM's own speculative decoding, up to K draft tokens a step (0: as "
+                        "verify requests; default 8, as serve)")
     p.set_defaults(func=cmd_tenants)
 
 
@@ -434,12 +467,24 @@ def cmd_tenants(args) -> int:
     if args.engine == "vllm":
         from acespec.bench.vllm import cmd_tenants_vllm
 
+        if args.rtt.strip() not in ("0", "") or args.temperature:
+            raise ValueError("--rtt and --temperature are not yet available with --engine vllm (its edges run on loopback, greedy)")
+
         return cmd_tenants_vllm(args)
     if args.target:
         raise ValueError("--target is for --engine vllm (the llama engines run the default GGUF target)")
 
     ns, modes, serial_modes, serial_ns = _ints(args.n), _modes(args.modes), _modes(args.serial_modes), _ints(args.serial_n)
     shared_ns = _ints(args.shared_n)
+    from acespec.argtypes import parse_rtts
+
+    rtts = parse_rtts(args.rtt)
+    if not args.temperature >= 0:
+        raise ValueError("--temperature must be >= 0")
+    rule = "greedy" if args.temperature == 0 else "coupled"
+    if args.temperature and (set(modes) - {"cloud-led", "cloud-only"} or serial_ns and serial_modes or shared_ns or args.invariance):
+        raise ValueError("--temperature > 0 runs the cloud-led and cloud-only modes only (a replayed edge-led block is "
+                         "exact only for greedy): give --modes cloud-led,cloud-only --serial-modes '' --shared-n '' --invariance 0")
     if args.invariance < 0:
         raise ValueError("--invariance must be >= 0")
     if not args.cap > 0:
@@ -456,7 +501,9 @@ def cmd_tenants(args) -> int:
     rows: list[dict] = []
     slots = max(ns + shared_ns + [args.invariance])
     result = {"command": "acespec bench tenants " + " ".join(sys.argv[3:]), "traces": str(path), "draft_s_per_token": draft_s,
-              "max_tokens": args.max_tokens, "k": K, "window": WINDOW, "tick_tokens": args.tick_tokens}
+              "max_tokens": args.max_tokens, "k": K, "window": WINDOW, "tick_tokens": args.tick_tokens, "rtts_ms": rtts,
+              "temperature": args.temperature, "rule": rule, "repeats": args.repeats}
+    edge_kw = dict(draft_s=draft_s, cap_s=args.cap, rule=rule, temperature=args.temperature)
 
     def cells(kind: str, cell_ns: list[int], cell_modes: list[str]) -> None:
         if not cell_ns or not cell_modes:
@@ -465,12 +512,15 @@ def cmd_tenants(args) -> int:
         engine = (lambda: make_engine("serial", model)) if kind == "serial" else \
             (lambda: make_engine("batched", model, slots=slots, tick_tokens=args.tick_tokens))
         try:
-            run_cell(engine(), traces, cell_modes[0], 1, max_tokens=8, draft_s=draft_s, cap_s=args.cap)  # warm-up
-            for n in cell_ns:
-                for mode in cell_modes:
-                    r = run_cell(engine(), traces, mode, n, max_tokens=args.max_tokens, draft_s=draft_s, cap_s=args.cap)
-                    rows.append(r)
-                    say(_line(r))
+            run_cell(engine(), traces, cell_modes[0], 1, max_tokens=8, **edge_kw)  # warm-up
+            for rtt in rtts:
+                for n in cell_ns:
+                    for rep in range(args.repeats):
+                        for mode in cell_modes:
+                            r = run_cell(engine(), traces, mode, n, max_tokens=args.max_tokens, rtt_ms=rtt, **edge_kw)
+                            r["repeat"] = rep
+                            rows.append(r)
+                            say(_line(r))
             if args.invariance and kind != "serial":
                 key = "after" if kind == "batched" else "before"
                 result.setdefault("invariance", {})[key] = invariance(
@@ -489,89 +539,6 @@ def cmd_tenants(args) -> int:
     if args.plot:
         plot(result, args.plot)
     return 0
-
-
-def _line(r: dict) -> str:
-    return (f"{r['engine']:8s} {r['mode']:10s} N={r['n']:<3d} {r['agg_tok_s']:7.2f} tok/s agg, {r['per_session_tok_s']:6.2f}/session, "
-            f"p50 {r['lat_p50_s']:.3f} s, p99 {r['lat_p99_s']:.3f} s, {r['passes_per_token']:.3f} passes/token"
-            + (f", {r['capped']} capped" if r["capped"] else "") + (f", errors {r['errors'][:2]}" if r["errors"] else ""))
-
-
-def report(result: dict) -> str:
-    rows = result["rows"]
-    out = [f"=== acespec bench tenants: {len(rows)} cells; {result['max_tokens']} tokens per session, K = {K}, "
-           f"drafting {1e3 * result['draft_s_per_token']:.1f} ms/token (replayed), tick budget {result['tick_tokens']} tokens ===",
-           f"{'engine':8s} {'mode':10s} {'N':>3s} {'agg tok/s':>10s} {'tok/s/sess':>10s} {'first s':>8s} {'p50 s':>7s} {'p99 s':>7s} "
-           f"{'passes/tok':>10s} {'KV peak MB':>10s} {'KV alloc MB':>11s} {'capped':>6s}"]
-    for r in rows:
-        out.append(f"{r['engine']:8s} {r['mode']:10s} {r['n']:3d} {r['agg_tok_s']:10.2f} {r['per_session_tok_s']:10.2f} "
-                   f"{r['first_p50_s']:8.2f} {r['lat_p50_s']:7.3f} {r['lat_p99_s']:7.3f} {r['passes_per_token']:10.3f} {r['kv_peak_mb']:10.1f} "
-                   f"{r['kv_alloc_mb']:11.1f} {r['capped']:6d}")
-    out.append("first s: median over sessions of HELLO -> first verdict (cloud-only: first token), prompt prefill "
-               "included; p50/p99: blocks sent after it, DRAFT -> VERDICT (cloud-only: gap between later tokens)")
-    by = {(r["engine"], r["mode"], r["n"]): r for r in rows}
-    ratios = []
-    for n in sorted({r["n"] for r in rows}):
-        a, s, c = by.get(("batched", "acespec", n)), by.get(("serial", "acespec", n)), by.get(("batched", "cloud-only", n))
-        parts = []
-        if a and s:
-            parts.append(f"AceSpec batched / serial server {a['agg_tok_s'] / max(s['agg_tok_s'], 1e-9):.2f}x")
-        if a and c:
-            parts.append(f"AceSpec / cloud-only (same engine) {a['agg_tok_s'] / max(c['agg_tok_s'], 1e-9):.2f}x")
-        led = by.get(("batched", "cloud-led", n))
-        if led and c:
-            parts.append(f"cloud-led / cloud-only per session {led['per_session_tok_s'] / max(c['per_session_tok_s'], 1e-9):.2f}x "
-                         f"at {led['passes_per_token']:.2f} passes/token")
-        one = by.get(("batched", "acespec", 1))
-        if a and one:
-            parts.append(f"agg vs N=1 {a['agg_tok_s'] / max(one['agg_tok_s'], 1e-9):.2f}x, p99 vs N=1 {a['lat_p99_s'] / max(one['lat_p99_s'], 1e-9):.2f}x")
-        sh = by.get(("shared", "acespec", n))
-        if a and sh:
-            parts.append(f"shared pass / exact {sh['agg_tok_s'] / max(a['agg_tok_s'], 1e-9):.2f}x")
-        if parts:
-            ratios.append(f"N={n}: " + "; ".join(parts))
-    if ratios:
-        out.append("ratios (same run):")
-        out.extend("  " + x for x in ratios)
-    inv = result.get("invariance")
-    if inv:
-        out.append("same text whatever the load (each session alone vs all together):")
-        for label, key in (("batched, exact (one KV stream and one pass per session)", "after"),
-                           ("shared pass (one unified KV cache), before", "before")):
-            for r in inv.get(key, []):
-                out.append(f"  {label}: {r['rule']}: {r['tokens_differ']} of {r['tokens']} tokens differ "
-                           f"({r['sessions_differ']} of {r['n']} sessions); {r['row_blocks_differ']} of {r['row_blocks']} "
-                           f"verified row blocks not bit-identical" + (f", errors {r['errors'][:2]}" if r["errors"] else ""))
-    return "\n".join(out)
-
-
-def plot(result: dict, png: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
-    groups: dict[tuple[str, str], list[dict]] = {}
-    for r in result["rows"]:
-        groups.setdefault((r["engine"], r["mode"]), []).append(r)
-    for (eng, mode), rs in groups.items():
-        rs = sorted(rs, key=lambda r: r["n"])
-        label = f"{mode} ({eng})"
-        style = "--" if eng == "serial" else "-"
-        ax1.plot([r["n"] for r in rs], [r["agg_tok_s"] for r in rs], style, marker="o", label=label)
-        ax2.plot([r["n"] for r in rs], [r["lat_p99_s"] for r in rs], style, marker="o", label=label)
-    for ax, title in ((ax1, "aggregate committed tokens/s"), (ax2, "verdict latency p99 (s)")):
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("concurrent edges N")
-        ax.set_title(title)
-        ax.grid(alpha=0.3)
-    ax2.set_yscale("log")
-    ax1.legend(fontsize=8)
-    fig.suptitle("acespec bench tenants: one cloud (Qwen2.5-Coder-1.5B, 2 CPU cores), N replayed edges", fontsize=10)
-    fig.tight_layout()
-    Path(png).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(png, dpi=110)
 
 
 def demo_capacity(port: int, *, model_id: str, vocab: int, auth: bytes, n: int = 4, max_tokens: int = 24, traces=None) -> str:

@@ -103,8 +103,10 @@ class LeadPricer:
         n = min(available, c.k_max)
         if n <= 0 or 0 not in self._cost:  # a draft's rows are priced against a measured plain step (the first is one)
             return 0
-        if not any(k > 0 for k in self._cost):  # a draft row's cost is still a guess: the first draft is short
-            n = min(n, 2 * c.probe_k)
+        if not any(k > 0 for k in self._cost):
+            # a draft row's cost is still a guess (a GPU's 5% of a step, or nearly a whole step on one
+            # CPU thread): the first draft is as short as a probe, so a wrong guess costs one probe
+            n = min(n, c.probe_k)
         best_k, best_rate = 0, 1.0 / (self.cost(0) + self._other)
         for k in range(1, n + 1):
             rate = self.expected_tokens(k) / (self.cost(k) + self._other)

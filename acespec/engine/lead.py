@@ -53,7 +53,11 @@ class LeadState:
         return draft, np.stack([dense_row([i for i, _ in r], [p for _, p in r], V) for r in rows[:k]])
 
     def observe(self, verdict: Verdict, wall_s: float) -> None:
-        self.pricer.observe(verdict.drafted, verdict.accepted, verdict.verify_us / 1e6, wall_s)
+        # the first step's wall time holds the prompt's prefill (seconds, over several engine ticks; its
+        # own pass is the first token's, a plain step's). Taught as the wait outside a pass, it made
+        # that wait look like a second at first, and deep drafts nearly free for a dozen steps: on one
+        # CPU thread, 5 deep drafts in a 64-token session that plain steps would have beaten
+        self.pricer.observe(verdict.drafted, verdict.accepted, verdict.verify_us / 1e6, wall_s if self.steps > 1 else None)
 
 
 class LocalLeadLink(LeadLink):
