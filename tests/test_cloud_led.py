@@ -31,7 +31,6 @@ from acespec.engine.verifier import TargetVerifier
 from acespec.models.toy import ToyModel
 from acespec.verify import RuleSpec, SamplingParams
 
-from paced_toy import PassCostToy
 from test_lossless import BAD_DRAFT, GOOD_DRAFT, LENGTH, PROMPT, TARGET, assert_matches_target, exact_sequences
 
 
@@ -174,13 +173,15 @@ def test_the_pricer_weighs_time_spent_outside_the_pass():
 
 # ------------------------------------------------------------------------------------------ lossless
 def _follow(draft_model, rule: str, sp: SamplingParams, seed: int, max_tokens: int, *, q_topn: int = 0,
-            send_q: bool | None = None, target=TARGET, prompt=PROMPT):
+            send_q: bool | None = None, target=TARGET, prompt=PROMPT, clock=None):
     rs = RuleSpec.parse(rule)
-    v = TargetVerifier(target, prompt, sampling=sp, rule=rs, seed=seed, max_tokens=max_tokens)
-    link = LocalLeadLink(v, q_topn=q_topn, config=LeadConfig(k_max=4, prior_row_cost=0.0))
+    timed = {"clock": clock} if clock else {}
+    v = TargetVerifier(target, prompt, sampling=sp, rule=rs, seed=seed, max_tokens=max_tokens, **timed)
+    link = LocalLeadLink(v, q_topn=q_topn, config=LeadConfig(k_max=4, prior_row_cost=0.0), **timed)
     drafter = ChainDrafter(draft_model, sampling=sp, rule=rs, seed=seed)
     drafter.model.reset()
-    loop = FollowLoop(link, prompt, drafter=drafter, config=FollowConfig(max_tokens=max_tokens, max_lead=6))
+    loop = FollowLoop(link, prompt, drafter=drafter, config=FollowConfig(max_tokens=max_tokens, max_lead=6),
+                      **timed)
     if send_q is False:
         loop.needs_q = False
     return loop.run(), link
@@ -224,6 +225,19 @@ def test_the_cloud_led_chi_square_has_power():
     assert pooled_chisquare(counts, exact, n)[2] < 1e-6
 
 
+class _TickClock:
+    """A clock that moves 1 ms at every reading, shared by the verifier, the link and the loop: every
+    cloud step costs the same few readings whatever its rows, and the stream's rate (which sets the lead depth) is counted
+    in readings, not in a loaded machine's seconds."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        self.t += 0.001
+        return self.t
+
+
 @pytest.mark.parametrize("rule,temperature", [("greedy", 0.0), ("coupled", 0.8), ("coupled", 1.0)])
 @pytest.mark.parametrize("noise", [0.1, 1.5])
 def test_cloud_led_greedy_and_coupled_give_cloud_only_tokens_whatever_the_drafter(rule, temperature, noise):
@@ -234,11 +248,11 @@ def test_cloud_led_greedy_and_coupled_give_cloud_only_tokens_whatever_the_drafte
         ref = generate(target, prompt, SpecConfig(rule="coupled" if rule == "coupled" else "greedy", temperature=temperature,
                                                   seed=seed, max_tokens=40, spec=False)).tokens
         drafter = ToyModel(vocab=64, seed=5, noise=noise, noise_seed=seed + 1)
-        # the same target, whose pass costs 2 ms whatever its rows (a GPU's shape): a bare toy pass takes
-        # microseconds, so on a loaded machine the pricer's timings are noise and it can rightly find no
-        # draft worth its rows (a CI run under two test workers verified 4 drafted tokens in 40)
-        paced = PassCostToy(vocab=64, seed=5, pass_s=0.002)
-        res, link = _follow(drafter, rule, sp, seed, 40, target=paced, prompt=prompt)
+        # every step costs one tick of this clock whatever its rows (a GPU's shape): a bare toy pass takes
+        # microseconds, so on a loaded machine wall-clock timings are noise and the pricer can rightly
+        # find no draft worth its rows (CI runs under two test workers saw 4 and 9 kept tokens in 40,
+        # even with a 2 ms sleep in every pass); with the cost fixed, what the drafter gets is its own doing
+        res, link = _follow(drafter, rule, sp, seed, 40, target=target, prompt=prompt, clock=_TickClock())
         assert res.tokens == ref
         if noise < 1:
             assert res.stats.accepted > 10  # a close drafter really sped the stream up

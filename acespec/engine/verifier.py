@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -76,6 +76,7 @@ class TargetVerifier:
         seed: int = 0,
         max_tokens: int = 256,
         stop_ids: frozenset[int] | None = None,
+        clock: Callable[[], float] = time.perf_counter,  # what a verify's cost is timed on (a test's or simulator's clock)
     ) -> None:
         if not prompt:
             raise ValueError("the prompt must contain at least one token")
@@ -90,6 +91,7 @@ class TargetVerifier:
         self.stop_ids = target.tokenizer.eos_ids if stop_ids is None else stop_ids
         self.finished = self.max_tokens <= 0
         self.stats = VerifierStats()
+        self.clock = clock
         # rule-level observations for the eval harness: (target prob, rank) of every accepted token
         self.record_accepted = False
         self.accepted_support: list[tuple[float, int]] = []
@@ -108,11 +110,11 @@ class TargetVerifier:
         job = self.prepare(seq, base, x, q)
         if isinstance(job, Verdict):
             return job
-        t0 = time.perf_counter()
+        t0 = self.clock()
         # keep the cache one token behind the committed prefix, so the pass yields p after it
         n = self.target.sync(self.tokens[:-1])
         logits = self.target.eval(self.tokens[n:] + job.draft.tolist(), last=job.k + 1)
-        return self.finish(job, logits, time.perf_counter() - t0)
+        return self.finish(job, logits, self.clock() - t0)
 
     def prepare(self, seq: int, base: int, x: Sequence[int], q: np.ndarray | None = None) -> "VerifyJob | Verdict":
         """The model-free first half of `verify`: a dropped Verdict for a stale block, else the job whose
@@ -137,17 +139,17 @@ class TargetVerifier:
         is what the verify cost (reported to the edge and counted in the stats)."""
         if self.committed != job.committed:
             raise RuntimeError(f"verify job prepared at {job.committed}, but the session has committed {self.committed}")
-        t0 = time.perf_counter()
+        t0 = self.clock()
         draft, C = job.draft, job.committed
         p = probs_from_logits(logits, self.sampling)  # [k+1, V]
         accepted, nxt = verify_block(self.rule, draft, job.q, p, self.rng, seed=self.seed, start_pos=C)
         self.last_p = p
-        return self.commit(job, accepted, int(nxt), seconds + time.perf_counter() - t0, p)
+        return self.commit(job, accepted, int(nxt), seconds + self.clock() - t0, p)
 
     def commit(self, job: "VerifyJob", accepted: int, nxt: int, seconds: float, p: np.ndarray | None = None) -> Verdict:
         """Commit a rule's outcome for `job` (the first `accepted` draft tokens, then `nxt`), cut at
         end-of-sequence or the budget; `p` [k+1, V] only for the eval harness's records."""
-        t0 = time.perf_counter()
+        t0 = self.clock()
         draft, k, C = job.draft, job.k, job.committed
         emitted, finished = self._cut(draft[:accepted].tolist() + [int(nxt)])
         accepted, nxt = len(emitted) - 1, emitted[-1]
@@ -158,7 +160,7 @@ class TargetVerifier:
                 self.accepted_support.append((float(row[tok]), int((row > row[tok]).sum()) + 1))
         self.tokens.extend(emitted)
         self.finished = finished
-        dt = seconds + time.perf_counter() - t0
+        dt = seconds + self.clock() - t0
         s = self.stats
         s.rounds += 1
         s.drafted += k
