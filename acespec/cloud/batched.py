@@ -157,7 +157,10 @@ class BatchedEngine(VerifyEngine):
         return s
 
     async def verify(self, s, seq, base, tokens, q):
-        return await asyncio.wrap_future(self._submit(s, "verify", (seq, base, list(tokens), q)).fut)
+        return await self.submit_verify(s, seq, base, tokens, q)
+
+    def submit_verify(self, s, seq, base, tokens, q):
+        return asyncio.wrap_future(self._submit(s, "verify", (seq, base, list(tokens), q)).fut)
 
     async def step(self, s):
         return await asyncio.wrap_future(self._submit(s, "step").fut)

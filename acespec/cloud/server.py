@@ -523,7 +523,7 @@ class CloudServer:
                 if frames is None:
                     return
                 for f in frames:
-                    if s.owner is not asyncio.current_task():
+                    if s.owner is not me:
                         return  # a RESUME on a new connection took the session over
                     if out.done():
                         out.result()  # the writer failed: surface its error here
@@ -541,8 +541,8 @@ class CloudServer:
                             q = np.stack([dense_row([i for i, _ in row], [p for _, p in row], V) for row in f.q]) if f.q else None
                         elif s.verifier.rule.info.needs_q and f.tokens:
                             raise ProtocolError(wire.ErrorCode.BAD_REQUEST, f"rule {s.verifier.rule} needs q rows with each DRAFT")
-                        # submitted now (tasks start in creation order, so the engine sees the blocks in order)
-                        verdicts.put_nowait((f.seq, asyncio.ensure_future(self.engine.verify(s.handle, f.seq, f.base, f.tokens, q))))
+                        # submitted now, in arrival order (the engine sees the blocks in the order they came)
+                        verdicts.put_nowait((f.seq, self.engine.submit_verify(s.handle, f.seq, f.base, f.tokens, q)))
                     elif isinstance(f, wire.Ping):
                         writer.write(wire.encode(wire.Pong(nonce=f.nonce, sent_us=f.sent_us)))
                     elif isinstance(f, wire.Close):
