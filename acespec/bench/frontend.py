@@ -11,8 +11,9 @@ the frame codec, auth, the session table. This process plays thousands of edges 
    reading the server's memory (VmRSS) before and after: memory per session;
 2. at each rate in `--rates`, for `--seconds`, it sends DRAFTs open-loop at that rate spread over
    the sessions (one block in flight per session, as an edge-led edge in sync mode has), and times
-   each DRAFT -> VERDICT: verdicts per second achieved, p50 / p99 / max frame latency, and the
-   server's CPU use.
+   each DRAFT -> VERDICT: verdicts per second achieved, p50 / p99 / max frame latency, the
+   server's CPU use, and the cores anything else on the machine kept busy meanwhile (from /proc/stat:
+   a run that shared its cores with other work is flagged, since its figures are not the front end's).
 
 Each `--variants` entry is a fresh server with one standard remedy on or off, measured the same way
 one after the other: `uvloop` (the default server: uvloop, and the garbage collector kept off the
@@ -43,6 +44,7 @@ VARIANTS = {  # name -> `acespec serve` arguments
 }
 P99_BUDGET_MS = 50.0  # the latency a front end may add at the sustained rate
 KEEP_UP = 0.97  # a rate is sustained when at least this share of it came back as verdicts
+OTHER_CPU_WARN = 0.2  # cores busy with other work during a rate above which its figures are flagged
 
 
 @dataclass
@@ -68,6 +70,7 @@ class RateResult:
     p99_ms: float = 0.0
     max_ms: float = 0.0
     server_cpu: float = 0.0  # the server's CPU seconds per wall second during the run
+    other_cpu: float = 0.0  # cores busy with anything but the server and this load generator (the machine was shared)
     errors: int = 0
     sustained: bool = False
 
@@ -92,6 +95,13 @@ def _rss_mib(pid: int) -> float:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) / 1024
     return 0.0
+
+
+def _machine_busy_s() -> float:
+    """CPU seconds all cores have spent busy since boot (/proc/stat: everything but idle and iowait)."""
+    with open("/proc/stat") as f:
+        xs = [int(x) for x in f.readline().split()[1:]]
+    return (sum(xs[:8]) - xs[3] - xs[4]) / os.sysconf("SC_CLK_TCK")
 
 
 def _cpu_s(pid: int) -> float:
@@ -194,7 +204,7 @@ async def _measure(port: int, cfg: FrontendConfig, pid: int, log) -> FrontendRes
             lat.clear()
             errors.clear()
             r = RateResult(rate)
-            cpu0, w0 = _cpu_s(pid), time.perf_counter()
+            cpu0, own0, busy0, w0 = _cpu_s(pid), _cpu_s(os.getpid()), _machine_busy_s(), time.perf_counter()
             tick = 0.002  # send in 2 ms batches: rate * tick drafts each
             owed = 0.0
             end = w0 + cfg.seconds
@@ -228,7 +238,9 @@ async def _measure(port: int, cfg: FrontendConfig, pid: int, log) -> FrontendRes
                 await asyncio.sleep(max(0.0, next_t - time.perf_counter()))
             await asyncio.sleep(0.5)  # the stragglers
             wall = time.perf_counter() - w0
-            r.server_cpu = round((_cpu_s(pid) - cpu0) / wall, 2)
+            server_s = _cpu_s(pid) - cpu0
+            r.server_cpu = round(server_s / wall, 2)
+            r.other_cpu = round(max(0.0, _machine_busy_s() - busy0 - server_s - (_cpu_s(os.getpid()) - own0)) / wall, 2)
             r.verdicts = len(lat)
             r.per_s = round(r.verdicts / (wall - 0.5), 1)
             if lat:
@@ -241,8 +253,10 @@ async def _measure(port: int, cfg: FrontendConfig, pid: int, log) -> FrontendRes
                 and r.errors == 0
             res.rates.append(r)
             log(f"  {rate:6d}/s asked: {r.per_s:8.1f} verdicts/s, p50 {r.p50_ms:6.2f} ms, p99 {r.p99_ms:7.2f} ms, "
-                f"max {r.max_ms:7.1f} ms, server CPU {r.server_cpu:.2f}, errors {r.errors}"
+                f"max {r.max_ms:7.1f} ms, server CPU {r.server_cpu:.2f}, other CPU {r.other_cpu:.2f}, errors {r.errors}"
                 f"{'  (sustained)' if r.sustained else ''}")
+            if r.other_cpu > OTHER_CPU_WARN:
+                log(f"    warning: other work kept {r.other_cpu:.2f} cores busy during this rate; its figures are not the front end's alone")
             if r.sustained and r.per_s > res.sustained_per_s:
                 res.sustained_per_s, res.sustained_p99_ms = r.per_s, r.p99_ms
             await asyncio.sleep(1.0)
@@ -340,11 +354,14 @@ def cmd_bench_frontend(args: argparse.Namespace) -> int:
     if args.quiet:
         write_result(args.json, {"variants": results})
         return 0
-    print(f"\n{'variant':>11} {'sessions':>9} {'MiB':>6} {'KiB/session':>12} {'sustained verdicts/s':>21} {'p99 ms':>7}")
+    print(f"\n{'variant':>11} {'sessions':>9} {'MiB':>6} {'KiB/session':>12} {'sustained verdicts/s':>21} {'p99 ms':>7} "
+          f"{'other CPU':>10}")
     for r in results:
+        other = max((x["other_cpu"] for x in r["rates"]), default=0.0)
         print(f"{r['variant']:>11} {r['opened']:9d} {r['rss_open_mib']:6.0f} {r['bytes_per_session'] / 1024:12.1f} "
-              f"{r['sustained_per_s']:21.0f} {r['sustained_p99_ms']:7.1f}")
+              f"{r['sustained_per_s']:21.0f} {r['sustained_p99_ms']:7.1f} {other:10.2f}")
     print(f"(sustained: the highest rate tried that came back at least {KEEP_UP:.0%} as verdicts with p99 <= "
-          f"{P99_BUDGET_MS:g} ms; the server on one core, the load generator on the other)")
+          f"{P99_BUDGET_MS:g} ms; the server on one core, the load generator on the other; other CPU: the most cores "
+          f"that anything else kept busy during one rate, 0 on a quiet machine)")
     write_result(args.json, {"variants": results})
     return 0
