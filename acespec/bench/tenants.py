@@ -462,12 +462,13 @@ def _modes(text: str) -> list[str]:
 
 
 def cmd_tenants(args) -> int:
+    from acespec.argtypes import parse_rtts
     from acespec.cloud.engine import make_engine
 
     if args.engine == "vllm":
         from acespec.bench.vllm import cmd_tenants_vllm
 
-        if args.rtt.strip() not in ("0", "") or args.temperature:
+        if any(parse_rtts(args.rtt)) or args.temperature:
             raise ValueError("--rtt and --temperature are not yet available with --engine vllm (its edges run on loopback, greedy)")
 
         return cmd_tenants_vllm(args)
@@ -476,7 +477,6 @@ def cmd_tenants(args) -> int:
 
     ns, modes, serial_modes, serial_ns = _ints(args.n), _modes(args.modes), _modes(args.serial_modes), _ints(args.serial_n)
     shared_ns = _ints(args.shared_n)
-    from acespec.argtypes import parse_rtts
 
     rtts = parse_rtts(args.rtt)
     if not args.temperature >= 0:
