@@ -207,7 +207,7 @@ def _run(args: argparse.Namespace, children: ChildProcesses) -> int:
             if show:
                 sys.stdout.write(stream.flush() + "\n")
             results[name] = res
-        print_table(results, args, link)
+        print_table(results, args, link, modes={name: cfg.mode for name, cfg, _ in runs})
         if not args.quick:
             from acespec.bench.tenants import demo_capacity
 
@@ -238,7 +238,8 @@ def agreement(a: list[int], b: list[int]) -> float:
     return n / max(1, max(len(a), len(b)))
 
 
-def print_table(results: dict, args: argparse.Namespace, link: str) -> None:
+def print_table(results: dict, args: argparse.Namespace, link: str, modes: dict[str, str] | None = None) -> None:
+    """`modes`: each run's edge mode (its ceiling's mode); without it no ceiling is printed."""
     names = list(results)
     rows = [
         ("tokens/s", lambda s, st: f"{s['tokens_per_s']:.2f}"),
@@ -254,12 +255,23 @@ def print_table(results: dict, args: argparse.Namespace, link: str) -> None:
         ("tokens", lambda s, st: str(s["emitted"])),
     ]
     sums = {n: results[n].stats.summary() for n in names}
+    # what the hardware allows each mode, from this run's own passes, drafting, link and acceptance
+    from acespec.bench.ceiling import calibrate, ceiling, describe, for_run
+
+    cal = calibrate(results[n].stats for n in names)
+    modes = modes or {}
+    tops = {n: ceiling(modes[n], for_run(cal, results[n].stats)) for n in names if cal is not None and n in modes}
     w = 26
     out = sys.stdout
     out.write(f"\n=== AceSpec demo: {link}; rule {args.rule}, temperature {args.temperature:g}, seed {args.seed} ===\n")
     out.write(f"{'':{w}}" + "".join(f"{n:>14}" for n in names) + "\n")
     for label, fn in rows:
         out.write(f"{label:{w}}" + "".join(f"{fn(sums[n], results[n].stats):>14}" for n in names) + "\n")
+    if tops:
+        out.write(f"{'ceiling tokens/s (K)':{w}}" + "".join(
+            f"{f'{tops[n][0]:.2f} ({tops[n][1]})' if n in tops else '-':>14}" for n in names) + "\n")
+        out.write(f"{'measured / ceiling':{w}}" + "".join(
+            f"{sums[n]['tokens_per_s'] / tops[n][0]:>14.2f}" if n in tops else f"{'-':>14}" for n in names) + "\n")
     if "cloud-only" in results:
         base = sums["cloud-only"]["tokens_per_s"] or 1e-9
         out.write(f"{'speed vs cloud-only':{w}}" + "".join(f"{sums[n]['tokens_per_s'] / base:>13.2f}x" for n in names) + "\n")
@@ -275,6 +287,9 @@ def print_table(results: dict, args: argparse.Namespace, link: str) -> None:
                    " one-token evaluation differs in the last bits)")
                 + "\n"
             )
+    if tops:
+        out.write(describe(cal) + "; the ceiling is the best tokens/s any schedule of the mode could reach on those\n"
+                  "      (acespec/bench/ceiling.py), so measured / ceiling is what the serving engine, the wire and Python cost\n")
     if getattr(args, "cores", "shared") == "split":
         out.write(
             "note: the edge and the cloud each have their own CPU core(s) here (--cores split), like two devices;\n"

@@ -290,7 +290,7 @@ class FollowLoop:
         self.stats.observe_block(c.drafted, c.accepted)
         self.stats.k_chosen.append(c.drafted)
         self.stats.emitted += len(new)
-        self.stats.verify_s += c.verify_s
+        self.stats.observe_pass(c.drafted, c.verify_s)
         self.stats.token_times.extend([now] * len(new))
         self.depth.observe(c, gap)
         if self.on_tokens:

@@ -286,7 +286,7 @@ class SpecLoop:
         if len(self.committed) != v.committed:
             raise RuntimeError(f"edge and target disagree on the committed length ({len(self.committed)} vs {v.committed})")
         self.stats.observe_block(drafted, v.accepted)
-        self.stats.verify_s += v.verify_us / 1e6
+        self.stats.observe_pass(drafted, v.verify_us / 1e6)
         rtt = self._feed_policy(drafted, v, judged=not block.doomed)
         self._deliver(block, o, v, emitted, drafted, rtt)
         if v.finished:

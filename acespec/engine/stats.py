@@ -25,12 +25,16 @@ class RunStats:
     bytes_up: int = 0  # uplink bytes (network modes)
     bytes_down: int = 0  # downlink bytes (network modes)
     k_chosen: list[int] = field(default_factory=list)  # draft depth chosen per block
+    rejections: int = 0  # blocks whose drafts the target stopped short of (a token it judged and refused)
+    passes: list[tuple[int, float]] = field(default_factory=list)  # per target pass the target reported: (draft tokens, seconds)
     cache: dict = field(default_factory=dict)  # state-cache metrics, when a cache is used
 
     def observe_block(self, drafted: int, accepted: int) -> None:
         self.rounds += 1
         self.drafted += drafted
         self.accepted += accepted
+        if accepted < drafted:
+            self.rejections += 1
         while len(self.pos_drafted) < drafted:
             self.pos_drafted.append(0)
             self.pos_accepted.append(0)
@@ -43,6 +47,11 @@ class RunStats:
     def mean_acceptance_length(self) -> float:
         """tau = 1 + accepted / rounds."""
         return 1.0 + self.accepted / self.rounds if self.rounds else 0.0
+
+    def observe_pass(self, drafted: int, seconds: float) -> None:
+        """One target pass as the target reported it (`Verdict.verify_us`): what `bench.ceiling` calibrates on."""
+        self.verify_s += seconds
+        self.passes.append((drafted, seconds))
 
     @property
     def acceptance_rate(self) -> float:

@@ -1,0 +1,103 @@
+"""The ceiling every speed benchmark prints beside its measurement (`bench/ceiling.py`): hand-computed
+cases of each mode's schedule, the calibration read from a run's own statistics, and a real session
+that records the passes the calibration needs."""
+
+from __future__ import annotations
+
+import pytest
+
+from acespec.bench.ceiling import Calibration, calibrate, ceiling, expected_tokens, fraction_text
+from acespec.engine.stats import RunStats
+
+
+@pytest.mark.parametrize("k,a,want", [(0, 0.7, 1.0), (3, 0.0, 1.0), (3, 1.0, 4.0), (2, 0.5, 1.75), (4, 0.9, 4.0951)])
+def test_expected_tokens_is_the_truncated_geometric_sum(k, a, want):
+    assert expected_tokens(k, a) == pytest.approx(want, rel=1e-4)
+
+
+def test_cloud_only_is_the_target_stepping_without_a_gap():
+    cal = Calibration(pass_c0_s=0.2, pass_c1_s=0.01, draft_s=0.005, rtt_s=0.1, accept=0.8)
+    assert ceiling("cloud-only", cal) == (pytest.approx(5.0), 0)
+
+
+def test_pipelined_drafts_until_the_edge_cannot_keep_the_target_fed():
+    # a GPU's shape (a pass costs the same for any k): deeper is better until k drafts take longer
+    # than the pass itself, at k = t0 / d = 10
+    cal = Calibration(pass_c0_s=0.1, pass_c1_s=0.0, draft_s=0.01, rtt_s=0.1, accept=0.9, k_max=16)
+    rate, k = ceiling("pipelined", cal)
+    assert k == 10 and rate == pytest.approx(expected_tokens(10, 0.9) / 0.1)
+
+
+def test_sync_pays_drafting_and_the_round_trip_on_every_block():
+    cal = Calibration(pass_c0_s=0.1, pass_c1_s=0.02, draft_s=0.01, rtt_s=0.1, accept=0.8, k_max=0)
+    assert ceiling("sync", cal) == (pytest.approx(1 / 0.2), 0)  # k = 0: a plain step and its round trip
+    deep = Calibration(pass_c0_s=0.1, pass_c1_s=0.02, draft_s=0.01, rtt_s=0.1, accept=0.8, k_max=16)
+    rate, k = ceiling("sync", deep)
+    best = max(expected_tokens(j, 0.8) / (0.1 + 0.02 * j + 0.01 * j + 0.1) for j in range(17))
+    assert rate == pytest.approx(best) and rate < ceiling("pipelined", deep)[0]
+
+
+@pytest.mark.parametrize("a", [0.0, 0.3, 0.9])
+@pytest.mark.parametrize("c1", [0.0, 0.05, 0.5])
+def test_cloud_led_never_sits_below_cloud_only_and_drafts_nothing_the_target_refuses(a, c1):
+    cal = Calibration(pass_c0_s=0.1, pass_c1_s=c1, draft_s=0.002, rtt_s=0.1, accept=a)
+    led, k = ceiling("cloud-led", cal)
+    assert led >= ceiling("cloud-only", cal)[0]
+    if a == 0.0:
+        assert k == 0  # no draft is ever kept: a plain step is the best schedule
+
+
+def test_an_unknown_mode_is_refused():
+    with pytest.raises(ValueError, match="unknown mode"):
+        ceiling("warp", Calibration(0.1, 0.0, 0.0, 0.0, 0.5))
+
+
+def _stats(passes, accepted, rejections, drafted, draft_s, rtt_ms=None):
+    r = RunStats()
+    for k, s in passes:
+        r.observe_pass(k, s)
+    r.accepted, r.rejections, r.drafted, r.draft_s = accepted, rejections, drafted, draft_s
+    if rtt_ms is not None:
+        r.cache["rtt_ms_mean"] = rtt_ms
+    return r
+
+
+def test_calibrate_reads_a_runs_own_passes_acceptance_drafting_and_link():
+    led = _stats([(0, 0.1)] * 3 + [(0, 5.0)], accepted=0, rejections=0, drafted=0, draft_s=0.0, rtt_ms=100.0)  # one hiccup
+    edge = _stats([(4, 0.3)] * 3, accepted=6, rejections=2, drafted=12, draft_s=0.12, rtt_ms=100.0)
+    cal = calibrate([led, edge])
+    assert cal.pass_c0_s == pytest.approx(0.1) and cal.pass_c1_s == pytest.approx(0.05)
+    assert cal.accept == pytest.approx(0.75) and cal.draft_s == pytest.approx(0.01) and cal.rtt_s == pytest.approx(0.1)
+    assert calibrate([RunStats()]) is None and fraction_text(5.0, "cloud-only", None) == "-"
+    assert fraction_text(5.0, "cloud-only", cal) == "0.50 of 10.00"
+
+
+def test_a_real_session_records_every_pass_the_target_reported():
+    from acespec.cloud.server import CloudServerThread, ServerConfig
+    from acespec.edge.client import ConnectConfig
+    from acespec.edge.runtime import EdgeConfig, run_edge
+    from acespec.models.toy import ToyModel
+
+    target, drafter = ToyModel(vocab=48, seed=1), ToyModel(vocab=48, seed=1, noise=1.0, noise_seed=3)
+    with CloudServerThread(target, ServerConfig(port=0)) as srv:
+        runs = {mode: run_edge(drafter, [1, 2, 3], EdgeConfig(mode=mode, rule="greedy", k=3, max_tokens=30,
+                                                              connect=ConnectConfig(port=srv.port)),
+                               model_id="toy:vocab=48").stats for mode in ("sync", "cloud-led")}
+    sync = runs["sync"]
+    assert len(sync.passes) == sync.rounds and {k for k, _ in sync.passes} <= {0, 1, 2, 3}
+    assert sum(s for _, s in sync.passes) == pytest.approx(sync.verify_s)
+    assert sync.rejections <= sync.rounds and (sync.accepted + sync.rejections) > 0
+    assert runs["cloud-led"].passes  # the cloud-led steps' figures (TOKENS with HAS_STEP) count too
+    cal = calibrate(runs.values())
+    assert cal is not None and cal.pass_c0_s > 0 and 0 <= cal.accept <= 1
+
+
+def test_each_run_is_held_to_its_own_acceptance_and_round_trip():
+    from acespec.bench.ceiling import for_run
+
+    cal = Calibration(pass_c0_s=0.1, pass_c1_s=0.0, draft_s=0.001, rtt_s=0.1, accept=0.5)
+    good = _stats([], accepted=9, rejections=1, drafted=10, draft_s=0.01, rtt_ms=20.0)
+    own = for_run(cal, good)
+    assert own.accept == pytest.approx(0.9) and own.rtt_s == pytest.approx(0.02) and own.pass_c0_s == 0.1
+    assert ceiling("pipelined", own)[0] > ceiling("pipelined", cal)[0]
+    assert for_run(cal, RunStats()) == cal  # nothing judged, no link measured: the pooled figures
