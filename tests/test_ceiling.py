@@ -101,3 +101,15 @@ def test_each_run_is_held_to_its_own_acceptance_and_round_trip():
     assert own.accept == pytest.approx(0.9) and own.rtt_s == pytest.approx(0.02) and own.pass_c0_s == 0.1
     assert ceiling("pipelined", own)[0] > ceiling("pipelined", cal)[0]
     assert for_run(cal, RunStats()) == cal  # nothing judged, no link measured: the pooled figures
+
+
+def test_bench_acespec_checks_each_mode_against_its_ceiling():
+    from acespec.bench.acespec_bench import check_bars
+
+    def m(tps, frac, top):
+        return {"tokens_per_s": tps, "of_ceiling": frac, "ceiling_tokens_per_s": top, "target_passes_per_token": 0.2}
+
+    result = {"summary": {"100": {"acespec": m(7.2, 0.57, 12.6), "cloud-only": m(5.9, 0.95, 6.2)}}}
+    bars = {b: (got, ok) for b, got, ok in check_bars(result, 1 << 20)}
+    assert bars["acespec tokens/s >= 0.8 of its ceiling at RTT 100 ms"] == ("0.57 of 12.60 tok/s", False)
+    assert bars["cloud-only tokens/s >= 0.9 of its ceiling at RTT 100 ms"] == ("0.95 of 6.20 tok/s", True)

@@ -517,7 +517,12 @@ def test_bench_wan_runs_side_by_side_with_toy_models():
     from acespec.bench.wan import BenchConfig, format_table, run_wan_bench
 
     cfg = BenchConfig(rtts=[0.0, 30.0], profile="lan", k=3, max_tokens=12, warmup_tokens=2)
-    res = bounded(lambda: run_wan_bench(toy_drafter(), toy_target(), [("p0", PROMPT), ("p1", [7, 7, 1])], cfg,
+    from paced_toy import PassCostToy
+
+    # a target whose pass takes 2 ms, as a real one takes time: a bare toy's passes report 0 us, and
+    # a ceiling on free passes is no ceiling
+    target = PassCostToy(vocab=V, seed=1, pass_s=0.002)
+    res = bounded(lambda: run_wan_bench(toy_drafter(), target, [("p0", PROMPT), ("p1", [7, 7, 1])], cfg,
                                         progress=False))
     assert res["outputs_agree"] == "4/4"
     assert len(res["runs"]) == 2 * 2 * 3 and not any(r["error"] for r in res["runs"])
@@ -528,9 +533,11 @@ def test_bench_wan_runs_side_by_side_with_toy_models():
             assert m["emitted"] == 24 and m["tokens_per_s"] > 0 and m["runs"] == 2
             assert m["decode_tokens_per_s"] > 0  # the rate after the first token, prefill excluded
         assert row["sync"]["target_passes_per_token"] < 1.0
+        for m in row.values():  # every mode beside its ceiling, calibrated on the same runs' passes
+            assert m["ceiling_tokens_per_s"] > 0 and 0 < m["of_ceiling"] <= 1.05
     assert set(res["sensitivity"]) == {"cloud-only", "sync", "pipelined"}
     table = format_table(res)
-    assert "RTT sensitivity" in table and "pipelined" in table and "dec tok/s" in table
+    assert "RTT sensitivity" in table and "pipelined" in table and "dec tok/s" in table and "of ceil" in table
 
 
 def test_bench_cores_split_gives_each_side_its_own_cores():

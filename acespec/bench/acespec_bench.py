@@ -80,6 +80,12 @@ def check_bars(result: dict, budget_bytes: int) -> list[tuple[str, str, bool | N
     if led:
         worst_rtt, worst = min(led, key=lambda x: x[1])
         out.append(("cloud-led tokens/s >= cloud-only's at every RTT", f"worst {worst:.2f}x (RTT {worst_rtt} ms)", worst >= 1.0))
+    # the ceiling issue's bars: each mode against what the hardware allowed it in this run (bench/ceiling.py)
+    for name, want in (("acespec", 0.8), ("cloud-only", 0.9)):
+        frac = by[hi].get(name, {}).get("of_ceiling")
+        if frac is not None:
+            top = by[hi][name]["ceiling_tokens_per_s"]
+            out.append((f"{name} tokens/s >= {want:g} of its ceiling at RTT {hi} ms", f"{frac:.2f} of {top:.2f} tok/s", frac >= want))
     passes = [m["target_passes_per_token"] for row in by.values() for name, m in row.items() if name == "acespec"]
     if passes:
         worst = max(passes)

@@ -15,7 +15,9 @@ E(k) = 1 + a + ... + a^k the tokens one pass of k drafts commits:
     cloud-led    max_k>=0 E(k) / max(t(k), k d)         the same, and a plain step when no draft pays
 
 Everything the serving engine, the wire and Python add beyond the pass itself is left out on purpose:
-that is what a fraction below 1 is made of. `acespec demo`, `bench acespec`, `bench tenants` and the
+that is what a fraction below 1 is made of. It is a model, not a proof: acceptance that varies by
+position commits a little more per block than the geometric law with the same mean says, and the
+pass times are medians, so a run at its ceiling can read a few hundredths above 1. `acespec demo`, `bench acespec`, `bench tenants` and the
 simulator all print measured / ceiling through `fraction_text`.
 """
 

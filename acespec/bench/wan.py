@@ -133,6 +133,7 @@ class RunRecord:
     draft_s: float = 0.0  # edge: drafting on the critical path (pre-drafting for the cache is in cache.predraft_s)
     wait_s: float = 0.0  # edge: blocked on a verdict with nothing to draft
     verify_s: float = 0.0  # cloud: verify time the verdicts reported
+    ceiling_s: float = 0.0  # the time its tokens would take at its mode's ceiling (bench/ceiling.py; 0: no calibration)
     k_chosen: list[int] = field(default_factory=list, repr=False)
     cache: dict = field(default_factory=dict)
     error: str = ""
@@ -192,6 +193,7 @@ def run_wan_bench(draft, target, prompts: Sequence[tuple[str, list[int]]], cfg: 
         return run_edge(None if ecfg.mode == "cloud-only" else draft, ids, ecfg, model_id=model_id)
 
     records: list[RunRecord] = []
+    stats: dict[int, object] = {}  # id(record) -> its RunStats, for the ceilings
     total = len(cfg.rtts) * len(prompts) * len(cfg.modes)
     with CloudServerThread(target, server_cfg) as cloud, \
             WanProxyThread("127.0.0.1", 0, "127.0.0.1", cloud.port, profile_for(cfg.rtts[0])) as wan:
@@ -222,8 +224,10 @@ def run_wan_bench(draft, target, prompts: Sequence[tuple[str, list[int]]], cfg: 
                             rec.tokens = list(res.tokens)
                             rec.k_chosen = list(s.k_chosen)
                             rec.cache = {k: v for k, v in s.cache.items() if k != "reconnects"}
+                            stats[id(rec)] = s
                         records.append(rec)
                         bar.update(1)
+    _ceilings(records, stats, cfg)
     summary = summarize(records, cfg.rtts, cfg.modes)
     # greedy is lossless: every mode should emit the same tokens for a prompt (llama.cpp's batched
     # verify can differ from one-token steps in the last bits, so this is a sanity figure, not a test)
@@ -266,6 +270,22 @@ def _decode_rate(runs: Sequence[RunRecord]) -> float:
     return round(tokens / wall, 3) if wall > 0 else 0.0
 
 
+def _ceilings(records: Sequence[RunRecord], stats: dict, cfg: BenchConfig) -> None:
+    """Each run's ceiling time, calibrated on every run at its RTT (their passes pooled; its own
+    acceptance and round trip): what the hardware would allow its mode on those figures."""
+    from acespec.bench.ceiling import calibrate, ceiling, for_run
+
+    for rtt in cfg.rtts:
+        runs = [r for r in records if r.rtt_ms == rtt and id(r) in stats]
+        cal = calibrate(stats[id(r)] for r in runs)
+        if cal is None:
+            continue
+        for r in runs:
+            mode = {**{"mode": r.mode}, **cfg.variants.get(r.mode, {})}["mode"]
+            top, _ = ceiling(mode, for_run(cal, stats[id(r)]))
+            r.ceiling_s = r.emitted / top if top > 0 else 0.0
+
+
 def summarize(records: Sequence[RunRecord], rtts: Sequence[float], modes: Sequence[str]) -> dict:
     """Aggregate the runs per (RTT, mode); ratios against cloud-only at the same RTT; RTT sensitivity."""
     by_rtt: dict[str, dict[str, dict]] = {}
@@ -276,12 +296,16 @@ def summarize(records: Sequence[RunRecord], rtts: Sequence[float], modes: Sequen
             emitted = sum(r.emitted for r in runs)
             wall = sum(r.wall_s for r in runs)
             drafted = sum(r.drafted for r in runs)
+            ceil_s = sum(r.ceiling_s for r in runs)
             row[mode] = {
                 "runs": len(runs),
                 "failed": sum(1 for r in records if r.rtt_ms == rtt and r.mode == mode and r.error),
                 "emitted": emitted,
                 "wall_s": round(wall, 4),
                 "tokens_per_s": round(emitted / wall, 3) if wall > 0 else 0.0,
+                # measured / ceiling over the same runs (bench/ceiling.py): what the hardware allowed this mode
+                "ceiling_tokens_per_s": round(emitted / ceil_s, 3) if ceil_s > 0 else None,
+                "of_ceiling": round(ceil_s / wall, 3) if ceil_s > 0 and wall > 0 else None,
                 # after the first token: the prompt's prefill is the same cloud work in every mode (see ttft_s)
                 "decode_tokens_per_s": _decode_rate(runs),
                 "ttft_s": round(_mean([r.ttft_s for r in runs]), 4),
@@ -337,6 +361,7 @@ def format_table(result: dict) -> str:
     cols = [
         ("rtt_ms", 7), ("mode", 11), ("tok/s", 8), ("x cloud", 8), ("dec tok/s", 9), ("ttft_s", 7), ("itl p50 ms", 10),
         ("itl p99 ms", 10), ("passes/tok", 10), ("up B/tok", 9), ("down B/tok", 10), ("accept", 7),
+        ("ceil tok/s", 10), ("of ceil", 7),
     ]
     lines = ["  ".join(f"{name:>{w}}" for name, w in cols)]
     for rtt, row in result["summary"].items():
@@ -349,6 +374,8 @@ def format_table(result: dict) -> str:
                 f"{m['target_passes_per_token']:.3f}", f"{m['bytes_up_per_token']:.1f}",
                 f"{m['bytes_down_per_token']:.1f}",
                 "-" if m["acceptance_rate"] is None else f"{m['acceptance_rate']:.2f}",
+                "-" if m.get("ceiling_tokens_per_s") is None else f"{m['ceiling_tokens_per_s']:.2f}",
+                "-" if m.get("of_ceiling") is None else f"{m['of_ceiling']:.2f}",
             ]
             if m["failed"]:
                 vals[1] += "!"

@@ -68,13 +68,15 @@ def run_grid(traces: Sequence[PromptTrace], devices: Sequence[DeviceProfile], rt
     for dev in devices:
         for rtt in rtts:
             n = net if net.varies else dataclasses.replace(net, rtt_ms=float(rtt))  # a varying link keeps its phases
-            by_mode = {}
+            by_mode, runs = {}, {}
             for mode in modes:
                 cfg = parse_mode(mode, k=k, window=window)
                 res = [simulate(t, dev, n, cfg, sizer, start=s) for t in traces for s in _starts(n)]
                 row = {"profile": dev.name, "rtt_ms": float(rtt), "mode": mode, **aggregate(res)}
                 by_mode[mode] = row
+                runs[mode] = (cfg.mode, res)
                 rows.append(row)
+            _ceilings(by_mode, runs, n.rtt_ms / 1e3)
             for row in by_mode.values():
                 for ref in ("sync", "cloud-only"):
                     base = by_mode.get(ref, {}).get("tok_s")
@@ -89,13 +91,30 @@ def run_grid(traces: Sequence[PromptTrace], devices: Sequence[DeviceProfile], rt
     return {"rows": rows, "sensitivity": sens}
 
 
+def _ceilings(by_mode: dict, runs: dict, rtt_s: float) -> None:
+    """Each row's ceiling (bench/ceiling.py), calibrated on the simulated passes of every mode at this
+    device and RTT, as the live benchmarks calibrate on theirs: the simulator prints the same fraction."""
+    from acespec.bench.ceiling import MODES, calibrate, ceiling, for_run
+
+    cal = calibrate((r.stats for _, res in runs.values() for r in res), rtt_s=rtt_s)
+    for mode, (edge_mode, res) in runs.items():
+        row = by_mode[mode]
+        if cal is None or edge_mode not in MODES:
+            row["ceiling_tok_s"] = row["of_ceiling"] = None
+            continue
+        ceil_s = sum(r.stats.emitted / ceiling(edge_mode, for_run(cal, r.stats))[0] for r in res)
+        row["ceiling_tok_s"] = round(row["tokens"] / ceil_s, 3) if ceil_s > 0 else None
+        row["of_ceiling"] = round(ceil_s / row["wall_s"], 3) if ceil_s > 0 and row["wall_s"] > 0 else None
+
+
 def _f(v, fmt: str) -> str:
     return "-" if v is None else format(v, fmt)
 
 
 def format_table(result: dict) -> str:
     cols = [("profile", 14), ("rtt", 5), ("mode", 30), ("tok/s", 7), ("x sync", 6), ("x cloud", 7), ("ttft s", 6),
-            ("pass/tok", 8), ("up B/tok", 8), ("dn B/tok", 8), ("accept", 6), ("K", 4), ("hit", 5)]
+            ("pass/tok", 8), ("up B/tok", 8), ("dn B/tok", 8), ("accept", 6), ("K", 4), ("hit", 5), ("ceil", 7),
+            ("of ceil", 7)]
     head = " ".join(f"{c:>{w}}" if i > 2 else f"{c:<{w}}" for i, (c, w) in enumerate(cols))
     lines = [head, "-" * len(head)]
     prev = None
@@ -107,7 +126,8 @@ def format_table(result: dict) -> str:
         vals = [r["profile"], f"{r['rtt_ms']:g}", r["mode"], _f(r["tok_s"], ".1f"), _f(r.get("x_sync"), ".2f"),
                 _f(r.get("x_cloud_only"), ".2f"), _f(r["ttft_s"], ".3f"), _f(r["passes_per_token"], ".3f"),
                 _f(r["up_bytes_per_token"], ".1f"), _f(r["down_bytes_per_token"], ".1f"), _f(r["acceptance_rate"], ".2f"),
-                _f(r["mean_k"], ".1f"), _f(r["cache_hit_rate"], ".2f")]
+                _f(r["mean_k"], ".1f"), _f(r["cache_hit_rate"], ".2f"), _f(r.get("ceiling_tok_s"), ".1f"),
+                _f(r.get("of_ceiling"), ".2f")]
         lines.append(" ".join(f"{v:>{w}}" if i > 2 else f"{v:<{w}}" for i, (v, (_, w)) in enumerate(zip(vals, cols))))
     for prof, modes in result["sensitivity"].items():
         any_m = next(iter(modes.values()))
