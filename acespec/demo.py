@@ -238,6 +238,11 @@ def agreement(a: list[int], b: list[int]) -> float:
     return n / max(1, max(len(a), len(b)))
 
 
+def _steady_rate(st) -> float:
+    n, dt = st.steady()
+    return n / dt if dt > 0 else 0.0
+
+
 def print_table(results: dict, args: argparse.Namespace, link: str, modes: dict[str, str] | None = None) -> None:
     """`modes`: each run's edge mode (its ceiling's mode); without it no ceiling is printed."""
     names = list(results)
@@ -270,8 +275,8 @@ def print_table(results: dict, args: argparse.Namespace, link: str, modes: dict[
     if tops:
         out.write(f"{'ceiling tokens/s (K)':{w}}" + "".join(
             f"{f'{tops[n][0]:.2f} ({tops[n][1]})' if n in tops else '-':>14}" for n in names) + "\n")
-        out.write(f"{'measured / ceiling':{w}}" + "".join(
-            f"{sums[n]['tokens_per_s'] / tops[n][0]:>14.2f}" if n in tops else f"{'-':>14}" for n in names) + "\n")
+        out.write(f"{'steady rate / ceiling':{w}}" + "".join(
+            f"{_steady_rate(results[n].stats) / tops[n][0]:>14.2f}" if n in tops else f"{'-':>14}" for n in names) + "\n")
     if "cloud-only" in results:
         base = sums["cloud-only"]["tokens_per_s"] or 1e-9
         out.write(f"{'speed vs cloud-only':{w}}" + "".join(f"{sums[n]['tokens_per_s'] / base:>13.2f}x" for n in names) + "\n")
@@ -289,7 +294,7 @@ def print_table(results: dict, args: argparse.Namespace, link: str, modes: dict[
             )
     if tops:
         out.write(describe(cal) + "; the ceiling is the best tokens/s any schedule of the mode could reach on those\n"
-                  "      (acespec/bench/ceiling.py), so measured / ceiling is what the serving engine, the wire and Python cost\n")
+                  "      (acespec/bench/ceiling.py), so steady rate / ceiling is what the serving engine, the wire and Python cost\n")
     if getattr(args, "cores", "shared") == "split":
         out.write(
             "note: the edge and the cloud each have their own CPU core(s) here (--cores split), like two devices;\n"

@@ -410,11 +410,12 @@ def test_demo_runs_end_to_end_and_leaves_no_process_behind():
     assert p.returncode == 0, p.stderr[-2000:]
     assert "AceSpec" in p.stdout and "cloud-only" in p.stdout and "tokens/s" in p.stdout
     assert "losslessness: AceSpec text == cloud-only text" in p.stdout
-    # every mode's measured / ceiling, calibrated on the run's own passes: a fraction (the calibration's
-    # pass times and round trip are medians, so a run whose own were all faster may edge past 1 a little)
-    [line] = [ln for ln in p.stdout.splitlines() if ln.startswith("measured / ceiling")]
-    fractions = [float(x) for x in line.split()[3:]]
-    assert len(fractions) == 4 and all(0 < f <= 1.05 for f in fractions), line
+    # every mode's steady rate / ceiling, calibrated on the run's own passes: a share (the ceiling is a
+    # model on medians and the geometric law, and a 24-token toy run verifies some 9 blocks, so a mode
+    # at its ceiling, as sync is on a link whose round trip is all its time, reads up to a tenth above 1)
+    [line] = [ln for ln in p.stdout.splitlines() if ln.startswith("steady rate / ceiling")]
+    fractions = [float(x) for x in line.split()[4:]]
+    assert len(fractions) == 4 and all(0 < f <= 1.25 for f in fractions), line
     assert "ceiling calibration (this run's own)" in p.stdout
     assert "edges at once" in p.stdout and "errors" not in p.stdout  # the cloud's side, from replayed edges
     time.sleep(0.2)

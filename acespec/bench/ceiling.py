@@ -15,10 +15,14 @@ E(k) = 1 + a + ... + a^k the tokens one pass of k drafts commits:
     cloud-led    max_k>=0 E(k) / max(t(k), k d)         the same, and a plain step when no draft pays
 
 Everything the serving engine, the wire and Python add beyond the pass itself is left out on purpose:
-that is what a fraction below 1 is made of. It is a model, not a proof: acceptance that varies by
-position commits a little more per block than the geometric law with the same mean says, and the
-pass times are medians, so a run at its ceiling can read a few hundredths above 1. `acespec demo`, `bench acespec`, `bench tenants` and the
-simulator all print measured / ceiling through `fraction_text`.
+that is what a share below 1 is made of. Each benchmark compares the ceiling with its steady rate
+(`RunStats.steady`: tokens committed after the first commit, over the time from it to the last): the
+ceiling is a stream's steady rate, and the prompt's prefill before the first token is the same cloud
+work in every mode. It is a model, not a
+proof: acceptance that varies by position commits a little more per block than the geometric law with
+the same mean says, and the pass times are medians, so a run at its ceiling can read a few hundredths
+above 1. `acespec demo`, `bench acespec` / `bench wan` and `bench sim` print it (`bench tenants` not yet:
+its replayed edges keep no per-pass record).
 """
 
 from __future__ import annotations
@@ -107,14 +111,6 @@ def for_run(cal: Calibration, run: RunStats) -> Calibration:
     judged = run.accepted + run.rejections
     rtt = run.cache.get("rtt_ms_mean")
     return replace(cal, accept=run.accepted / judged if judged else cal.accept, rtt_s=rtt / 1e3 if rtt else cal.rtt_s)
-
-
-def fraction_text(measured_tok_s: float, mode: str, cal: Calibration | None) -> str:
-    """'0.62 of 9.30 (K 13)': measured / ceiling, the ceiling and its K; '-' without a calibration."""
-    if cal is None:
-        return "-"
-    top, k = ceiling(mode, cal)
-    return f"{measured_tok_s / top:.2f} of {top:.2f}" + (f" (K {k})" if mode != "cloud-only" else "")
 
 
 def describe(cal: Calibration | None) -> str:

@@ -65,6 +65,14 @@ class RunStats:
     def tokens_per_s(self) -> float:
         return self.emitted / self.wall_s if self.wall_s > 0 else 0.0
 
+    def steady(self) -> tuple[int, float]:
+        """(tokens committed after the first commit, seconds from it to the last): a stream's steady rate,
+        without the prompt's prefill before the first token, nor the tokens that came with it for free."""
+        t = self.token_times
+        if not t:
+            return 0, 0.0
+        return sum(1 for x in t if x > t[0]), t[-1] - t[0]
+
     @property
     def per_position_acceptance(self) -> list[float]:
         return [a / d if d else 0.0 for a, d in zip(self.pos_accepted, self.pos_drafted)]

@@ -104,7 +104,9 @@ def _ceilings(by_mode: dict, runs: dict, rtt_s: float) -> None:
             continue
         ceil_s = sum(r.stats.emitted / ceiling(edge_mode, for_run(cal, r.stats))[0] for r in res)
         row["ceiling_tok_s"] = round(row["tokens"] / ceil_s, 3) if ceil_s > 0 else None
-        row["of_ceiling"] = round(ceil_s / row["wall_s"], 3) if ceil_s > 0 and row["wall_s"] > 0 else None
+        # the steady rate (after the first commit) as a share: the ceiling is a stream's steady rate
+        n, dt = (sum(x) for x in zip(*(r.stats.steady() for r in res)))
+        row["of_ceiling"] = round(n / dt * ceil_s / row["tokens"], 3) if ceil_s > 0 and row["tokens"] and dt > 0 else None
 
 
 def _f(v, fmt: str) -> str:
@@ -114,7 +116,7 @@ def _f(v, fmt: str) -> str:
 def format_table(result: dict) -> str:
     cols = [("profile", 14), ("rtt", 5), ("mode", 30), ("tok/s", 7), ("x sync", 6), ("x cloud", 7), ("ttft s", 6),
             ("pass/tok", 8), ("up B/tok", 8), ("dn B/tok", 8), ("accept", 6), ("K", 4), ("hit", 5), ("ceil", 7),
-            ("of ceil", 7)]
+            ("steady/ceil", 11)]
     head = " ".join(f"{c:>{w}}" if i > 2 else f"{c:<{w}}" for i, (c, w) in enumerate(cols))
     lines = [head, "-" * len(head)]
     prev = None
