@@ -293,8 +293,8 @@ def print_table(results: dict, args: argparse.Namespace, link: str, modes: dict[
                 + "\n"
             )
     if tops:
-        out.write(describe(cal) + "; the ceiling is the best tokens/s any schedule of the mode could reach on those\n"
-                  "      (acespec/bench/ceiling.py), so steady rate / ceiling is what the serving engine, the wire and Python cost\n")
+        out.write(describe(cal) + "\n      the ceiling: the best tokens/s any schedule of the mode could reach on those figures\n"
+                  "      (acespec/bench/ceiling.py); steady rate / ceiling: what the serving engine, the wire and Python cost\n")
     if getattr(args, "cores", "shared") == "split":
         out.write(
             "note: the edge and the cloud each have their own CPU core(s) here (--cores split), like two devices;\n"

@@ -126,5 +126,5 @@ def describe(cal: Calibration | None) -> str:
     if cal is None:
         return "ceiling: no target pass was reported in this run"
     return (f"ceiling calibration (this run's own): target pass {1e3 * cal.pass_s(0):.1f} ms plain, "
-            f"{1e3 * cal.pass_c0_s:.1f} + {1e3 * cal.pass_c1_s:.2f} k ms with k drafts, "
-            f"drafting {1e3 * cal.draft_s:.2f} ms/token, RTT {1e3 * cal.rtt_s:.0f} ms, acceptance {cal.accept:.3f}")
+            f"{1e3 * cal.pass_c0_s:.1f} + {1e3 * cal.pass_c1_s:.2f} k ms with k drafts;\n"
+            f"      drafting {1e3 * cal.draft_s:.2f} ms/token, RTT {1e3 * cal.rtt_s:.0f} ms, acceptance {cal.accept:.3f}")
