@@ -37,7 +37,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from acespec.argtypes import pos_int
-from acespec.bench import write_result
+from acespec.bench import stop_process, write_result
 from acespec.bench.faults import TEMPERATURE  # the rules whose texts a campaign checks, and their temperatures
 
 HOST = "127.0.0.1"
@@ -182,12 +182,7 @@ class Balancer:
 
     def stop(self) -> None:
         if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+            stop_process(self.proc, 10)
 
 
 def make_certificates(workdir: Path, n: int) -> tuple[str, list[tuple[str, str]]]:

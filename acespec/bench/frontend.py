@@ -34,7 +34,7 @@ import time
 from dataclasses import asdict, dataclass, field
 
 from acespec.argtypes import pos_float, pos_int
-from acespec.bench import write_result
+from acespec.bench import stop_process, write_result
 
 HOST = "127.0.0.1"
 VARIANTS = {  # name -> `acespec serve` arguments
@@ -297,11 +297,7 @@ def run_frontend(cfg: FrontendConfig, log=print, serve_args: tuple[str, ...] = (
             pass
         return asyncio.run(_measure(port, cfg, proc.pid, log))
     finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_process(proc)
 
 
 def add_parser(bench_subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:

@@ -30,7 +30,7 @@ import time
 from dataclasses import asdict, dataclass
 
 from acespec.argtypes import pos_int
-from acespec.bench import write_result
+from acespec.bench import stop_process, write_result
 
 HOST = "127.0.0.1"
 
@@ -303,11 +303,7 @@ def fuzz_server(n: int, batch: int, rng: random.Random, res: FuzzResult, target:
             res.honest_ok = done is not None and srv.poll() is None
             honest[0].close()
     finally:
-        srv.terminate()
-        try:
-            srv.wait(30)
-        except subprocess.TimeoutExpired:
-            srv.kill()
+        stop_process(srv)
 
 
 def add_parser(bench_subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
