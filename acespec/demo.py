@@ -238,11 +238,6 @@ def agreement(a: list[int], b: list[int]) -> float:
     return n / max(1, max(len(a), len(b)))
 
 
-def _steady_rate(st) -> float:
-    n, dt = st.steady()
-    return n / dt if dt > 0 else 0.0
-
-
 def print_table(results: dict, args: argparse.Namespace, link: str, modes: dict[str, str] | None = None) -> None:
     """`modes`: each run's edge mode (its ceiling's mode); without it no ceiling is printed."""
     names = list(results)
@@ -261,11 +256,11 @@ def print_table(results: dict, args: argparse.Namespace, link: str, modes: dict[
     ]
     sums = {n: results[n].stats.summary() for n in names}
     # what the hardware allows each mode, from this run's own passes, drafting, link and acceptance
-    from acespec.bench.ceiling import calibrate, ceiling, describe, for_run
+    from acespec.bench.ceiling import against_ceiling, calibrate, describe
 
     cal = calibrate(results[n].stats for n in names)
     modes = modes or {}
-    tops = {n: ceiling(modes[n], for_run(cal, results[n].stats)) for n in names if cal is not None and n in modes}
+    tops = {n: against_ceiling([results[n].stats], modes[n], cal) for n in names if cal is not None and n in modes}
     w = 26
     out = sys.stdout
     out.write(f"\n=== AceSpec demo: {link}; rule {args.rule}, temperature {args.temperature:g}, seed {args.seed} ===\n")
@@ -274,9 +269,9 @@ def print_table(results: dict, args: argparse.Namespace, link: str, modes: dict[
         out.write(f"{label:{w}}" + "".join(f"{fn(sums[n], results[n].stats):>14}" for n in names) + "\n")
     if tops:
         out.write(f"{'ceiling tokens/s (K)':{w}}" + "".join(
-            f"{f'{tops[n][0]:.2f} ({tops[n][1]})' if n in tops else '-':>14}" for n in names) + "\n")
+            f"{f'{tops[n][0]:.2f} ({tops[n][2]})' if n in tops else '-':>14}" for n in names) + "\n")
         out.write(f"{'steady rate / ceiling':{w}}" + "".join(
-            f"{_steady_rate(results[n].stats) / tops[n][0]:>14.2f}" if n in tops else f"{'-':>14}" for n in names) + "\n")
+            f"{tops[n][1]:>14.2f}" if n in tops else f"{'-':>14}" for n in names) + "\n")
     if "cloud-only" in results:
         base = sums["cloud-only"]["tokens_per_s"] or 1e-9
         out.write(f"{'speed vs cloud-only':{w}}" + "".join(f"{sums[n]['tokens_per_s'] / base:>13.2f}x" for n in names) + "\n")

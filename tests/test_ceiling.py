@@ -122,3 +122,17 @@ def test_a_k_with_passes_enough_is_priced_at_its_own_median_not_the_line():
     assert cal.pass_s(0) == pytest.approx(0.10) and cal.pass_s(4) == pytest.approx(0.40)
     assert cal.pass_c0_s > 0.10  # the line's own intercept would have priced a plain step dearer
     assert ceiling("cloud-only", cal)[0] == pytest.approx(10.0)
+
+
+def test_against_ceiling_sums_the_ceilings_time_as_the_runs_own_is_summed():
+    from acespec.bench.ceiling import against_ceiling
+
+    cal = Calibration(pass_c0_s=0.1, pass_c1_s=0.0, draft_s=0.0, rtt_s=0.0, accept=0.0)  # cloud-only: 10 tok/s
+    runs = []
+    for n, step in ((10, 0.2), (30, 0.1)):  # 10 tokens at 5 tok/s, 30 at 10 tok/s, one token per commit
+        r = RunStats()
+        r.emitted, r.token_times = n, [step * i for i in range(n)]
+        runs.append(r)
+    top, share, k = against_ceiling(runs, "cloud-only", cal)
+    assert top == pytest.approx(10.0) and k == 0
+    assert share == pytest.approx((9 + 29) / (9 * 0.2 + 29 * 0.1) / 10.0)  # steady tokens over steady time, not a mean of rates

@@ -28,7 +28,7 @@ its replayed edges keep no per-pass record).
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Iterable
+from typing import Iterable, Sequence
 
 import numpy as np
 
@@ -119,6 +119,21 @@ def for_run(cal: Calibration, run: RunStats) -> Calibration:
     judged = run.accepted + run.rejections
     rtt = run.cache.get("rtt_ms_mean")
     return replace(cal, accept=run.accepted / judged if judged else cal.accept, rtt_s=rtt / 1e3 if rtt else cal.rtt_s)
+
+
+def against_ceiling(runs: Sequence[RunStats], mode: str, cal: Calibration) -> tuple[float, float, int]:
+    """(ceiling tokens/s, steady rate / ceiling, the K of the first run's ceiling) over `runs` of one
+    mode: each run is held to its own acceptance and round trip, and the ceiling's time is summed over
+    the runs as their own times are (tokens / time, not a mean of rates)."""
+    emitted = sum(r.emitted for r in runs)
+    tops = [ceiling(mode, for_run(cal, r)) for r in runs]
+    ceil_s = sum(r.emitted / top for r, (top, _) in zip(runs, tops) if top > 0)
+    n = sum(r.steady()[0] for r in runs)
+    dt = sum(r.steady()[1] for r in runs)
+    if ceil_s <= 0 or emitted <= 0:
+        return 0.0, 0.0, 0
+    top = emitted / ceil_s
+    return top, (n / dt) / top if dt > 0 else 0.0, tops[0][1]
 
 
 def describe(cal: Calibration | None) -> str:

@@ -133,9 +133,6 @@ class RunRecord:
     draft_s: float = 0.0  # edge: drafting on the critical path (pre-drafting for the cache is in cache.predraft_s)
     wait_s: float = 0.0  # edge: blocked on a verdict with nothing to draft
     verify_s: float = 0.0  # cloud: verify time the verdicts reported
-    ceiling_s: float = 0.0  # the time its tokens would take at its mode's ceiling (bench/ceiling.py; 0: no calibration)
-    steady_tokens: int = 0  # tokens committed after the first commit ...
-    steady_s: float = 0.0  # ... and the seconds from it to the last (RunStats.steady)
     k_chosen: list[int] = field(default_factory=list, repr=False)
     cache: dict = field(default_factory=dict)
     error: str = ""
@@ -226,12 +223,11 @@ def run_wan_bench(draft, target, prompts: Sequence[tuple[str, list[int]]], cfg: 
                             rec.tokens = list(res.tokens)
                             rec.k_chosen = list(s.k_chosen)
                             rec.cache = {k: v for k, v in s.cache.items() if k != "reconnects"}
-                            rec.steady_tokens, rec.steady_s = s.steady()
                             stats[id(rec)] = s
                         records.append(rec)
                         bar.update(1)
-    _ceilings(records, stats, cfg)
     summary = summarize(records, cfg.rtts, cfg.modes)
+    _ceilings(summary["by_rtt"], records, stats, cfg)
     # greedy is lossless: every mode should emit the same tokens for a prompt (llama.cpp's batched
     # verify can differ from one-token steps in the last bits, so this is a sanity figure, not a test)
     groups: dict[tuple, set] = {}
@@ -273,20 +269,22 @@ def _decode_rate(runs: Sequence[RunRecord]) -> float:
     return round(tokens / wall, 3) if wall > 0 else 0.0
 
 
-def _ceilings(records: Sequence[RunRecord], stats: dict, cfg: BenchConfig) -> None:
-    """Each run's ceiling time, calibrated on every run at its RTT (their passes pooled; its own
-    acceptance and round trip): what the hardware would allow its mode on those figures."""
-    from acespec.bench.ceiling import calibrate, ceiling, for_run
+def _ceilings(by_rtt: dict, records: Sequence[RunRecord], stats: dict, cfg: BenchConfig) -> None:
+    """Each (RTT, mode)'s ceiling and its steady rate's share of it (bench/ceiling.py), calibrated on
+    every run at that RTT: their passes pooled, each run held to its own acceptance and round trip. The
+    share is of the steady rate (after the first commit): the ceiling is a stream's steady rate, and the
+    prompt's prefill is the same cloud work in every mode."""
+    from acespec.bench.ceiling import against_ceiling, calibrate
 
     for rtt in cfg.rtts:
         runs = [r for r in records if r.rtt_ms == rtt and id(r) in stats]
         cal = calibrate(stats[id(r)] for r in runs)
-        if cal is None:
-            continue
-        for r in runs:
-            mode = {**{"mode": r.mode}, **cfg.variants.get(r.mode, {})}["mode"]
-            top, _ = ceiling(mode, for_run(cal, stats[id(r)]))
-            r.ceiling_s = r.emitted / top if top > 0 else 0.0
+        for name, m in by_rtt[f"{rtt:g}"].items():
+            mine = [stats[id(r)] for r in runs if r.mode == name]
+            mode = cfg.variants.get(name, {}).get("mode", name)
+            top, share, _ = against_ceiling(mine, mode, cal) if cal and mine else (0.0, 0.0, 0)
+            m["ceiling_tokens_per_s"] = round(top, 3) if top else None
+            m["of_ceiling"] = round(share, 3) if share else None
 
 
 def summarize(records: Sequence[RunRecord], rtts: Sequence[float], modes: Sequence[str]) -> dict:
@@ -299,20 +297,12 @@ def summarize(records: Sequence[RunRecord], rtts: Sequence[float], modes: Sequen
             emitted = sum(r.emitted for r in runs)
             wall = sum(r.wall_s for r in runs)
             drafted = sum(r.drafted for r in runs)
-            ceil_s = sum(r.ceiling_s for r in runs)
-            steady_s = sum(r.steady_s for r in runs)
-            steady = sum(r.steady_tokens for r in runs) / steady_s if steady_s > 0 else 0.0
             row[mode] = {
                 "runs": len(runs),
                 "failed": sum(1 for r in records if r.rtt_ms == rtt and r.mode == mode and r.error),
                 "emitted": emitted,
                 "wall_s": round(wall, 4),
                 "tokens_per_s": round(emitted / wall, 3) if wall > 0 else 0.0,
-                # the ceiling over the same runs (bench/ceiling.py), and the steady rate as a share of it (tokens
-                # after the first commit over the time after it: the ceiling is a stream's steady rate, and the
-                # prompt's prefill is the same cloud work in every mode)
-                "ceiling_tokens_per_s": round(emitted / ceil_s, 3) if ceil_s > 0 else None,
-                "of_ceiling": round(steady * ceil_s / emitted, 3) if ceil_s > 0 and emitted and steady else None,
                 # after the first token: the prompt's prefill is the same cloud work in every mode (see ttft_s)
                 "decode_tokens_per_s": _decode_rate(runs),
                 "ttft_s": round(_mean([r.ttft_s for r in runs]), 4),

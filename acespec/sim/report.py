@@ -93,20 +93,14 @@ def run_grid(traces: Sequence[PromptTrace], devices: Sequence[DeviceProfile], rt
 
 def _ceilings(by_mode: dict, runs: dict, rtt_s: float) -> None:
     """Each row's ceiling (bench/ceiling.py), calibrated on the simulated passes of every mode at this
-    device and RTT, as the live benchmarks calibrate on theirs: the simulator prints the same fraction."""
-    from acespec.bench.ceiling import MODES, calibrate, ceiling, for_run
+    device and RTT, as the live benchmarks calibrate on theirs: the simulator prints the same share."""
+    from acespec.bench.ceiling import MODES, against_ceiling, calibrate
 
     cal = calibrate((r.stats for _, res in runs.values() for r in res), rtt_s=rtt_s)
     for mode, (edge_mode, res) in runs.items():
-        row = by_mode[mode]
-        if cal is None or edge_mode not in MODES:
-            row["ceiling_tok_s"] = row["of_ceiling"] = None
-            continue
-        ceil_s = sum(r.stats.emitted / ceiling(edge_mode, for_run(cal, r.stats))[0] for r in res)
-        row["ceiling_tok_s"] = round(row["tokens"] / ceil_s, 3) if ceil_s > 0 else None
-        # the steady rate (after the first commit) as a share: the ceiling is a stream's steady rate
-        n, dt = (sum(x) for x in zip(*(r.stats.steady() for r in res)))
-        row["of_ceiling"] = round(n / dt * ceil_s / row["tokens"], 3) if ceil_s > 0 and row["tokens"] and dt > 0 else None
+        top, share, _ = against_ceiling([r.stats for r in res], edge_mode, cal) if cal and edge_mode in MODES else (0, 0, 0)
+        by_mode[mode]["ceiling_tok_s"] = round(top, 3) if top else None
+        by_mode[mode]["of_ceiling"] = round(share, 3) if share else None
 
 
 def _f(v, fmt: str) -> str:
