@@ -89,8 +89,8 @@ def calibrate(runs: Iterable[RunStats], rtt_s: float | None = None, k_max: int =
         return None
     ks = np.asarray([k for k, _ in passes], float)
     ts = np.asarray([s for _, s in passes], float)
-    # the median pass at each k, then a line through those: one slow pass (a prefill in the same tick,
-    # the machine's hiccup) must not tilt the fit
+    # the median pass at each k, then a line through those (for the k the run never verified): one slow
+    # pass (a prefill in the same tick, the machine's hiccup) must not tilt the fit
     uk = np.unique(ks)
     med = np.asarray([np.median(ts[ks == k]) for k in uk])
     if len(uk) >= 2:
@@ -99,13 +99,13 @@ def calibrate(runs: Iterable[RunStats], rtt_s: float | None = None, k_max: int =
         c0 = float(np.median(med - c1 * uk))
     else:
         c0, c1 = float(med[0]), 0.0
+    # the cheapest drafting any run saw: a state cache's pre-drafting counts against its own run only
     drafting = [r.draft_s / r.drafted for r in runs if r.drafted > 0 and r.draft_s > 0]
     judged = sum(r.accepted + r.rejections for r in runs)
     accept = sum(r.accepted for r in runs) / judged if judged else 0.0
     if rtt_s is None:
         rtts = [r.cache.get("rtt_ms_mean") for r in runs if r.cache.get("rtt_ms_mean")]
         rtt_s = float(np.median(rtts)) / 1e3 if rtts else 0.0
-    # the cheapest drafting any run saw: a state cache's pre-drafting counts against its own run only
     # where a k has passes enough for a median of its own, it is used as it is: a CPU's cost is no line
     # (on the default pair a plain step is cheaper than the line's intercept says)
     measured = tuple((int(k), float(m)) for k, m in zip(uk, med) if np.sum(ks == k) >= MIN_PASSES)
