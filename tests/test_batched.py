@@ -490,6 +490,11 @@ def test_bench_tenants_replay_edges_commit_the_targets_text(toy_traces, mode, ki
         assert r["passes_per_token"] < 0.5  # blocks of 4 with a close drafter
     if kind == "batched":
         assert r["engine_metrics"]["max_batch_sessions"] > 1
+    # each cell beside its ceiling, on the passes its sessions reported (a cloud-only stream reports none)
+    if mode == "cloud-only":
+        assert r["ceiling_tok_s"] is None and r["of_ceiling"] is None
+    else:
+        assert r["ceiling_tok_s"] > 0
 
 
 def test_bench_tenants_cells_over_the_wan_emulator_and_sampled_keep_cloud_only_text(toy_traces):

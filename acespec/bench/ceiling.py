@@ -21,8 +21,9 @@ ceiling is a stream's steady rate, and the prompt's prefill before the first tok
 work in every mode. It is a model, not a
 proof: acceptance that varies by position commits a little more per block than the geometric law with
 the same mean says, and the pass times are medians, so a run at its ceiling can read a few hundredths
-above 1. `acespec demo`, `bench acespec` / `bench wan` and `bench sim` print it (`bench tenants` not yet:
-its replayed edges keep no per-pass record).
+above 1 (replayed traces, whose drafts are right in runs, read up to about 1.1). `acespec demo`,
+`bench acespec` / `bench wan`, `bench tenants` (per session, on its cell's shared ticks) and `bench sim`
+print it.
 """
 
 from __future__ import annotations

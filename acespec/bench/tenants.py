@@ -49,9 +49,11 @@ import numpy as np
 
 from acespec import wire
 from acespec.argtypes import pos_int
+from acespec.engine.stats import RunStats
 from acespec.bench.tenants_report import _line, never_slower, plot, report  # noqa: F401  (re-exported)
 
 MODES = ("acespec", "cloud-led", "sync", "cloud-only")
+CEILING_MODE = {"acespec": "pipelined", "cloud-led": "cloud-led", "sync": "sync", "cloud-only": "cloud-only"}  # bench/ceiling.py's
 LEAD = 12  # cloud-led: tokens the replayed chain runs ahead of the stream
 ENGINES = ("batched", "serial")
 K = 4  # draft depth of the replayed blocks (the trace's recording depth)
@@ -77,6 +79,7 @@ class EdgeRun:
     first_s: float = float("nan")  # HELLO -> first verdict (cloud-only: first token), prompt prefill included
     error: str = ""
     finished: bool = False
+    stats: RunStats = field(default_factory=RunStats)  # the passes, acceptance and commit times the ceiling reads
 
 
 class ReplayEdge:
@@ -168,12 +171,22 @@ class ReplayEdge:
         finally:
             sock.close()
 
+    def _committed(self, t: float, n: int, drafted: int | None = None, accepted: int = 0, verify_us: int = 0) -> None:
+        """`n` tokens committed at `t`; `drafted` (not None): by a pass that verified that many drafts."""
+        st = self.run.stats
+        st.emitted += n
+        st.token_times.extend([t - self.hello_at] * n)
+        if drafted is not None:
+            st.observe_block(drafted, accepted)
+            st.observe_pass(drafted, verify_us / 1e6)
+
     def _stream(self, next_frame) -> None:
         last = self.hello_at
         while True:
             t, f = next_frame()
             if isinstance(f, wire.Tokens):
                 self.run.tokens.extend(f.tokens)
+                self._committed(t, len(f.tokens))
                 if self.run.first_s != self.run.first_s:
                     self.run.first_s = t - last
                 else:
@@ -194,6 +207,7 @@ class ReplayEdge:
             if end < C + LEAD and len(self.run.tokens) < self.max_tokens:
                 n = min(2, C + LEAD - end)
                 time.sleep(self.draft_s * n)
+                self.run.stats.draft_s += self.draft_s * n
                 end += n
             if end > C and end >= sent_end + 2:
                 sock.sendall(wire.encode(wire.Draft(session=sid, seq=0, base=C, tokens=tuple(self.chain(s, q) for q in range(C, end)))))
@@ -209,6 +223,7 @@ class ReplayEdge:
                     if pos >= end or tok != self.chain(s, pos):
                         s = end = sent_end = pos + 1  # the drafter redrafts after the token it got wrong
                 self.run.tokens.extend(f.tokens[C - f.start:])
+                self._committed(t, len(f.tokens) - (C - f.start), f.drafted, f.accepted, f.verify_us)
                 C = f.start + len(f.tokens)
                 end = max(end, C)
                 if self.run.first_s != self.run.first_s:
@@ -235,6 +250,7 @@ class ReplayEdge:
                 else:
                     base, toks = C, [self.chain(s, q) for q in range(C, C + K)]
                 time.sleep(self.draft_s * (base + len(toks) - tip))  # the drafter's time for its new tokens
+                self.run.stats.draft_s += self.draft_s * (base + len(toks) - tip)
                 tip = base + len(toks)
                 sock.sendall(wire.encode(wire.Draft(session=sid, seq=seq, base=base, tokens=tuple(toks))))
                 inflight[seq] = (base, toks, time.perf_counter())
@@ -253,6 +269,7 @@ class ReplayEdge:
                 self.run.rounds += 1
                 o = C - base  # the block's leading tokens that were already committed
                 self.run.tokens.extend(toks[o : o + f.accepted] + [f.next_token])
+                self._committed(t, f.accepted + 1, len(toks) - o, f.accepted, f.verify_us)
                 all_in = o + f.accepted == len(toks)
                 C = f.committed
                 nxt = next(iter(inflight.values()), None)
@@ -286,8 +303,9 @@ def _percentile(xs: list[float], q: float) -> float:
 
 def run_edges(port: int, traces, mode: str, n: int, *, model_id: str, vocab: int, rule: str = "greedy",
               temperature: float = 0.0, max_tokens: int = 48, draft_s: float = 0.03, cap_s: float = 120.0,
-              seed: int = 0, auth: bytes = b"") -> dict:
-    """N replay edges at once against the cloud listening on `port`; one table row (no engine figures)."""
+              seed: int = 0, auth: bytes = b"", rtt_s: float = 0.0) -> dict:
+    """N replay edges at once against the cloud listening on `port`; one table row (no engine figures).
+    `rtt_s`: the link's round trip, for the cell's ceiling."""
     deadline = time.perf_counter() + cap_s
     edges = [ReplayEdge(port, traces[i % len(traces)], mode, rule=rule, temperature=temperature, seed=seed + i,
                         max_tokens=max_tokens, draft_s=draft_s, model_id=model_id, vocab=vocab, deadline=deadline,
@@ -305,6 +323,12 @@ def run_edges(port: int, traces, mode: str, n: int, *, model_id: str, vocab: int
     # a session's first verdict waits for its own prompt's prefill: reported apart, as time to first verdict
     first = [r.first_s for r in runs if r.first_s == r.first_s]
     lat = [x for r in runs for x in r.latencies]
+    # per session against its ceiling (bench/ceiling.py), on the passes this cell's own sessions reported
+    # (each a tick shared with the others); cloud-only streams report none, so they have no ceiling here
+    from acespec.bench.ceiling import against_ceiling, calibrate
+
+    cal = calibrate((r.stats for r in runs), rtt_s=rtt_s)
+    top, share, _ = against_ceiling([r.stats for r in runs], CEILING_MODE[mode], cal) if cal and runs else (0.0, 0.0, 0)
     return {
         "mode": mode, "n": n, "rule": rule, "wall_s": round(wall, 3), "tokens": emitted,
         "first_p50_s": _percentile(first, 0.5), "first_max_s": max(first) if first else float("nan"),
@@ -315,6 +339,7 @@ def run_edges(port: int, traces, mode: str, n: int, *, model_id: str, vocab: int
         "dropped": sum(r.dropped for r in runs),
         "finished": sum(r.finished for r in runs), "capped": sum(not r.finished for r in runs),
         "errors": [r.error for r in runs if r.error], "outputs": {r.prompt_id: r.tokens for r in runs},
+        "ceiling_tok_s": top or None, "of_ceiling": share or None,
     }
 
 
@@ -338,7 +363,7 @@ def run_cell(engine, traces, mode: str, n: int, *, cap_s: float = 120.0, max_tok
         if rtt_ms > 0:
             port = stack.enter_context(WanProxyThread("127.0.0.1", 0, "127.0.0.1", srv.port, profile_from_args("wan", rtt=rtt_ms))).port
         row = run_edges(port, traces, mode, n, model_id=target.tokenizer.fingerprint, vocab=target.vocab_size,
-                        cap_s=cap_s, max_tokens=max_tokens, **kw)
+                        cap_s=cap_s, max_tokens=max_tokens, rtt_s=rtt_ms / 1e3, **kw)
         m = engine.metrics()
     kv_b = m.get("kv_bytes_per_token", 0)
     name = "shared" if engine.name == "batched" and not getattr(engine.target, "batch_invariant", True) else engine.name

@@ -64,19 +64,25 @@ def never_slower(rows: list[dict]) -> list[str]:
     return out
 
 
+def _share(x) -> str:
+    return "-" if x is None else f"{x:.2f}"
+
+
 def report(result: dict) -> str:
     rows = result["rows"]
     out = [f"=== acespec bench tenants: {len(rows)} cells; {result['max_tokens']} tokens per session, K = {result.get('k', 4)}, "
            f"drafting {1e3 * result['draft_s_per_token']:.1f} ms/token (replayed), tick budget {result['tick_tokens']} tokens, "
            f"{result.get('rule', 'greedy')}" + (f" at T = {result['temperature']:g}" if result.get("temperature") else "") + " ===",
            f"{'engine':8s} {'mode':10s} {'N':>3s} {'RTT ms':>6s} {'agg tok/s':>10s} {'tok/s/sess':>10s} {'first s':>8s} {'p50 s':>7s} {'p99 s':>7s} "
-           f"{'passes/tok':>10s} {'KV peak MB':>10s} {'KV alloc MB':>11s} {'capped':>6s}"]
+           f"{'passes/tok':>10s} {'KV peak MB':>10s} {'KV alloc MB':>11s} {'capped':>6s} {'sess/ceil':>9s}"]
     for r in rows:
         out.append(f"{r['engine']:8s} {r['mode']:10s} {r['n']:3d} {r.get('rtt_ms', 0):6g} {r['agg_tok_s']:10.2f} {r['per_session_tok_s']:10.2f} "
                    f"{r['first_p50_s']:8.2f} {r['lat_p50_s']:7.3f} {r['lat_p99_s']:7.3f} {r['passes_per_token']:10.3f} {r['kv_peak_mb']:10.1f} "
-                   f"{r['kv_alloc_mb']:11.1f} {r['capped']:6d}")
+                   f"{r['kv_alloc_mb']:11.1f} {r['capped']:6d} {_share(r.get('of_ceiling')):>9s}")
     out.append("first s: median over sessions of HELLO -> first verdict (cloud-only: first token), prompt prefill "
                "included; p50/p99: blocks sent after it, DRAFT -> VERDICT (cloud-only: gap between later tokens)")
+    out.append("sess/ceil: a session's steady rate over its ceiling (acespec/bench/ceiling.py) on the passes its cell's "
+               "sessions reported; cloud-only streams report none")
     rtts = sorted({r.get("rtt_ms", 0.0) for r in rows})
     ratios = []
     for rtt, n in sorted({(r.get("rtt_ms", 0.0), r["n"]) for r in rows}):
