@@ -49,8 +49,8 @@ import numpy as np
 
 from acespec import wire
 from acespec.argtypes import pos_int
-from acespec.engine.stats import RunStats
 from acespec.bench.tenants_report import _line, never_slower, plot, report  # noqa: F401  (re-exported)
+from acespec.engine.stats import RunStats
 
 MODES = ("acespec", "cloud-led", "sync", "cloud-only")
 CEILING_MODE = {"acespec": "pipelined", "cloud-led": "cloud-led", "sync": "sync", "cloud-only": "cloud-only"}  # bench/ceiling.py's
@@ -328,7 +328,7 @@ def run_edges(port: int, traces, mode: str, n: int, *, model_id: str, vocab: int
     from acespec.bench.ceiling import against_ceiling, calibrate
 
     cal = calibrate((r.stats for r in runs), rtt_s=rtt_s)
-    top, share, _ = against_ceiling([r.stats for r in runs], CEILING_MODE[mode], cal) if cal and runs else (0.0, 0.0, 0)
+    top, share, _ = against_ceiling([r.stats for r in runs], CEILING_MODE[mode], cal) if cal else (0.0, 0.0, 0)
     return {
         "mode": mode, "n": n, "rule": rule, "wall_s": round(wall, 3), "tokens": emitted,
         "first_p50_s": _percentile(first, 0.5), "first_max_s": max(first) if first else float("nan"),
