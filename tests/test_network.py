@@ -535,9 +535,10 @@ def test_bench_wan_runs_side_by_side_with_toy_models():
         assert row["sync"]["target_passes_per_token"] < 1.0
         for m in row.values():  # every mode beside its ceiling, calibrated on the same runs' passes
             assert m["ceiling_tokens_per_s"] > 0 and "of_ceiling" in m
-        # the calibration reads the passes the cloud reported: none is shorter than the target's 2 ms
-        # (a loaded machine only makes them longer), so plain steps can reach 500 tok/s at most
-        assert row["cloud-only"]["ceiling_tokens_per_s"] <= 510
+    # a sync block waits for its round trip, so at 30 ms no schedule of it passes (k_max + 1) / 30 ms
+    # whatever the passes cost (a plain step's cost here is the line's intercept through the blocks'
+    # passes, since no mode in this run steps plainly: one CI run under load read 0.6 ms for it)
+    assert 0 < res["summary"]["30"]["sync"]["ceiling_tokens_per_s"] <= 17 / 0.025
     assert set(res["sensitivity"]) == {"cloud-only", "sync", "pipelined"}
     table = format_table(res)
     assert "RTT sensitivity" in table and "pipelined" in table and "dec tok/s" in table and "steady/ceil" in table
