@@ -147,6 +147,8 @@ class ChainDrafter:
 
     def _choose(self, logits: np.ndarray, pos: int, keep_top: int):  # logits: [V]
         """The token at position `pos`, its confidence, the q row it came from, and the best candidates."""
+        if self.sampling.greedy and not self.q_topn:
+            return self._choose_greedy(logits, keep_top)
         q = probs_from_logits(logits, self.sampling)
         if self.q_topn:
             q = dense_row(*sparse_top(q, self.q_topn), len(q))
@@ -155,3 +157,25 @@ class ChainDrafter:
         soft = softmax(logits) if self.sampling.greedy else q
         cand = self.picker.ranking(soft, pos, keep_top) if keep_top else None
         return x, float(soft[x]), q, cand
+
+    def _choose_greedy(self, logits: np.ndarray, keep_top: int):  # logits: [V]
+        """`_choose` at temperature 0, without the vocabulary-sized float64 rows: the token is the first
+        argmax of the logits (what argmax of the one-hot q picks), its confidence the softmax at it, and
+        the candidates the logits' top entries (softmax keeps their order), each with its softmax value.
+        On a 151,936-entry row the general path spent ~2.5 ms a token in numpy (a float64 copy, a one-hot
+        row, a float64 softmax), a tenth of what a drafter pass costs on 2 cores."""
+        logits = np.asarray(logits, dtype=np.float32)
+        x = int(np.argmax(logits))
+        top = logits[x]
+        z = float(np.exp(logits - top).sum(dtype=np.float64))  # float32 exps of values <= 0, summed in float64
+        q = np.zeros(len(logits))
+        q[x] = 1.0
+        cand = None
+        if keep_top:
+            m = min(keep_top, len(logits))
+            ids = np.argpartition(-logits, m - 1)[:m] if m < len(logits) else np.arange(len(logits))
+            ids = ids[np.argsort(-logits[ids], kind="stable")]
+            p = np.exp(logits[ids].astype(np.float64) - float(top)) / z
+            keep = p > 0
+            cand = (ids[keep], p[keep])
+        return x, 1.0 / z, q, cand
