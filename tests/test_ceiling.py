@@ -21,11 +21,24 @@ def test_cloud_only_is_the_target_stepping_without_a_gap():
 
 
 def test_pipelined_drafts_until_the_edge_cannot_keep_the_target_fed():
-    # a GPU's shape (a pass costs the same for any k): deeper is better until k drafts take longer
-    # than the pass itself, at k = t0 / d = 10
+    # a GPU's shape (a pass costs the same for any k): deeper is better until the k drafts and the
+    # guess of the bonus token each block starts the next one with take longer than the pass itself,
+    # at k + 1 = t0 / d = 10
     cal = Calibration(pass_c0_s=0.1, pass_c1_s=0.0, draft_s=0.01, rtt_s=0.1, accept=0.9, k_max=16)
     rate, k = ceiling("pipelined", cal)
-    assert k == 10 and rate == pytest.approx(expected_tokens(10, 0.9) / 0.1)
+    assert k == 9 and rate == pytest.approx(expected_tokens(9, 0.9) / 0.1)
+    # past it the edge sets the pace: k drafts and the guess, (k + 1) d a block
+    assert ceiling("pipelined", Calibration(0.1, 0.0, 0.01, 0.1, accept=1.0, k_max=16))[0] == pytest.approx(100.0)
+
+
+def test_only_the_edge_led_pipeline_drafts_a_guess_of_the_bonus_token():
+    # the same pass and drafter: a pipelined block of k drafts costs the edge (k + 1) draft passes, a
+    # cloud-led step's k drafts cost k (the stream hands it every token it did not draft)
+    cal = Calibration(pass_c0_s=0.2, pass_c1_s=0.0, draft_s=0.05, rtt_s=0.1, accept=0.9, k_max=8)
+    pipe, led = ceiling("pipelined", cal), ceiling("cloud-led", cal)
+    assert pipe == (pytest.approx(max(expected_tokens(j, 0.9) / max(0.2, (j + 1) * 0.05) for j in range(1, 9))), 3)
+    assert led == (pytest.approx(max(expected_tokens(j, 0.9) / max(0.2, j * 0.05) for j in range(9))), 4)
+    assert pipe[0] <= 1 / 0.05  # never more than one committed token per draft pass
 
 
 def test_sync_pays_drafting_and_the_round_trip_on_every_block():

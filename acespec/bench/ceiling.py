@@ -10,9 +10,17 @@ E(k) = 1 + a + ... + a^k the tokens one pass of k drafts commits:
 
     cloud-only   1 / t(0)                             the target stepping without a gap
     sync         max_k E(k) / (t(k) + k d + rtt)        each block waits for its draft and its round trip
-    pipelined    max_k>=1 E(k) / max(t(k), k d)         the target never idle, the round trip hidden;
-                                                        the edge must still draft k tokens a pass
-    cloud-led    max_k>=0 E(k) / max(t(k), k d)         the same, and a plain step when no draft pays
+    pipelined    max_k>=1 E(k) / max(t(k), (k + 1) d)   the target never idle, the round trip hidden;
+                                                        the edge drafts k tokens a pass and its guess
+                                                        of the pass's bonus token (see below)
+    cloud-led    max_k>=0 E(k) / max(t(k), k d)         the target never idle, the edge drafting k
+                                                        ahead of the stream; a plain step when no draft pays
+
+Why k + 1 for the edge-led pipeline: to keep the target fed, block n + 1 must leave the edge before
+block n's verdict comes back, so it is built on the edge's own guess of block n's bonus token, and
+that guess costs the drafter a pass like any draft token (the loop sends it as the block's first
+token). A stop-and-wait edge is handed the bonus and drafts k a block; no schedule that hides the
+round trip can. (The depth controller's cost model counts the same k + 1, `control/adaptive.py`.)
 
 Everything the serving engine, the wire and Python add beyond the pass itself is left out on purpose:
 that is what a share below 1 is made of. Each benchmark compares the ceiling with its steady rate
@@ -73,6 +81,8 @@ def ceiling(mode: str, cal: Calibration) -> tuple[float, int]:
         e = expected_tokens(k, cal.accept)
         if mode == "sync":
             rate = e / (cal.pass_s(k) + k * cal.draft_s + cal.rtt_s)
+        elif mode == "pipelined":
+            rate = e / max(cal.pass_s(k), (k + 1) * cal.draft_s)
         else:
             rate = e / max(cal.pass_s(k), k * cal.draft_s)
         if rate > best:
