@@ -194,7 +194,7 @@ def _planned_cache(**cfg) -> StateCache:
     (acceptance 0.5 at every position)."""
     dr = ChainDrafter(drafter(), sampling=SamplingParams(0.0), rule=RuleSpec.parse("greedy"))
     committed = PROMPT + [7, 9]
-    cache = StateCache(dr, CacheConfig(max_entries_per_block=6, depth=3, **cfg))
+    cache = StateCache(dr, CacheConfig(**{"max_entries_per_block": 6, "depth": 3, "predraft_depth": 3, **cfg}))
     block = dr.draft(committed, 4, keep_top=cache.cfg.alternatives + 1)
     cache.plan_block(0, committed, block.tokens, block.top, [0.5] * 4, bonus_guess=None)
     return cache

@@ -177,9 +177,9 @@ def test_bytes_per_token_is_the_slope_so_the_frame_header_is_not_spread_over_tok
 
 
 # --------------------------------------------------------------------------- the cache planner
-def _planner_with_blocks(n_blocks=2, k=3):
+def _planner_with_blocks(n_blocks=2, k=3, **cfg):
     dr = toy_drafter()
-    cache = StateCache(dr, CacheConfig(max_entries_per_block=4, depth=2))
+    cache = StateCache(dr, CacheConfig(**{"max_entries_per_block": 4, "depth": 2, "predraft_depth": 16, **cfg}))
     stats = RunStats()
     planner = CachePlanner(cache, stats)
     spec, live = list(PROMPT), []
@@ -201,6 +201,18 @@ def test_planner_plans_the_oldest_unplanned_block_with_the_depth_it_is_given():
     assert planner.planned == {0, 1}
     planner.forget(0)
     assert planner.planned == {1}
+
+
+def test_no_outcome_is_pre_drafted_deeper_than_predraft_depth():
+    """The likeliest outcomes get the block's depth up to `predraft_depth`; a hit's block is finished
+    after its verdict, so the drafter's time goes to the blocks the target is waiting for."""
+    planner, cache, live, spec = _planner_with_blocks(predraft_depth=2)
+    planner.plan(live, spec, PROMPT, depth=7)
+    assert max(cache._depth.values()) == 2
+    while cache.has_work:
+        cache.predraft_step()
+    assert cache.entries and max(len(e.tokens) for e in cache.entries.values()) == 2
+    assert CacheConfig().predraft_depth == 2
 
 
 def test_planner_weights_a_later_block_by_the_chance_its_assumptions_hold():
