@@ -105,6 +105,19 @@ def test_a_real_session_records_every_pass_the_target_reported():
     assert cal is not None and cal.pass_c0_s > 0 and 0 <= cal.accept <= 1
 
 
+def test_passes_at_one_depth_price_that_depth_only():
+    # every pass verified 4 drafts: the run says nothing about a plain step, nor about deeper blocks
+    edge = _stats([(4, 0.3)] * 6, accepted=20, rejections=2, drafted=24, draft_s=0.24)
+    cal = calibrate([edge])
+    assert cal.seen == (4,) and cal.pass_s(4) == pytest.approx(0.3)
+    assert ceiling("cloud-only", cal) == (0.0, 0)  # unknown, printed as such, not 1 / 0.3
+    rate, k = ceiling("pipelined", cal)
+    assert k == 4 and rate == pytest.approx(expected_tokens(4, 20 / 22) / max(0.3, 5 * 0.01))
+    both = calibrate([edge, _stats([(0, 0.1)] * 6, accepted=0, rejections=0, drafted=0, draft_s=0.0)])
+    assert ceiling("cloud-only", both)[0] == pytest.approx(10.0)
+    assert ceiling("pipelined", both)[1] == 3  # with two depths the line prices every k, and 3 beats the 4 the run drafted
+
+
 def test_each_run_is_held_to_its_own_acceptance_and_round_trip():
     from acespec.bench.ceiling import for_run
 

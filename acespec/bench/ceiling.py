@@ -56,6 +56,12 @@ class Calibration:
     accept: float  # per-token acceptance, the geometric law's estimate
     k_max: int = 16  # deepest block the maximisation considers
     measured: tuple[tuple[int, float], ...] = ()  # (k, median pass) where the run had enough passes at k: used before the line
+    seen: tuple[int, ...] = ()  # the depths the run's passes verified (empty: a hand-made calibration, every k priced)
+
+    def priced(self, k: int) -> bool:
+        """Whether the run's passes price a pass of k drafts: with passes at one depth only, the line's
+        slope is unknown (taken as 0), so only that depth is; with two or more, the line prices any."""
+        return not self.seen or len(self.seen) >= 2 or k in self.seen
 
     def pass_s(self, k: int) -> float:
         for kk, t in self.measured:
@@ -71,13 +77,16 @@ def expected_tokens(k: int, a: float) -> float:
 
 
 def ceiling(mode: str, cal: Calibration) -> tuple[float, int]:
-    """(tokens/s, the K that reaches it) for `mode` on `cal`."""
+    """(tokens/s, the K that reaches it) for `mode` on `cal`; (0.0, 0) when the run priced no pass the
+    mode could make (e.g. cloud-only's plain step in a run whose every pass verified 4 drafts)."""
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r} for a ceiling: choose from {', '.join(MODES)}")
     if mode == "cloud-only":
-        return 1.0 / cal.pass_s(0), 0
+        return (1.0 / cal.pass_s(0), 0) if cal.priced(0) else (0.0, 0)
     best, best_k = 0.0, 0
     for k in range(0 if mode in ("cloud-led", "sync") else 1, cal.k_max + 1):
+        if not cal.priced(k):
+            continue
         e = expected_tokens(k, cal.accept)
         if mode == "sync":
             rate = e / (cal.pass_s(k) + k * cal.draft_s + cal.rtt_s)
@@ -121,7 +130,7 @@ def calibrate(runs: Iterable[RunStats], rtt_s: float | None = None, k_max: int =
     # (on the default pair a plain step is cheaper than the line's intercept says)
     measured = tuple((int(k), float(m)) for k, m in zip(uk, med) if np.sum(ks == k) >= MIN_PASSES)
     return Calibration(pass_c0_s=max(0.0, c0), pass_c1_s=c1, draft_s=min(drafting) if drafting else 0.0, rtt_s=rtt_s,
-                       accept=accept, k_max=k_max, measured=measured)
+                       accept=accept, k_max=k_max, measured=measured, seen=tuple(int(k) for k in uk))
 
 
 def for_run(cal: Calibration, run: RunStats) -> Calibration:
