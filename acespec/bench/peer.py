@@ -190,7 +190,12 @@ def run_peer(bins, cfg: PeerConfig, paths: tuple[Path, Path], prompt_id: str, pr
     draft_path, target_path = paths
     argv = peer_argv(bins, target=target_path, draft=None if k is None else draft_path, prompt=prompt,
                      k=k or 0, max_tokens=cfg.max_tokens, threads=cfg.threads, n_ctx=cfg.n_ctx)
-    done = subprocess.run(argv, capture_output=True, text=True, errors="replace", timeout=cfg.timeout_s)
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, errors="replace", timeout=cfg.timeout_s)
+    except subprocess.TimeoutExpired:
+        raise PeerError(f"{Path(argv[0]).name} ran past {cfg.timeout_s:.0f} s on {prompt_id}") from None
+    except OSError as e:
+        raise PeerError(f"cannot run {argv[0]}: {e}; delete {Path(argv[0]).parent.parent.parent} to rebuild") from None
     if done.returncode != 0:
         tail = "\n".join(done.stderr.strip().splitlines()[-8:])
         raise PeerError(f"{Path(argv[0]).name} failed with exit status {done.returncode}:\n{tail}")
