@@ -50,7 +50,7 @@ class CacheConfig:
     # Most tokens pre-drafted for any outcome; a hit's block is finished after the verdict. Deeper entries
     # for outcomes that come 1-3 times a run took the drafter from the blocks the target was waiting for:
     # at split cores, 100 ms, 2 instead of the block's depth cut pre-drafting from 1.2 to 0.7 s a run and
-    # lifted AceSpec from 0.79 to 0.84 of its ceiling (docs/results/bench-ceiling.txt).
+    # lifted AceSpec from 0.75-0.79 to 0.81-0.84 of its ceiling in 3 runs each (docs/results/bench-ceiling.txt).
     predraft_depth: int = 2
     batch: int = 4  # outcomes pre-drafted side by side in one batched pass (breadth first; a pass delays a verdict's answer)
 

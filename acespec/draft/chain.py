@@ -162,8 +162,9 @@ class ChainDrafter:
         """`_choose` at temperature 0, without the vocabulary-sized float64 rows: the token is the first
         argmax of the logits (what argmax of the one-hot q picks), its confidence the softmax at it, and
         the candidates the logits' top entries (softmax keeps their order), each with its softmax value.
-        On a 151,936-entry row the general path spent ~2.5 ms a token in numpy (a float64 copy, a one-hot
-        row, a float64 softmax), a tenth of what a drafter pass costs on 2 cores."""
+        On a 151,936-entry row the general path spent 1.1 ms a token in numpy (1.5 with the cache's
+        candidates: a float64 copy, a one-hot row, a float64 softmax), this one 0.23 (0.5); a drafter
+        pass costs 50-70 ms here, so it is a few percent of drafting, taken from the edge's core."""
         logits = np.asarray(logits, dtype=np.float32)
         x = int(np.argmax(logits))
         top = logits[x]
