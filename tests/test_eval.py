@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import time
 
 import pytest
@@ -441,13 +440,9 @@ def _real_pair_installed() -> bool:
 def test_real_pair_smoke(tmp_path):
     out = tmp_path / "real"
     rules = "strict" + (f",{RELAXED}" if RELAXED else ",coupled")
-    t0 = time.perf_counter()
+    # about 30-45 s on the 2-core development machine; how long it takes is benchmarks' business, not a test's
     assert run_cli("--dataset", "math", "--rules", rules, "--n", "1", "--max-tokens", "16", "--seeds", "1", "--n-ctx", "1024",
                    "--out", str(out)) == 0
-    # < 60 s on the 2-core development machine when we have it to ourselves (about 30-45 s measured);
-    # the cores are shared with other work, so the limit scales with how oversubscribed they are
-    oversubscribed = max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))
-    assert time.perf_counter() - t0 < 60 * oversubscribed
     recs = read_records(out / "records.jsonl")
     assert len(recs) == 2
     for r in recs:
