@@ -271,6 +271,6 @@ def cmd_eval(args: argparse.Namespace) -> int:
             verdict += f" (rounds vs strict {a['rounds_rel']:.3f} [{rnd[0]:.3f}, {rnd[1]:.3f}])"
         acc = "n/a" if a["accuracy"] is None else f"{100 * a['accuracy']:.0f}%"
         L = "n/a" if a["L"] is None else f"{a['L']:.1f}"
-        print(f"{arm:36} L={L:>7} lambda={lam:>6} gain={gain:>6} acc={acc:>4}  {verdict}")
+        print(f"{arm:36} L={L:>7} lambda={lam:>6} gain={gain:>6} correct={acc:>4}  {verdict}")
     print(out / "report.md")
     return 0
