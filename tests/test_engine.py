@@ -440,3 +440,48 @@ def test_rejection_recovering_the_draft_token_does_not_stall(monkeypatch, pipeli
         gen = verifier.generated
     assert len(res.tokens) == 20 and res.tokens == gen
     assert res.stats.accepted == 0 and res.stats.rounds == 20
+
+
+# ------------------------------- regression: a block verified from elsewhere commits past a fresh one
+def test_a_dropped_block_does_not_doom_the_next_one_that_still_extends_the_committed_text():
+    """The shape that cost HumanEval/4 44 dropped blocks and 1.5x its wall time (branches, split
+    cores): a doomed block A happens to match what was committed, so the target verifies it and
+    commits past the fresh block F the edge sent after it; F is dropped. The block N built on F still
+    extends the committed text (the target will verify it). The edge must keep N and build the next
+    block on it: dooming N made the edge send a block on the committed length, which the target
+    dropped once N committed past it, and so on every round."""
+    from acespec.draft.chain import ChainDrafter
+    from acespec.engine.records import Block
+    from acespec.verify import RuleSpec
+
+    t, ctx = [], list(PROMPT)
+    for _ in range(16):
+        t.append(_greedy_next(ctx))
+        ctx.append(t[-1])
+    n0 = len(PROMPT)
+    verifier = _verifier()
+    drafter = ChainDrafter(SAME, sampling=SamplingParams(0.0), rule=RuleSpec.parse("greedy"))
+    loop = SpecLoop(LocalTransport(verifier), PROMPT, drafter=drafter, policy=FixedDepth(2),
+                    config=LoopConfig(mode="pipelined", window=2))
+    a = Block(0, n0, t[0:4], doomed=True)  # its assumption failed, but its tokens are the target's
+    f = Block(1, n0, t[0:2])  # the fresh block sent on the committed length
+    n = Block(2, n0 + 2, t[2:6], overlap=1)  # built on f; its first token guesses f's bonus
+    for b in (a, f, n):
+        loop.seq = b.seq
+        loop._send(b)
+    loop.spec = PROMPT + t[0:6]
+
+    loop._apply(loop.transport.recv(0.0))  # A verified from n0: committed n0 + 5
+    assert loop.committed == PROMPT + t[0:5]
+    loop._apply(loop.transport.recv(0.0))  # F dropped: the target is past it
+    assert verifier.stats.dropped == 1
+    assert not n.doomed and loop.inflight.live() == [n]
+    assert loop.spec == PROMPT + t[0:6]
+
+    loop._send_next_block()  # built on N, not on the committed length
+    nxt = loop.inflight.blocks[-1]
+    assert nxt.base == n0 + 6 and nxt.overlap == 1
+    while loop.inflight.blocks:
+        loop._apply(loop.transport.recv(0.0))
+    assert verifier.stats.dropped == 1  # N and the block after it were both verified
+    assert loop.committed == PROMPT + t[: len(loop.committed) - n0]
