@@ -580,11 +580,12 @@ def test_validation_averages_two_calibrations():
     def cal(x):
         return {"sizes": [1, 2], "models": {r: {"seconds": [x, 2 * x], "c0_s": 0, "c1_s": 0} for r in ("drafter", "target")},
                 "prefill": {"drafter_s_per_token": x, "target_s_per_token": x}, "rows": {"draft_choose_s": x, "verify_row_s": x},
-                "engine": {"ks": [0, 1], "verify_s": [x, 3 * x]}}
+                "engine": {"ks": [0, 1], "verify_s": [x, 3 * x], "first_token_s": 10 * x}}
 
     m = _mean_cost(cal(1.0), cal(3.0))
     assert m["models"]["target"]["seconds"] == [2.0, 4.0] and m["models"]["target"]["c1_s"] == pytest.approx(2.0)
     assert m["engine"]["verify_s"] == [2.0, 6.0] and m["prefill"]["target_s_per_token"] == 2.0
+    assert m["engine"]["first_token_s"] == 20.0
     assert len(m["calibrations"]) == 2
 
 
@@ -607,3 +608,10 @@ def test_profile_from_bench_cost():
                                    "engine": {"ks": [0, 1, 2], "verify_s": [0.06, 0.1, 0.15]}})
     assert [eng.verify_s(k) for k in range(3)] == [0.06, 0.1, 0.15]
     assert eng.pass_s([2]) == pytest.approx(0.15) and eng.draft_call_s([1]) == pytest.approx(0.031)
+    assert eng.target_prefill_s_per_token == 0.01  # no first-token timing: the bare prefill rate
+    # the session's first token through the engine prices the prefill as the engine runs it (chunked):
+    # the prompt but its last token, then a plain step, as the simulated cloud charges it
+    timed = DeviceProfile.from_cost({**cost, "prompt_tokens": 101,
+                                     "engine": {"ks": [0, 1, 2], "verify_s": [0.06, 0.1, 0.15], "first_token_s": 2.06}})
+    assert timed.target_prefill_s_per_token == pytest.approx(0.02)
+    assert timed.pass_s([], prefill=100) + timed.verify_s(0) == pytest.approx(2.06)

@@ -81,24 +81,30 @@ def _best(fn, reps: int) -> float:
     return best
 
 
-def time_engine(target, prompt: list[int], ks: list[int], repeats: int) -> list[float]:
+def time_engine(target, prompt: list[int], ks: list[int], repeats: int) -> tuple[list[float], float]:
     """Median seconds from a block of K drafts being submitted to its verdict, through the cloud's
     serving engine (the default batched one, in process, one session), for each K in `ks` (0: a plain
     step): what a verify pass costs as the server runs it, with the verifier's rollback and rule and
     the engine's thread hops, none of which a bare model call pays. The drafts are tokens the target
-    rejects at once (each block commits one token), so every pass also rolls the KV back."""
+    rejects at once (each block commits one token), so every pass also rolls the KV back.
+
+    Also returns the seconds from opening the session to its first token: the prompt's prefill as
+    the engine runs it (in fixed chunks, one per tick), which a bare prefill of the whole prompt in
+    one call underprices (on one thread here, by about a third)."""
     import asyncio
 
     from acespec.cloud.engine import SessionSpec, make_engine
     from acespec.verify import RuleSpec
 
-    async def run() -> list[float]:
+    async def run() -> tuple[list[float], float]:
         engine = make_engine("batched", target)
         await engine.start()
         try:
+            t_open = time.perf_counter()
             s = await engine.open(SessionSpec(prompt=tuple(prompt), rule=RuleSpec.parse("greedy"),
                                               max_tokens=len(ks) * repeats + 8))
-            await engine.step(s)  # the prompt's prefill, out of the way
+            await engine.step(s)  # the prompt's prefill and the first token
+            first = time.perf_counter() - t_open
             times: list[list[float]] = [[] for _ in ks]
             seq = 1
             for _ in range(repeats):
@@ -111,7 +117,7 @@ def time_engine(target, prompt: list[int], ks: list[int], repeats: int) -> list[
                     times[i].append(time.perf_counter() - t0)
                     seq += 1
             engine.close(s)
-            return [float(np.median(t)) for t in times]
+            return [float(np.median(t)) for t in times], first
         finally:
             await engine.stop()
 
@@ -134,7 +140,8 @@ def calibrate(draft, target, prompt: list[int], sizes: list[int], repeats: int, 
         result["prefill"][f"{role}_s_per_token"] = time_prefill(model, prompt)
     result["rows"] = time_rows(draft, target)
     ks = [n - 1 for n in sizes]  # K drafts make a pass of K + 1 tokens
-    result["engine"] = {"ks": ks, "verify_s": time_engine(target, prompt, ks, repeats)}
+    verify_s, first = time_engine(target, prompt, ks, repeats)
+    result["engine"] = {"ks": ks, "verify_s": verify_s, "first_token_s": first}
     return result
 
 
@@ -203,6 +210,8 @@ def cmd_bench_cost(args: argparse.Namespace) -> int:
     eng = result["engine"]
     print("through the serving engine, block submitted -> verdict: " + ", ".join(
         f"K={k} {1e3 * t:.1f} ms" for k, t in zip(eng["ks"], eng["verify_s"])))
+    print(f"through the serving engine, session opened -> first token (the {len(prompt)}-token prompt's prefill): "
+          f"{1e3 * eng['first_token_s']:.0f} ms")
     rows = result["rows"]
     print(f"per vocabulary row: drafter picks a token in {1e3 * rows['draft_choose_s']:.2f} ms, the verifier judges a row "
           f"in {1e3 * rows['verify_row_s']:.2f} ms")

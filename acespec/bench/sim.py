@@ -329,6 +329,8 @@ def _mean_cost(a: dict, b: dict) -> dict:
     if "engine" in a and "engine" in b:
         out["engine"] = {"ks": a["engine"]["ks"],
                          "verify_s": [(x + y) / 2 for x, y in zip(a["engine"]["verify_s"], b["engine"]["verify_s"])]}
+        if "first_token_s" in a["engine"] and "first_token_s" in b["engine"]:
+            out["engine"]["first_token_s"] = (a["engine"]["first_token_s"] + b["engine"]["first_token_s"]) / 2
     return out
 
 

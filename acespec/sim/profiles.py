@@ -141,13 +141,19 @@ class DeviceProfile:
             # engine's own hops: take them as t_v(K), with nothing added on top
             verify_tab = tuple(_isotonic([float(x) for x in eng["verify_s"]]))
             rows["verify_row_s"], overhead = 0.0, 0.0
+        target_prefill = float(pre.get("target_s_per_token", t["c1_s"]))
+        first, n_prompt = (eng or {}).get("first_token_s"), int(cost.get("prompt_tokens", 0))
+        if first is not None and n_prompt > 1:
+            # the prefill as the serving engine runs it (chunks, one a tick), the way the simulated
+            # cloud charges it: the prompt but its last token, then a step for the first token
+            target_prefill = max(0.0, (float(first) - verify_tab[0]) / (n_prompt - 1))
         return cls(
             name=name,
             draft_s_per_token=draft_tab[0],
             draft_prefill_s_per_token=float(pre.get("drafter_s_per_token", d["c1_s"])),
             verify_c0_s=verify_tab[0],
             verify_c1_s=max(0.0, float(t["c1_s"])),
-            target_prefill_s_per_token=float(pre.get("target_s_per_token", t["c1_s"])),
+            target_prefill_s_per_token=target_prefill,
             verify_table_s=verify_tab,
             cloud_overhead_s=overhead,  # asyncio + framing in the server
             edge_overhead_s=float(cost.get("edge_overhead_s", 0.0005)),  # frame decode + the loop's bookkeeping
