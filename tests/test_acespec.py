@@ -130,6 +130,15 @@ def test_cache_hits_reach_the_policy_and_a_policy_without_observe_still_works():
     assert bare.tokens == res.tokens == reference("greedy", 0.0, 0)
 
 
+def test_the_loop_counts_every_token_it_drafted_verified_or_not():
+    """`draft_tokens` prices the drafter for the ceiling: doomed blocks' tokens count, the cache's
+    pre-drafts (timed by the cache) do not."""
+    res, _ = run_delayed("greedy", 0.0, 0, noise=1.0)
+    st = res.stats
+    assert st.dropped > 0  # some blocks were drafted for nothing
+    assert st.draft_tokens >= st.drafted > 0 and st.draft_s > 0
+
+
 def test_branches_let_the_target_continue_past_a_rejection():
     res, _ = run_delayed("greedy", 0.0, 0, branches=True)
     assert res.stats.cache.get("branch_hits", 0) > 0

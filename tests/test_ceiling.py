@@ -85,6 +85,16 @@ def test_calibrate_reads_a_runs_own_passes_acceptance_drafting_and_link():
     assert calibrate([RunStats()]) is None
 
 
+def test_drafting_is_priced_per_token_drafted_not_per_token_verified():
+    """A cloud-led chain the stream passed, a doomed block: tokens drafted and never verified. Priced
+    per verified token, that waste reads as a slower drafter, and the ceiling falls below the run."""
+    wasteful = _stats([(2, 0.02)] * 6, accepted=10, rejections=2, drafted=12, draft_s=0.6)
+    wasteful.draft_tokens = 60  # 48 of them drafted for nothing
+    assert calibrate([wasteful]).draft_s == pytest.approx(0.01)
+    legacy = _stats([(2, 0.02)] * 6, accepted=10, rejections=2, drafted=12, draft_s=0.6)  # no count: per verified token
+    assert calibrate([legacy]).draft_s == pytest.approx(0.05)
+
+
 def test_a_real_session_records_every_pass_the_target_reported():
     from acespec.cloud.server import CloudServerThread, ServerConfig
     from acespec.edge.client import ConnectConfig

@@ -119,8 +119,11 @@ def calibrate(runs: Iterable[RunStats], rtt_s: float | None = None, k_max: int =
         c0 = float(np.median(med - c1 * uk))
     else:
         c0, c1 = float(med[0]), 0.0
-    # the cheapest drafting any run saw: a state cache's pre-drafting counts against its own run only
-    drafting = [r.draft_s / r.drafted for r in runs if r.drafted > 0 and r.draft_s > 0]
+    # the cheapest drafting any run saw, per token the drafter drafted (a doomed block's, a cloud-led
+    # chain's that the stream passed: per verified token, a run's waste read as a slower drafter and
+    # put the ceiling below what the run reached, 1.17 of it on the simulator's NPU profile); a
+    # state cache's pre-drafting counts against its own run only
+    drafting = [r.draft_s / (r.draft_tokens or r.drafted) for r in runs if (r.draft_tokens or r.drafted) > 0 and r.draft_s > 0]
     judged = sum(r.accepted + r.rejections for r in runs)
     accept = sum(r.accepted for r in runs) / judged if judged else 0.0
     if rtt_s is None:

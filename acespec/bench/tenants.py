@@ -208,6 +208,7 @@ class ReplayEdge:
                 n = min(2, C + LEAD - end)
                 time.sleep(self.draft_s * n)
                 self.run.stats.draft_s += self.draft_s * n
+                self.run.stats.draft_tokens += n
                 end += n
             if end > C and end >= sent_end + 2:
                 sock.sendall(wire.encode(wire.Draft(session=sid, seq=0, base=C, tokens=tuple(self.chain(s, q) for q in range(C, end)))))
@@ -251,6 +252,7 @@ class ReplayEdge:
                     base, toks = C, [self.chain(s, q) for q in range(C, C + K)]
                 time.sleep(self.draft_s * (base + len(toks) - tip))  # the drafter's time for its new tokens
                 self.run.stats.draft_s += self.draft_s * (base + len(toks) - tip)
+                self.run.stats.draft_tokens += base + len(toks) - tip
                 tip = base + len(toks)
                 sock.sendall(wire.encode(wire.Draft(session=sid, seq=seq, base=base, tokens=tuple(toks))))
                 inflight[seq] = (base, toks, time.perf_counter())

@@ -217,6 +217,7 @@ class FollowLoop:
         if self.branching:
             self.chain_alt.extend(_alternatives(blk))
         self.stats.draft_s += blk.seconds
+        self.stats.draft_tokens += len(blk.tokens)
 
     def _can_branch(self) -> bool:
         return self.branching and bool(self._free) and bool(self.chain) and self._nomore < len(self.committed) + len(self.chain)
@@ -250,6 +251,7 @@ class FollowLoop:
         self.branches[base + best] = _Branch(alt, list(blk.tokens), _alternatives(blk), slot)
         self.branches_drafted += 1
         self.stats.draft_s += blk.seconds
+        self.stats.draft_tokens += len(blk.tokens)
         self._sent_gen = -1  # the tree goes up with the next upload
 
     def _drop_branches(self, keep: int | None = None) -> None:

@@ -44,6 +44,7 @@ class Scheduler:
     def drafted(self, tokens: int, seconds: float) -> None:
         """A block (or the rest of a partly pre-drafted one) was drafted on the critical path."""
         self.stats.draft_s += seconds
+        self.stats.draft_tokens += tokens
         self.main_drafted += tokens
 
     def draft_s_per_token(self) -> float | None:

@@ -19,6 +19,7 @@ class RunStats:
     wall_s: float = 0.0  # first call to last token
     ttft_s: float = 0.0  # time to first token
     draft_s: float = 0.0  # edge time spent drafting
+    draft_tokens: int = 0  # tokens drafted in that time, verified or not (a doomed block's, a chain's the stream passed)
     verify_s: float = 0.0  # target time spent verifying (as the target reported it)
     wait_s: float = 0.0  # edge time blocked waiting for a verdict
     token_times: list[float] = field(default_factory=list)  # per emitted token: seconds since start
@@ -114,6 +115,7 @@ class RunStats:
             "itl_p50_s": round(p50, 5),
             "itl_p99_s": round(p99, 5),
             "draft_s": round(self.draft_s, 4),
+            "draft_tokens": self.draft_tokens,
             "verify_s": round(self.verify_s, 4),
             "wait_s": round(self.wait_s, 4),
             "bytes_up": self.bytes_up,
