@@ -18,6 +18,12 @@ from acespec.models.base import Model, ModelError, Tokenizer, vocab_fingerprint
 
 _EOG_PIECES = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end|>", "</s>")
 
+# llama.cpp's CPU K-quant matmul takes a tiled kernel once a pass has 8 rows (ggml-cpu tiled.cpp,
+# `ggml_tiled_min_batch`) and its one-row kernel below that; the two round differently. A pass that
+# verifies several rows is cut into passes of at most this many, so every generated position is
+# computed by the kernel that computes it one token at a time (see LlamaCppModel's `exact_passes`).
+EXACT_PASS_ROWS = 7
+
 
 def default_threads() -> int:
     return int(os.environ.get("ACESPEC_THREADS", os.cpu_count() or 1))
@@ -103,6 +109,7 @@ class LlamaCppModel(Model):
         name: str | None = None,
         batch_invariant: bool = False,  # one KV stream per slot: see below
         extra_bufts: bool = False,  # llama.cpp's extra weight buffers (AMX, repacked Q4_K): see below
+        exact_passes: bool = True,  # a row's logits the same bits whatever the pass's row count: see below
     ) -> None:
         """`batch_invariant=True` is for the cloud's batching engine, where slots are sessions: a session's
         logits rows must be the same bits whatever else shares its llama_decode call (DESIGN.md: the
@@ -120,7 +127,21 @@ class LlamaCppModel(Model):
 
         `extra_bufts` is off by default: llama.cpp's extra weight buffers (AMX tiles, repacked Q4_K)
         crash this build on AMX CPUs (a segfault in ggml_backend_amx_mul_mat on any batch of 4+
-        tokens), and repacked rows are computed by batch-shape-dependent kernels."""
+        tokens), and repacked rows are computed by batch-shape-dependent kernels.
+
+        `exact_passes=True` makes a position's logits the same bits whether it was computed alone (a
+        plain decoding step) or as one row of a verify pass of k + 1 rows, so a speculative session
+        writes exactly the text plain decoding writes, not only text from the same law. Two things
+        in this build make rows depend on the pass's row count (measured on the default target,
+        tests/test_models.py::test_a_position_has_the_same_logits_whatever_the_pass_shape): attention
+        without flash attention (KQ through a batched kernel from 2 rows on) and the K-quant matmul's
+        tiled kernel from 8 rows. So flash attention is on (a per-row kernel below 64 rows), and a
+        pass that asks for several rows (a verify) is cut into passes of at most EXACT_PASS_ROWS
+        tokens. Prompt prefill (one row or none asked for) keeps its long, fast passes: its chunks are
+        the same in every mode. The cost is in deep blocks only: 14 rows as 7 + 7 take about 1.2x a
+        14-row pass on one core here (`acespec bench cost`), 2-7 rows nothing. The matmul part holds
+        for K-quant weights (the default pair); llama.cpp computes Q8_0, Q4_0 and F16 weights through
+        llamafile's kernel from 2 rows on, which no option turns off."""
         super().__init__()
         path = Path(path)
         if not path.is_file():
@@ -151,6 +172,7 @@ class LlamaCppModel(Model):
                 n_threads=threads,
                 n_threads_batch=threads,
                 n_gpu_layers=n_gpu_layers,
+                flash_attn=exact_passes,
                 logits_all=False,
                 verbose=False,
             )
@@ -168,6 +190,7 @@ class LlamaCppModel(Model):
         self._batch = self._llm._batch
         self.n_slots = max(1, int(n_slots))
         self.batch_invariant = bool(batch_invariant)
+        self.exact_passes = bool(exact_passes)
         if self.n_slots > 1:
             # Llama() builds a one-sequence context; rebuild it with n_seq_max sequences: in a unified
             # KV cache, where a fork tags the prefix's cells with another sequence id instead of
@@ -187,10 +210,24 @@ class LlamaCppModel(Model):
         self.kv_bytes_per_token = self._kv_bytes_per_token()
         self.passes = 0  # llama_decode calls that produced logits
 
+    def _cuts(self, new: list[int], want: int) -> list[tuple[int, int, int]]:
+        """The passes (start, end, rows wanted) that evaluate `new` wanting its last `want` rows: one,
+        or with `exact_passes` and several rows wanted, passes of at most EXACT_PASS_ROWS tokens."""
+        if not self.exact_passes or want <= 1 or len(new) <= EXACT_PASS_ROWS:
+            return [(0, len(new), want)]
+        first = len(new) - want
+        return [(a, min(a + EXACT_PASS_ROWS, len(new)), max(0, min(a + EXACT_PASS_ROWS, len(new)) - max(a, first)))
+                for a in range(0, len(new), EXACT_PASS_ROWS)]
+
     def _eval(self, new: list[int], want: int) -> np.ndarray:
+        cuts = self._cuts(new, want)
+        if len(cuts) == 1:
+            return self._decode(new, want, len(self.tokens))
+        return np.vstack([self._decode(new[a:b], w, len(self.tokens) + a) for a, b, w in cuts])
+
+    def _decode(self, new: list[int], want: int, n_past: int) -> np.ndarray:
         V = self.vocab_size
         out = np.empty((want, V), dtype=np.float32)
-        n_past = len(self.tokens)
         first_wanted = len(new) - want
         self._ctx.kv_cache_seq_rm(self.slot, n_past, -1)
         done = 0
@@ -236,21 +273,32 @@ class LlamaCppModel(Model):
             # sequences into one pass, so each sequence gets a pass of its own, computed exactly as
             # alone (see the class docstring)
             order = sorted(range(len(items)), key=lambda i: -items[i][0])
-            rows = self._eval_sequences([items[i] for i in order])
-            out: list[np.ndarray] = [None] * len(items)  # type: ignore[list-item]
-            for i, r in zip(order, rows):
-                out[i] = r
-            return out
-        return self._eval_sequences(items)
+        else:
+            order = list(range(len(items)))
+        # an item cut into several passes (exact_passes) goes in rounds: its n-th pass in round n
+        cuts = [self._cuts(items[i][1], items[i][2]) for i in order]
+        parts: list[list[np.ndarray]] = [[] for _ in order]
+        for r in range(max(len(c) for c in cuts)):
+            live = [j for j, c in enumerate(cuts) if r < len(c)]
+            work = [(items[order[j]][0], items[order[j]][1][cuts[j][r][0] : cuts[j][r][1]], cuts[j][r][2]) for j in live]
+            rows = self._eval_sequences(work, [cuts[j][r][0] for j in live])
+            for j, rr in zip(live, rows):
+                parts[j].append(rr)
+        out: list[np.ndarray] = [None] * len(items)  # type: ignore[list-item]
+        for j, i in enumerate(order):
+            out[i] = parts[j][0] if len(parts[j]) == 1 else np.vstack(parts[j])
+        return out
 
-    def _eval_sequences(self, items: list[tuple[int, list[int], int]]) -> list[np.ndarray]:
+    def _eval_sequences(self, items: list[tuple[int, list[int], int]], offsets: list[int]) -> list[np.ndarray]:
+        """One llama_decode per n_batch tokens of every item; item i's tokens go at positions from
+        its sequence's length + offsets[i] (a later pass of an item cut in several)."""
         V = self.vocab_size
         out = [np.empty((want, V), dtype=np.float32) for _, _, want in items]
         # every (item, token) in order, cut into llama_decode calls of at most n_batch tokens; a
         # sequence may straddle two calls, which is fine: its positions stay in order
         flat = [(i, j) for i, (_, new, _) in enumerate(items) for j in range(len(new))]
-        for slot, _, _ in items:
-            self._ctx.kv_cache_seq_rm(slot, len(self._slots[slot]), -1)
+        for (slot, _, _), off in zip(items, offsets):
+            self._ctx.kv_cache_seq_rm(slot, len(self._slots[slot]) + off, -1)
         b = self._batch.batch
         for start in range(0, len(flat), self.n_batch):
             chunk = flat[start : start + self.n_batch]
@@ -259,7 +307,7 @@ class LlamaCppModel(Model):
             for bi, (i, j) in enumerate(chunk):
                 slot, new, want = items[i]
                 b.token[bi] = new[j]
-                b.pos[bi] = len(self._slots[slot]) + j
+                b.pos[bi] = len(self._slots[slot]) + offsets[i] + j
                 b.seq_id[bi][0] = slot
                 b.n_seq_id[bi] = 1
                 row = j - (len(new) - want)
