@@ -283,8 +283,8 @@ def print_table(results: dict, args: argparse.Namespace, link: str, modes: dict[
             same = results[n].tokens == ref
             out.write(
                 f"losslessness: {n} text {'==' if same else '!='} cloud-only text"
-                + ("" if same else f" (agreement {a:.0%} of tokens before the first difference; llama.cpp batched vs"
-                   " one-token evaluation differs in the last bits)")
+                + ("" if same else f" (agreement {a:.0%} of tokens before the first difference; expected equal: a"
+                   " model without exact passes, docs/design-notes.md, computes verify rows with other rounding)")
                 + "\n"
             )
     if tops:

@@ -191,8 +191,8 @@ def summarize(records: Sequence[RunRecord], specs: Sequence[BenchSpec]) -> dict:
             "draft_share": round(draft_s / (draft_s + verify_s), 4) if draft_s + verify_s > 0 else 0.0,
             "mean_k": round(sum(r.mean_k for r in rs) / len(rs), 3) if rs else 0.0,
             # prompts with the same tokens as the baseline, for configs that sample like it (greedy): lossless
-            # means equal, but llama.cpp's batched verify can differ from one-token steps in the last bits,
-            # so this is a sanity figure. None for configs that sample otherwise (coupled at T=0.7).
+            # with exact passes (the llama.cpp default) means equal. None for configs that sample otherwise
+            # (coupled at T=0.7).
             "same_output_as_baseline": (
                 sum(1 for r in rs if r.tokens == base_tokens.get(r.prompt_id))
                 if bs.temperature == specs[0].temperature else None

@@ -228,8 +228,8 @@ def run_wan_bench(draft, target, prompts: Sequence[tuple[str, list[int]]], cfg: 
                         bar.update(1)
     summary = summarize(records, cfg.rtts, cfg.modes)
     _ceilings(summary["by_rtt"], records, stats, cfg)
-    # greedy is lossless: every mode should emit the same tokens for a prompt (llama.cpp's batched
-    # verify can differ from one-token steps in the last bits, so this is a sanity figure, not a test)
+    # greedy is lossless: every mode should emit the same tokens for a prompt (with llama.cpp's exact
+    # passes, the default, to the bit; docs/design-notes.md says when a model's rows can still differ)
     groups: dict[tuple, set] = {}
     for r in records:
         if not r.error:
