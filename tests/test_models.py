@@ -139,6 +139,31 @@ def test_a_position_has_the_same_logits_whatever_the_pass_shape(real_target):
         loose.close()
 
 
+@pytest.mark.real
+def test_a_batch_of_sessions_cut_into_exact_passes_gives_each_its_rows_alone(real_draft):
+    """The cloud's batching engine puts several sessions' blocks in one eval_batch; a block longer than
+    EXACT_PASS_ROWS is cut into rounds of passes, and each session still gets exactly the rows it gets
+    one token at a time, whatever the other sessions' block lengths."""
+    from acespec.models.llama import EXACT_PASS_ROWS, LlamaCppModel
+
+    tok = real_draft.tokenizer
+    prompts = [tok.encode("import os\n\ndef main():\n"), tok.encode("class Stack:\n    def __init__(self):\n")]
+    conts = [tok.encode("    path = os.getcwd()\n    print(path)\n"), tok.encode("        self.items = []")]
+    assert len(conts[0]) > EXACT_PASS_ROWS + 2 and len(conts[1]) <= EXACT_PASS_ROWS
+    alone = [_rows_by_pass_shape(real_draft, p, c, 1) for p, c in zip(prompts, conts)]
+    m = LlamaCppModel(real_draft.path, n_ctx=256, n_slots=2, batch_invariant=True)
+    try:
+        for s in (0, 1):
+            m.open_slot(s)
+        m.eval_batch([(s, p, 0) for s, p in enumerate(prompts)])
+        rows = m.eval_batch([(s, c, len(c)) for s, c in enumerate(conts)])
+        for s in (0, 1):
+            np.testing.assert_array_equal(rows[s], alone[s], err_msg=f"slot {s}")
+            assert m.held(s) == len(prompts[s]) + len(conts[s])
+    finally:
+        m.close()
+
+
 # ----------------------------------------------------------------------------------- forks, batched
 @pytest.mark.real
 def test_real_eval_many_advances_forked_sequences_in_one_pass():
