@@ -148,11 +148,36 @@ def test_the_pricer_explores_deeper_where_a_pass_costs_less_per_row():
     assert best >= 10 and abs(np.median(ks[-100:]) - best) <= 3, (best, ks[-20:])
 
 
-def test_the_pricer_probes_a_short_draft_rarely():
+def test_the_pricer_probes_a_short_draft_rarely_and_ever_more_rarely_while_probes_change_nothing():
+    """On drafts that stay poor, a probe costs the user most of a step on a CPU: the gap between probes
+    doubles after each one that leaves drafting priced out (32, 64, 128, ... plain steps), so over a long
+    session probing is a vanishing share of the steps, not one in 32."""
+    p = LeadPricer(LeadConfig(k_max=16, probe_every=32, probe_k=2, probe_gap_max=256))
+    _train(p, accept=0.05, step_s=0.18, row_s=0.06)
+    ks = [p.choose(16) for _ in range(1500)]
+    assert sorted(set(ks)) == [0, 2]
+    probes = [i + 1 for i, k in enumerate(ks) if k]  # how many steps in each probe came
+    assert probes[:4] == [32, 32 + 64, 32 + 64 + 128, 32 + 64 + 128 + 256]
+    assert all(b - a == 256 for a, b in zip(probes[3:], probes[4:]))  # capped at probe_gap_max
+    assert len(probes) == 7  # against 46 at a fixed one in 32
+
+
+def test_a_probe_kept_whole_resets_the_gap_and_good_drafts_bring_drafting_back():
     p = LeadPricer(LeadConfig(k_max=16, probe_every=32, probe_k=2))
     _train(p, accept=0.05, step_s=0.18, row_s=0.06)
-    ks = [p.choose(16) for _ in range(320)]
-    assert sorted(set(ks)) == [0, 2] and ks.count(2) == 10
+    for _ in range(3):  # three probes rejected: the gap grows to 256
+        k = 0
+        while not k:
+            k = p.choose(16)
+        p.observe(k, 0, 0.18 + 0.06 * k)
+    assert p._probe_gap == 256
+    ks = []
+    for _ in range(1500):  # the drafts became good: the first probe kept whole brings probes back to 1 in 32 ...
+        k = p.choose(16)
+        p.observe(k, k, 0.18 + 0.06 * k)
+        ks.append(k)
+    assert p._probe_gap == 32
+    assert all(k > 0 for k in ks[-50:])  # ... and their acceptance prices drafting in again
 
 
 def test_the_pricer_weighs_time_spent_outside_the_pass():

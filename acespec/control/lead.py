@@ -11,8 +11,10 @@ a CPU tick). The pricer picks the k that maximises tokens per second,
 and k = 0 (a plain step, cloud-only's) whenever no draft beats it. On a GPU t(k) is nearly flat, so any
 agreeing draft pays; on a CPU a (k+1)-row pass costs several steps, so only well-accepted drafts do.
 Acceptance and costs are learned online from the session's own steps (exponentially weighted); a
-small, bounded share of steps probes a short draft when drafting is off, so a session whose drafts
-become good again is noticed.
+small share of steps probes a short draft when drafting is off, so a session whose drafts become
+good again is noticed; each probe that leaves drafting priced out doubles the gap to the next (one kept whole resets it), so on
+drafts that stay poor (sampling at T = 1 on a CPU, where a probe costs most of a step more) probing
+costs a vanishing share of the session, not a fixed one.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ class LeadConfig:
     prior_weight: float = 2.0  # how many observations a prior is worth (a deeper position's prior is its predecessor's estimate)
     decay: float = 0.97  # per-observation forgetting of acceptance
     prior_row_cost: float = 0.05  # extra cost of one draft row, as a fraction of a step, before one is measured
-    probe_every: int = 32  # with drafting priced out, one step in this many verifies a short draft anyway
+    probe_every: int = 32  # with drafting priced out, the step after this many plain ones verifies a short draft anyway ...
+    probe_gap_max: int = 1024  # ... each probe that leaves drafting priced out doubles that gap, up to this (one kept whole resets it)
     probe_k: int = 2  # how long that probe is
     explore_every: int = 8  # one drafting step in this many tries a deeper k whose cost is not measured yet ...
     explore_within: float = 0.9  # ... if its estimated rate is at least this share of the best measured one
@@ -42,9 +45,12 @@ class LeadPricer:
     _other: float = 0.0  # EWMA of time outside the session's own pass
     _since_draft: int = 0
     _since_explore: int = 0
+    _probe_gap: int = 0  # plain steps before the next probe (backs off while probes change nothing)
+    _probe: int = 0  # the depth of the probe in flight (0: none)
 
     def __post_init__(self) -> None:
         self._acc = [[0.0, 0.0] for _ in range(self.cfg.k_max)]
+        self._probe_gap = self.cfg.probe_every
 
     # -- what was seen -----------------------------------------------------------------------------
     def observe(self, drafted: int, accepted: int, own_s: float, wall_s: float | None = None) -> None:
@@ -56,6 +62,10 @@ class LeadPricer:
             a[1] = a[1] * c.decay + 1.0
             if i >= accepted:
                 break  # positions after a rejection were never judged
+        if self._probe and drafted == self._probe:
+            if accepted == drafted:  # a probe kept whole: drafts may be good again, so probe promptly
+                self._probe_gap = c.probe_every
+            self._probe = 0
         old = self._cost.get(drafted)
         self._cost[drafted] = own_s if old is None else 0.8 * old + 0.2 * own_s
         if wall_s is not None:
@@ -114,9 +124,11 @@ class LeadPricer:
                 best_k, best_rate = k, rate
         if best_k == 0:
             self._since_draft += 1
-            if self._since_draft >= c.probe_every:
-                best_k = min(n, c.probe_k)
+            if self._since_draft >= self._probe_gap:
+                best_k = self._probe = min(n, c.probe_k)
+                self._probe_gap = min(2 * self._probe_gap, max(c.probe_every, c.probe_gap_max))
         else:
+            self._probe_gap = c.probe_every  # drafting pays again: probe promptly the next time it stops
             self._since_explore += 1
             deeper = min(n, max(best_k + 2, 2 * best_k))
             # an unmeasured deeper depth is tried only if its estimate comes close to the best: on a CPU
