@@ -14,10 +14,15 @@ Most rules are instances of the general template (`template_verify`): accept dra
 min(1, pi_rej(x)/q(x)); after a rejection emit a sample of norm(max(0, pi_res - q)); after a full
 accept emit a sample of pi_bonus. Each template rule below is written as a *targets* function
 
-    targets(x, q_row, p_row, **params) -> (pi_rej [V], pi_res [V])
+    targets(x, q, p, **params) -> (pi_rej [n, V], pi_res [n, V])      x: int[n]; q, p: [n, V]
 
-for one position (x = the draft token there), so that the rule itself, and the exact acceptance
-probability `acceptance_probability` used by tests and sweeps, share one definition.
+batched over positions (row i: draft token x[i], drafter row q[i], target row p[i]); the other rules
+as their acceptance test and recovered law. Every one of these row functions is written against the
+array API (`rules.namespace`), so the same definition runs on numpy (the rules below, one block at
+a time, in float64) and on torch (AceSpec's vLLM plugin, all of a step's rows at once): `ROW_LAWS`
+gathers, per rule, the probability of accepting each row's draft and the law of the token emitted
+after a rejection there. The rule itself, the exact acceptance probability `acceptance_probability`
+used by tests and sweeps, and the plugin share that one definition.
 
 The bonus position has a target row p[k] but no drafter row (q is [k, V]), so every rule here
 draws its bonus token from p[k]: with no draft token there is nothing to relax.
@@ -30,84 +35,118 @@ Each rule is registered with one *relaxed* default setting (see `register(..., d
 from __future__ import annotations
 
 import math
-
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 
-from acespec.verify.rules import RuleSpec, register, residual_sample, template_verify
+from acespec.verify.rules import (
+    RuleSpec, as_float, namespace, register, residual, residual_sample, rows_of, template_accept, template_verify,
+)
 from acespec.verify.sampling import sample
 
 # ------------------------------------------------------------------------------------------ divergences
 
 
-def entropy(p: np.ndarray) -> np.ndarray:  # p: [..., V] -> [...]
+def entropy(p):  # p: [..., V] -> [...]
     """Shannon entropy in nats, with 0 log 0 = 0."""
-    p = np.asarray(p, dtype=np.float64)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        terms = np.where(p > 0, -p * np.log(p), 0.0)
-    return terms.sum(axis=-1)
+    p = as_float(p)
+    xp = namespace(p)
+    # p = 0 takes log of the smallest normal number instead of -inf: a finite factor, so its term is 0
+    return -xp.sum(p * xp.log(xp.clip(p, min=xp.finfo(p.dtype).tiny)), axis=-1)
 
 
-def jsd(p: np.ndarray, q: np.ndarray) -> np.ndarray:  # p, q: [..., V] -> [...]
+def jsd(p, q):  # p, q: [..., V] -> [...]
     """Jensen-Shannon divergence in nats: KL(p||m)/2 + KL(q||m)/2, m = (p+q)/2; in [0, ln 2]."""
-    p = np.asarray(p, dtype=np.float64)
-    q = np.asarray(q, dtype=np.float64)
-    m = 0.5 * (p + q)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        kp = np.where(p > 0, p * np.log(p / m), 0.0)
-        kq = np.where(q > 0, q * np.log(q / m), 0.0)
+    p, q = as_float(p), as_float(q)
+    xp = namespace(p, q)
+    tiny = xp.finfo(p.dtype).tiny
+    m = xp.clip(0.5 * (p + q), min=tiny)  # where m is clipped, p = q = 0 and both terms below are 0
+
+    def kl_sum(a):  # sum a log(a/m), with 0 log 0 = 0
+        return xp.sum(a * xp.log(xp.clip(a, min=tiny) / m), axis=-1)
+
     # rounding can leave a tiny negative value for p == q; a divergence is never negative
-    return np.maximum(0.5 * (kp.sum(axis=-1) + kq.sum(axis=-1)), 0.0)
+    return xp.clip(0.5 * (kl_sum(p) + kl_sum(q)), min=0.0)
 
 
-def total_variation(p: np.ndarray, q: np.ndarray) -> np.ndarray:  # p, q: [..., V] -> [...]
+def total_variation(p, q):  # p, q: [..., V] -> [...]
     """TV(p, q) = sum max(0, p - q) (equal to half the L1 distance for normalised rows)."""
-    return np.maximum(np.asarray(p, dtype=np.float64) - np.asarray(q, dtype=np.float64), 0.0).sum(axis=-1)
+    p, q = as_float(p), as_float(q)
+    xp = namespace(p, q)
+    return xp.sum(xp.clip(p - q, min=0.0), axis=-1)
 
 
-# ------------------------------------------------------------------------------------------ template plumbing
+def argmax_row(p):  # p: [n, V] -> [n, V]
+    """One-hot on each row's argmax (ties -> lowest id): the law of a deterministic recovered token."""
+    xp = namespace(p)
+    out = xp.zeros_like(p)
+    out[rows_of(xp, p), xp.argmax(p, axis=-1)] = 1.0
+    return out
 
-Targets = Callable[..., tuple[np.ndarray, np.ndarray]]  # (x, q_row [V], p_row [V], **params) -> (pi_rej, pi_res)
+
+# ------------------------------------------------------------------------------------------ row laws
+
+
+@dataclass(frozen=True)
+class RowLaw:
+    """One position of a rule, batched over rows and written against the array API (numpy or torch).
+
+    accept(x, q, p, **params) -> [n]       probability that row i's draft x[i] is accepted
+    recovered(x, q, p, **params) -> [n, V] unnormalised law of the token emitted after a rejection there
+
+    x: int[n]; q: [n, V] (None for rules that need no drafter rows); p: [n, V].
+    """
+
+    accept: Callable
+    recovered: Callable
+
+
+ROW_LAWS: dict[str, RowLaw] = {}
+
+Targets = Callable[..., tuple]  # (x int[n], q [n, V], p [n, V], **params) -> (pi_rej [n, V], pi_res [n, V])
+
+
+def _template_law(targets: Targets) -> RowLaw:
+    """A template rule's row law: accept w.p. min(1, pi_rej(x)/q(x)); recovered ~ norm(max(0, pi_res - q))."""
+
+    def accept(x, q, p, **params):
+        return template_accept(x, q, targets(x, q, p, **params)[0])
+
+    def recovered(x, q, p, **params):
+        return residual(targets(x, q, p, **params)[1], q)
+
+    return RowLaw(accept, recovered)
 
 
 def _template(targets: Targets, draft, q, p, rng, **params) -> tuple[int, int]:
-    """Build the per-position pi_rej / pi_res rows with `targets` and run the shared template."""
+    """Build the block's pi_rej / pi_res rows with `targets` and run the shared template."""
     # draft: int[k]; q: [k, V]; p: [k+1, V]
     k = len(draft)
-    pi_rej = np.empty((k, p.shape[1]))  # [k, V]
-    pi_res = np.empty((k, p.shape[1]))  # [k, V]
-    for i in range(k):
-        pi_rej[i], pi_res[i] = targets(int(draft[i]), q[i], p[i], **params)
+    pi_rej, pi_res = targets(draft, q, p[:k], **params)  # [k, V], [k, V]
     return template_verify(draft, q, pi_rej, pi_res, p[k], rng)
-
-
-def _template_accept(targets: Targets) -> Callable[..., float]:
-    """Acceptance probability of draft x at one position, exactly as `template_verify` decides it."""
-
-    def accept(x: int, q_row: np.ndarray, p_row: np.ndarray, **params: float) -> float:
-        pi_rej, _ = targets(x, q_row, p_row, **params)
-        if pi_rej[x] <= 0.0:
-            return 0.0
-        return 1.0 if q_row[x] <= 0.0 else min(1.0, pi_rej[x] / q_row[x])
-
-    return accept
-
-
-# name -> accept(x, q_row, p_row, **params): probability that draft token x is accepted at one position
-_ACCEPT: dict[str, Callable[..., float]] = {}
 
 
 # ------------------------------------------------------------------------------------------ typical (Medusa)
 
 
-def typical_threshold(p_row: np.ndarray, *, eps: float, delta: float) -> float:  # p_row: [V]
+def typical_threshold(p, *, eps: float, delta: float):  # p: [..., V] -> [...]
     """min(eps, delta * exp(-H(p))): a hard floor eps, lowered for high-entropy (uncertain) rows."""
-    return float(min(eps, delta * np.exp(-entropy(p_row))))
+    xp = namespace(p)
+    return xp.clip(delta * xp.exp(-entropy(p)), max=eps)
 
 
-def _typical_accept(x: int, q_row, p_row, *, eps: float, delta: float, **_) -> float:
-    return 1.0 if p_row[x] > typical_threshold(p_row, eps=eps, delta=delta) else 0.0
+def typical_accept(x, q, p, *, eps: float, delta: float, **_):  # x: int[n]; p: [n, V] -> [n], 0 or 1; q unused
+    """1 where p(x) > typical_threshold(p), else 0: deterministic, no u drawn."""
+    p = as_float(p)
+    xp = namespace(p)
+    px = p[rows_of(xp, p), x]  # [n]
+    return xp.astype(px > typical_threshold(p, eps=eps, delta=delta), p.dtype)
+
+
+def typical_recovered(x, q, p, **_):  # p: [n, V] -> [n, V]
+    """Medusa's recovered token: argmax p (one-hot), whatever was drafted."""
+    return argmax_row(as_float(p))
 
 
 # Defaults are what Medusa's `medusa_generate` runs with: posterior_threshold (eps) = 0.09 and
@@ -127,20 +166,21 @@ def typical(draft, q, p, rng, *, eps: float, delta: float, **_):
     Under greedy sampling (one-hot p) it accepts exactly the argmax, i.e. it equals `greedy`.
     """
     # draft: int[k]; p: [k+1, V]; q is not read
-    for i, x in enumerate(draft):
-        if not _typical_accept(int(x), None, p[i], eps=eps, delta=delta):
-            return i, int(np.argmax(p[i]))
     k = len(draft)
+    ok = typical_accept(draft, None, p[:k], eps=eps, delta=delta)  # [k]
+    for i in range(k):
+        if not ok[i]:
+            return i, int(np.argmax(typical_recovered(draft[i : i + 1], None, p[i : i + 1])[0]))
     return k, sample(p[k], rng)
 
 
-_ACCEPT["typical"] = _typical_accept
+ROW_LAWS["typical"] = RowLaw(typical_accept, typical_recovered)
 
 
 # ------------------------------------------------------------------------------------------ cactus
 
 
-def cactus_targets(x: int, q_row, p_row, *, delta: float, **_) -> tuple[np.ndarray, np.ndarray]:
+def cactus_targets(x, q, p, *, delta: float, **_):  # x: int[n]; p: [n, V] -> ([n, V], [n, V]); q unused
     """H: move mass onto the draft token x, as far as a chi-square budget allows.
 
     h    = clip(p(x) + sqrt(2 delta p(x) (1 - p(x))), 0, 1)
@@ -151,12 +191,16 @@ def cactus_targets(x: int, q_row, p_row, *, delta: float, **_) -> tuple[np.ndarr
     """
     if delta < 0:
         raise ValueError(f"cactus: delta must be >= 0, got {delta}")
-    px = float(p_row[x])
-    h = min(max(px + np.sqrt(2.0 * delta * px * (1.0 - px)), 0.0), 1.0)
-    rest = 1.0 - px
+    p = as_float(p)
+    xp = namespace(p)
+    r = rows_of(xp, p)
+    px = p[r, x]  # [n]
+    rest = 1.0 - px  # [n]
+    h = xp.clip(px + xp.sqrt(2.0 * delta * xp.clip(px * rest, min=0.0)), 0.0, 1.0)  # [n]
     # p(x) = 1 leaves no other mass to scale (0/0): H is then one-hot on x, which is p itself
-    H = p_row * ((1.0 - h) / rest) if rest > 1e-12 else np.zeros_like(p_row, dtype=np.float64)
-    H[x] = h
+    some = rest > 1e-12
+    H = p * xp.where(some, (1.0 - h) / xp.where(some, rest, 1.0), 0.0)[:, None]  # [n, V]
+    H[r, x] = h
     return H, H
 
 
@@ -169,24 +213,25 @@ def cactus(draft, q, p, rng, *, delta: float, **_):
     return _template(cactus_targets, draft, q, p, rng, delta=delta)
 
 
-_ACCEPT["cactus"] = _template_accept(cactus_targets)
+ROW_LAWS["cactus"] = _template_law(cactus_targets)
 
 
 # ------------------------------------------------------------------------------------------ mentored
 
 
-def mentored_targets(x: int, q_row, p_row, *, alpha: float, **_) -> tuple[np.ndarray, np.ndarray]:
+def mentored_targets(x, q, p, *, alpha: float, **_):  # p: [n, V] -> ([n, V], [n, V]); x, q unused
     """pi_rej(v) = min(p(v) / (1 - alpha), 1) (alpha >= 1: its limit, 1 wherever p > 0); pi_res = p.
 
     pi_rej is an acceptance target only (it does not sum to 1); the residual stays p's, so a rejected
     position still emits from norm(max(0, p - q)).
     """
-    p_row = np.asarray(p_row, dtype=np.float64)
+    p = as_float(p)
+    xp = namespace(p)
     if alpha >= 1.0:
-        pi_rej = (p_row > 0).astype(np.float64)
+        pi_rej = xp.astype(p > 0, p.dtype)
     else:
-        pi_rej = np.minimum(p_row / (1.0 - alpha), 1.0)
-    return pi_rej, p_row
+        pi_rej = xp.clip(p / (1.0 - alpha), max=1.0)
+    return pi_rej, p
 
 
 @register("mentored", needs_q=True, defaults={"alpha": 0.3}, bounds={"alpha": (0.0, math.inf)})  # default: p(x) counts as p(x)/0.7
@@ -196,21 +241,27 @@ def mentored(draft, q, p, rng, *, alpha: float, **_):
     return _template(mentored_targets, draft, q, p, rng, alpha=alpha)
 
 
-_ACCEPT["mentored"] = _template_accept(mentored_targets)
+ROW_LAWS["mentored"] = _template_law(mentored_targets)
 
 
 # ------------------------------------------------------------------------------------------ fuzzy / r_fuzzy
 
 
-def _strict_accept(x: int, q_row, p_row) -> float:
-    """min(1, p(x)/q(x)), with template_verify's conventions for zero entries."""
-    if p_row[x] <= 0.0:
-        return 0.0
-    return 1.0 if q_row[x] <= 0.0 else min(1.0, p_row[x] / q_row[x])
+def fuzzy_sure(q, p, *, T: float):  # q, p: [n, V] -> bool[n]
+    """Rows where fuzzy takes the draft outright: JSD(p, q) < T."""
+    return jsd(p, q) < T
 
 
-def _fuzzy_accept(x: int, q_row, p_row, *, T: float, **_) -> float:
-    return 1.0 if jsd(p_row, q_row) < T else _strict_accept(x, q_row, p_row)
+def fuzzy_accept(x, q, p, *, T: float, **_):  # x: int[n]; q, p: [n, V] -> [n]
+    """1 where JSD(p, q) < T, else the strict test's min(1, p(x)/q(x))."""
+    q, p = as_float(q), as_float(p)
+    xp = namespace(q, p)
+    return xp.where(fuzzy_sure(q, p, T=T), 1.0, template_accept(x, q, p))
+
+
+def fuzzy_recovered(x, q, p, **_):  # q, p: [n, V] -> [n, V]
+    """The strict residual, norm(max(0, p - q))."""
+    return residual(as_float(p), as_float(q))
 
 
 # Default T = 0.3 nats: JSD is at most ln 2 = 0.693, so rows less than ~43% of the way to disjoint
@@ -226,25 +277,25 @@ def fuzzy(draft, q, p, rng, *, T: float, **_):
     """
     # draft: int[k]; q: [k, V]; p: [k+1, V]
     k = len(draft)
-    d = jsd(p[:k], q)  # [k]
+    sure = fuzzy_sure(q, p[:k], T=T)  # bool[k]
+    accept = fuzzy_accept(draft, q, p[:k], T=T)  # [k]
     for i in range(k):
-        if d[i] < T:
+        if sure[i]:
             continue
-        x = int(draft[i])
-        u = rng.random()
-        if u < _strict_accept(x, q[i], p[i]):
+        if rng.random() < accept[i]:
             continue
         return i, residual_sample(p[i], q[i], rng)
     return k, sample(p[k], rng)
 
 
-_ACCEPT["fuzzy"] = _fuzzy_accept
+ROW_LAWS["fuzzy"] = RowLaw(fuzzy_accept, fuzzy_recovered)
 
 
-def r_fuzzy_targets(x: int, q_row, p_row, *, alpha: float, **_) -> tuple[np.ndarray, np.ndarray]:
+def r_fuzzy_targets(x, q, p, *, alpha: float, **_):  # q, p: [n, V] -> ([n, V], [n, V]); x unused
     """pi_rej = pi_res = q if JSD(p, q) < alpha else p."""
-    pi = q_row if jsd(p_row, q_row) < alpha else p_row
-    pi = np.asarray(pi, dtype=np.float64)
+    q, p = as_float(q), as_float(p)
+    xp = namespace(q, p)
+    pi = xp.where((jsd(p, q) < alpha)[:, None], q, p)
     return pi, pi
 
 
@@ -258,22 +309,22 @@ def r_fuzzy(draft, q, p, rng, *, alpha: float, **_):
     return _template(r_fuzzy_targets, draft, q, p, rng, alpha=alpha)
 
 
-_ACCEPT["r_fuzzy"] = _template_accept(r_fuzzy_targets)
+ROW_LAWS["r_fuzzy"] = _template_law(r_fuzzy_targets)
 
 
 # ------------------------------------------------------------------------------------------ cascades
 
 
-def casc_opt_targets(x: int, q_row, p_row, *, alpha: float, **_) -> tuple[np.ndarray, np.ndarray]:
+def casc_opt_targets(x, q, p, *, alpha: float, **_):  # q, p: [n, V] -> ([n, V], [n, V]); x unused
     """Defer to the target (r = 1) iff max q < max p - alpha * TV(p, q); pi = (1 - r) q + r p.
 
     r is 0 or 1, so pi is q (keep the drafter's choice: always accepted) or p (the strict test).
     Since max q - max p <= TV(p, q), every alpha < -1 defers whenever p != q: lossless.
     """
-    q_row = np.asarray(q_row, dtype=np.float64)
-    p_row = np.asarray(p_row, dtype=np.float64)
-    defer = q_row.max() < p_row.max() - alpha * float(total_variation(p_row, q_row))
-    pi = p_row if defer else q_row
+    q, p = as_float(q), as_float(p)
+    xp = namespace(q, p)
+    defer = xp.max(q, axis=-1) < xp.max(p, axis=-1) - alpha * total_variation(p, q)  # bool[n]
+    pi = xp.where(defer[:, None], p, q)
     return pi, pi
 
 
@@ -285,21 +336,21 @@ def casc_opt(draft, q, p, rng, *, alpha: float, **_):
     return _template(casc_opt_targets, draft, q, p, rng, alpha=alpha)
 
 
-_ACCEPT["casc_opt"] = _template_accept(casc_opt_targets)
+ROW_LAWS["casc_opt"] = _template_law(casc_opt_targets)
 
 
-def casc_tok_targets(x: int, q_row, p_row, *, alpha: float, **_) -> tuple[np.ndarray, np.ndarray]:
+def casc_tok_targets(x, q, p, *, alpha: float, **_):  # q, p: [n, V] -> ([n, V], [n, V]); x unused
     """Token-level cascade: keep the drafter on the tokens the target also rates highly.
 
     A   = {v : p(v) >= (1 - alpha) max p}          (alpha < 0: A is empty)
     eta = 1 - sum_{v in A} q(v)                     (drafter mass outside A, handed to the target)
     pi  = q * 1[v in A] + eta * p                   (sums to 1)
     """
-    q_row = np.asarray(q_row, dtype=np.float64)
-    p_row = np.asarray(p_row, dtype=np.float64)
-    in_a = p_row >= (1.0 - alpha) * p_row.max()
-    eta = max(1.0 - float(q_row[in_a].sum()), 0.0)  # rounding must not make the p share negative
-    pi = np.where(in_a, q_row, 0.0) + eta * p_row
+    q, p = as_float(q), as_float(p)
+    xp = namespace(q, p)
+    kept = xp.where(p >= (1.0 - alpha) * xp.max(p, axis=-1, keepdims=True), q, 0.0)  # [n, V]: q on A
+    eta = xp.clip(1.0 - xp.sum(kept, axis=-1, keepdims=True), min=0.0)  # [n, 1]; rounding must not make it negative
+    pi = kept + eta * p
     return pi, pi
 
 
@@ -315,11 +366,19 @@ def casc_tok(draft, q, p, rng, *, alpha: float, **_):
     return _template(casc_tok_targets, draft, q, p, rng, alpha=alpha)
 
 
-_ACCEPT["casc_tok"] = _template_accept(casc_tok_targets)
+ROW_LAWS["casc_tok"] = _template_law(casc_tok_targets)
 
-# The lossless rules, so that sweeps can compare against them with the same function.
-_ACCEPT["strict"] = lambda x, q_row, p_row, **_: _strict_accept(x, q_row, p_row)
-_ACCEPT["greedy"] = lambda x, q_row, p_row, **_: 1.0 if x == int(np.argmax(p_row)) else 0.0
+# The lossless rules' row laws, so that sweeps can compare against them with the same function
+# (`lossless.strict` is the template with pi = p; `lossless.greedy` keeps the argmax).
+ROW_LAWS["strict"] = RowLaw(lambda x, q, p, **_: template_accept(x, as_float(q), as_float(p)), fuzzy_recovered)
+
+
+def _greedy_accept(x, q, p, **_):  # x: int[n]; p: [n, V] -> [n]: 1 where x = argmax p
+    p = as_float(p)
+    return argmax_row(p)[rows_of(namespace(p), p), x]
+
+
+ROW_LAWS["greedy"] = RowLaw(_greedy_accept, typical_recovered)
 
 
 # ------------------------------------------------------------------------------------------ tables and helpers
@@ -352,16 +411,17 @@ RELAX_DIRECTION: dict[str, int] = {name: (-1 if name == "typical" else +1) for n
 def acceptance_probability(rule: str | RuleSpec, q_row: np.ndarray, p_row: np.ndarray, **params: float) -> float:
     """Exact probability that one draft token x ~ q_row is accepted at a position with target p_row.
 
-    sum_x q(x) * P(accept x), using the rule's own acceptance definition (for template rules
+    sum_x q(x) * P(accept x), using the rule's own acceptance definition (`ROW_LAWS`; for template rules
     sum_x min(q(x), pi_rej_x(x))). Parameters: the rule's defaults, overridden by the spec, then `params`.
     """
     spec = rule if isinstance(rule, RuleSpec) else RuleSpec.parse(rule)
-    if spec.name not in _ACCEPT:
+    if spec.name not in ROW_LAWS:
         raise ValueError(f"no exact acceptance probability for rule {spec.name!r}")
     kwargs = spec.kwargs()
     kwargs.update(params)
     q_row = np.asarray(q_row, dtype=np.float64)  # [V]
     p_row = np.asarray(p_row, dtype=np.float64)  # [V]
-    accept = _ACCEPT[spec.name]
-    return float(sum(q_row[x] * accept(x, q_row, p_row, **kwargs) for x in np.flatnonzero(q_row > 0)))
-
+    xs = np.flatnonzero(q_row > 0)  # int[n]: every token the drafter can draft
+    q = np.repeat(q_row[None, :], len(xs), axis=0)  # [n, V]
+    p = np.repeat(p_row[None, :], len(xs), axis=0)  # [n, V]
+    return float(np.sum(q_row[xs] * ROW_LAWS[spec.name].accept(xs, q, p, **kwargs)))

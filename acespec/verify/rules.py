@@ -11,6 +11,11 @@ Every rule is a pure function
 
 `accepted` is how many draft tokens are kept (0..k); `next_token` is the recovered token after a
 rejection or the bonus token after a full accept. A round therefore emits `accepted + 1` tokens.
+
+The template's arithmetic (`template_accept`, `residual`) and the rules' row functions in `relaxed`
+are written once against the array API (`array_api_compat.array_namespace`) and batched over rows
+`[n, V]`: the same definition runs on numpy here (float64, one block at a time) and on torch in
+AceSpec's vLLM plugin (`acespec/cloud/vllm_plugin.py`, every request of a step at once).
 """
 
 from __future__ import annotations
@@ -20,8 +25,24 @@ from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
 import numpy as np
+from array_api_compat import array_namespace, device
 
 from acespec.verify.sampling import sample
+
+
+def namespace(*arrays):
+    """The array namespace of the arrays given (numpy's or torch's); lists and tuples count as numpy.
+    None entries (an unused q) are skipped."""
+    return array_namespace(*(np.asarray(a) if isinstance(a, (list, tuple)) else a for a in arrays if a is not None))
+
+
+def as_float(a):
+    """numpy input (arrays, lists) as float64, as the numpy rules have always computed; torch as it is."""
+    return np.asarray(a, dtype=np.float64) if isinstance(a, (list, tuple, np.ndarray, float, int)) else a
+
+
+def rows_of(xp, a):  # a: [n, ...] -> int[n]: 0..n-1 on a's device, for gathers like p[r, x]
+    return xp.arange(a.shape[0], device=device(a))
 
 
 class RuleFn(Protocol):
@@ -119,6 +140,33 @@ class RuleSpec:
         return self.name + ":" + ",".join(f"{k}={v:g}" for k, v in self.params)
 
 
+def template_accept(x, q, pi_rej):  # x: int[n]; q, pi_rej: [n, V] -> [n]
+    """Probability of accepting draft x at each row: min(1, pi_rej(x)/q(x)), 0 where pi_rej(x) = 0.
+
+    q(x) = 0 cannot happen for a token the drafter sampled; it counts as "always accept if pi_rej(x) > 0".
+    """
+    xp = namespace(q, pi_rej)
+    r = rows_of(xp, pi_rej)
+    px, qx = pi_rej[r, x], q[r, x]  # [n], [n]
+    ratio = xp.where(qx > 0, xp.clip(px / xp.where(qx > 0, qx, 1.0), max=1.0), 1.0)
+    return xp.where(px > 0, ratio, 0.0)
+
+
+RESIDUAL_FLOOR = 1e-12  # a residual with less mass than this is rounding noise (float64; float32: 256 ulps of 1)
+
+
+def residual(pi_res, q):  # pi_res, q: [n, V] -> [n, V], unnormalised
+    """The law of the token emitted after a rejection: norm(max(0, pi_res - q)), left unnormalised.
+
+    Where pi_res == q up to rounding (mass <= RESIDUAL_FLOOR, or 256 ulps of 1 in float32) a rejection
+    has probability ~0 and the residual is rounding noise: the row is then pi_res itself, its limit.
+    """
+    xp = namespace(pi_res, q)
+    r = xp.clip(pi_res - q, min=0.0)
+    mass = xp.sum(r, axis=-1, keepdims=True)  # [n, 1]
+    return xp.where(mass > max(RESIDUAL_FLOOR, 256 * float(xp.finfo(r.dtype).eps)), r, pi_res)
+
+
 def template_verify(
     draft: np.ndarray,  # int[k]
     q: np.ndarray,  # [k, V]
@@ -127,27 +175,21 @@ def template_verify(
     pi_bonus: np.ndarray,  # [V] bonus distribution after a full accept
     rng: np.random.Generator,
 ) -> tuple[int, int]:
-    """The general template of DESIGN.md (Xia et al. 2026) that strict and the relaxed rules share."""
+    """The general template of DESIGN.md (Xia et al. 2026) that strict and the relaxed rules share:
+    one u per position, accept iff u < `template_accept`, else emit a sample of `residual`."""
     k = len(draft)
+    accept = template_accept(np.asarray(draft, dtype=np.int64), q, pi_rej) if k else None  # [k]
     for i in range(k):
-        x = int(draft[i])
-        qx = q[i, x]
         u = rng.random()
-        # q(x) = 0 cannot happen for a token the drafter sampled; treat it as "always accept if pi_rej > 0"
-        ratio = 1.0 if qx <= 0.0 else min(1.0, pi_rej[i, x] / qx)
-        if pi_rej[i, x] > 0.0 and u < ratio:
+        if u < accept[i]:
             continue
         return i, residual_sample(pi_res[i], q[i], rng)
     return k, sample(pi_bonus, rng)
 
 
 def residual_sample(pi: np.ndarray, q: np.ndarray, rng: np.random.Generator) -> int:  # pi, q: [V]
-    r = np.maximum(pi - q, 0.0)
-    s = r.sum()
-    if s <= 1e-12:
-        # pi == q up to rounding: a rejection then has probability ~0; sampling pi is the limit
-        return sample(pi, rng)
-    return sample(r / s, rng)
+    r = residual(pi[None, :], q[None, :])[0]  # [V]
+    return sample(r / r.sum(), rng)
 
 
 def verify_block(
@@ -162,14 +204,14 @@ def verify_block(
     spec = rule if isinstance(rule, RuleSpec) else RuleSpec.parse(rule)
     info = spec.info
     draft = np.asarray(draft, dtype=np.int64)
-    p = np.asarray(p)
+    p = np.asarray(p, dtype=np.float64)
     k = len(draft)
     if p.ndim != 2 or p.shape[0] != k + 1:
         raise ValueError(f"p must have shape [k+1, V] = [{k + 1}, V], got {p.shape}")
     if info.needs_q:
         if q is None:
             raise ValueError(f"rule {spec.name!r} needs the drafter distribution q")
-        q = np.asarray(q)
+        q = np.asarray(q, dtype=np.float64)
         if q.shape != (k, p.shape[1]):
             raise ValueError(f"q must have shape [k, V] = [{k}, {p.shape[1]}], got {q.shape}")
     kwargs = spec.kwargs()
