@@ -28,6 +28,7 @@ from acespec.cloud.engine import EngineRefused, SerialEngine, SessionSpec, make_
 from acespec.models.hf import HFModel  # noqa: E402
 from acespec.models.synthetic import random_qwen2, save_random_qwen2  # noqa: E402
 from acespec.verify import RuleSpec, SamplingParams, coupled_sample  # noqa: E402
+from relaxed_laws import CASES, rand_dist  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 
@@ -530,7 +531,7 @@ def test_plugin_rules_in_vllms_sampler_give_the_rules_law(rule):
     law is within total variation 0.01 of the law the rule's definition gives (tests/relaxed_laws.py),
     on the hand-built case where that law is furthest from the target's (so a sampler that ignored the
     rule would fail by far more than 0.01)."""
-    from relaxed_laws import CASES, analytic_first_token
+    from relaxed_laws import analytic_first_token
 
     rs = _plugin_sampler()
     B = 40_000
@@ -545,6 +546,120 @@ def test_plugin_rules_in_vllms_sampler_give_the_rules_law(rule):
     law = np.bincount(first, minlength=len(p)) / B
     tv = 0.5 * np.abs(law - expected).sum()
     assert tv <= 0.01, (rule, name, tv)
+
+
+def _step(rs, draft, counts, P, bonus, meta, draft_probs=None):
+    """One rejection-sampler step: draft ids int[N], counts per request, target rows P [N, V] (as logits
+    log P), bonus int[B]; returns the output [B, max(counts) + 1] as numpy."""
+    import torch
+
+    K = max(max(counts), 1)
+    logits = torch.tensor(np.log(np.maximum(P, 1e-30)), dtype=torch.float32)
+    out = rs.rejection_sample(torch.tensor(draft, dtype=torch.int32), list(counts), K,
+                              torch.tensor(np.cumsum(counts), dtype=torch.int32),
+                              None if draft_probs is None else torch.tensor(draft_probs, dtype=torch.float32), logits,
+                              torch.tensor(np.asarray(bonus)[:, None], dtype=torch.int64), meta)
+    return out.numpy()
+
+
+def test_plugin_decides_each_block_as_the_rules_numpy_definition_does():
+    """typical (deterministic: no u drawn) on blocks of 0-3 drafts, every other request with no rule: each
+    rule request's output row is exactly what `verify_block` gives on the same rows (the target's float32
+    probabilities, vLLM's bonus token), so the plugin's batched first-rejection and emission match the
+    per-block definition; the other requests keep vLLM's strict sampler."""
+    import torch
+
+    from acespec.verify import verify_block
+
+    rs = _plugin_sampler()
+    rng = np.random.default_rng(21)
+    B, V = 40, 64
+    counts = rng.integers(0, 4, B)
+    N = int(counts.sum())
+    P = torch.softmax(torch.tensor(rng.normal(size=(N, V)) * 2.5, dtype=torch.float32), -1).numpy()
+    P = torch.softmax(torch.tensor(np.log(np.maximum(P, 1e-30)), dtype=torch.float32), -1).double().numpy()  # as the plugin sees them
+    # half the drafts the target's favourite (accepted), half anything (mostly rejected)
+    draft = np.where(rng.random(N) < 0.6, P.argmax(-1), rng.integers(0, V, N))
+    bonus = rng.integers(0, V, B)
+    spec = RuleSpec.parse("typical:eps=0.05,delta=0.3")
+    rules = {i: spec for i in range(0, B, 2)}
+    out = _step(rs, draft, counts, P, bonus, _metadata(B, rules))
+    starts = np.cumsum(counts) - counts
+    accepted = []
+    for i in range(B):
+        n, s = int(counts[i]), int(starts[i])
+        if i not in rules:
+            m = int((out[i] != -1).sum()) - 1  # vLLM's own: m <= n drafts kept, then one token
+            assert 0 <= m <= n and list(out[i, :m]) == list(draft[s : s + m]) and (out[i, m + 1 :] == -1).all()
+            continue
+        a, nxt = verify_block(spec, draft[s : s + n], None, np.vstack([P[s : s + n], np.eye(V)[bonus[i]]]), np.random.default_rng(0))
+        assert list(out[i]) == [*draft[s : s + a], nxt] + [-1] * (out.shape[1] - a - 1), (i, n, a, nxt)
+        accepted.append((a, n))
+    assert any(a == n > 0 for a, n in accepted) and any(a < n for a, n in accepted) and any(n == 0 for _, n in accepted)
+
+
+def test_plugin_leaves_other_requests_to_vllm_and_seeds_decide_the_rule_requests():
+    """A step where half the (seeded) requests ask for cactus: the others' rows are what vLLM's own sampler
+    gives them on the whole step, bit for bit; the rule requests' rows depend only on their seeds."""
+    import vllm.v1.sample.rejection_sampler as rs0
+
+    from acespec.cloud import vllm_plugin
+
+    rs = _plugin_sampler()
+    rng = np.random.default_rng(5)
+    B, V, k = 64, 48, 2
+    counts = [k] * B
+    P = np.stack([rand_dist(rng, V, conc=0.5) for _ in range(B * k)])
+    Q = np.stack([rand_dist(rng, V, conc=0.5) for _ in range(B * k)])
+    draft = np.array([rng.choice(V, p=q) for q in Q])
+    bonus = rng.integers(0, V, B)
+    spec = RuleSpec.parse("cactus")
+    rules = {i: spec for i in range(B // 2)}
+
+    def run(seeds, with_rules=True):
+        return _step(rs, draft, counts, P, bonus, _metadata(B, rules if with_rules else {}, seeds=seeds), draft_probs=Q)
+
+    a = run(list(range(B)))
+    b = run(list(range(B)))
+    c = run(list(range(1000, 1000 + B // 2)) + list(range(B // 2, B)))
+    original = vllm_plugin._state["original"]
+    rs0.rejection_sample = original
+    try:
+        own = run(list(range(B)), with_rules=False)
+    finally:
+        rs0.rejection_sample = vllm_plugin.rejection_sample
+    assert np.array_equal(a[B // 2 :], own[B // 2 :])  # the requests without a rule: vLLM's, bit for bit
+    assert np.array_equal(a, b)  # same seeds, same step
+    assert np.array_equal(a[B // 2 :], c[B // 2 :]) and not np.array_equal(a[: B // 2], c[: B // 2])  # other seeds
+
+
+@pytest.mark.parametrize("token_only", [False, True])
+def test_plugin_two_draft_blocks_follow_the_rules_law(token_only):
+    """cactus on 40,000 requests of the same two drafts: the number accepted is distributed as the rule's
+    acceptance probabilities at the two positions say (1 - a0, a0 (1 - a1), a0 a1), and a token recovered
+    at the first position follows the rule's recovered law there (ROW_LAWS, numpy), within total
+    variation 0.01 and 0.02; with draft probabilities, and with token-only drafts (one-hot q)."""
+    from acespec.verify.relaxed import ROW_LAWS
+
+    rs = _plugin_sampler()
+    _, _, p0 = CASES[0]
+    V = len(p0)
+    x = np.array([1, 6])  # drafts the rule accepts only in part, at each position
+    q = 0.9 * np.eye(V)[x] + 0.1 / V if not token_only else np.eye(V)[x]  # a confident drafter: q(x) > the rule's target
+    p = np.stack([p0, p0])
+    law, kw = ROW_LAWS["cactus"], RuleSpec.parse("cactus").kwargs()
+    a0, a1 = law.accept(x, q, p, **kw)
+    assert 0.1 < a0 < 0.9 and 0.1 < a1 < 0.9, (a0, a1)
+    B = 40_000
+    out = _step(rs, np.tile(x, B), [2] * B, np.tile(p, (B, 1)), np.zeros(B, dtype=np.int64),
+                _metadata(B, {i: RuleSpec.parse("cactus") for i in range(B)}), draft_probs=None if token_only else np.tile(q, (B, 1)))
+    n_acc = (out != -1).sum(axis=1) - 1  # a block emits its accepted drafts and one more token
+    assert (out[n_acc >= 1, 0] == x[0]).all() and (out[n_acc == 2, 1] == x[1]).all() and (out[n_acc == 2, 2] == 0).all()
+    want = np.array([1 - a0, a0 * (1 - a1), a0 * a1])
+    assert 0.5 * np.abs(np.bincount(n_acc, minlength=3) / B - want).sum() <= 0.01
+    rec = law.recovered(x[:1], q[:1], p[:1], **kw)[0]
+    first = np.bincount(out[n_acc == 0, 0], minlength=V) / (n_acc == 0).sum()
+    assert 0.5 * np.abs(first - rec / rec.sum()).sum() <= 0.02
 
 
 def test_plugin_changes_nothing_when_no_rule_is_asked_for():

@@ -13,13 +13,16 @@ in every one of its processes before the engine starts, from entry points of ins
 
 A request asks for a rule with `SamplingParams(extra_args={"acespec_rule": "cactus:delta=0.35"})`
 (vLLM's OpenAI server fills `extra_args` from `vllm_xargs`); `ACESPEC_VLLM_RULE` in the environment
-gives every sampled request of the engine a default. For those requests' rows the draft block is
-decided by `acespec.verify.verify_block`, the rules' single definition, on the rows vLLM's sampler
-would use: the target's probabilities after temperature / top-k / top-p, the drafter's probabilities
-when vLLM has them (`draft_probs`; token-only drafts, as from n-gram or `custom_class` proposers, are
-one-hot), and vLLM's own bonus token (drawn from the target's bonus row, as every rule does). Greedy
-requests, and requests that ask for nothing, keep vLLM's own result: with no rule asked for anywhere
-in a step, the step is vLLM's, bit for bit.
+gives every sampled request of the engine a default. Those requests' draft blocks are decided by
+the rule's row law (`acespec.verify.relaxed.ROW_LAWS`: the rules' single definition, written against
+the array API, which `verify_block` runs on numpy) in torch, every such request of the step at once,
+on the rows vLLM's sampler would use: the target's probabilities after temperature / top-k / top-p,
+the drafter's probabilities when vLLM has them (`draft_probs`; token-only drafts, as from n-gram or
+`custom_class` proposers, are one-hot), and vLLM's own bonus token (drawn from the target's bonus row,
+as every rule does). Greedy requests, and requests that ask for nothing, go through vLLM's own
+sampler, which sees only their rows; with no rule asked for anywhere in a step, the step is vLLM's,
+bit for bit. A seeded request draws its uniforms from its own generator, so its output stays
+determined by its seed.
 
 The plugin patches one vLLM version (`VLLM_VERSION`). Under another, it patches nothing; a request or
 an environment that asks for a rule is then refused at once, rather than silently verified by
@@ -33,7 +36,8 @@ import os
 
 import numpy as np
 
-from acespec.verify import RuleSpec, verify_block
+from acespec.verify import RULES, RuleSpec
+from acespec.verify.relaxed import ROW_LAWS
 from acespec.verify.rules import RuleSpecError
 
 log = logging.getLogger("acespec.vllm.plugin")
@@ -170,63 +174,166 @@ def _tracker(sampling_metadata) -> AceSpecRules | None:
     return None
 
 
-def _rng(sampling_metadata, i: int, fallback: np.random.Generator) -> np.random.Generator:
-    """A seeded request draws from its own torch generator (so its output stays seed-determined)."""
-    g = sampling_metadata.generators.get(i)
-    if g is None:
-        return fallback
+def _uniforms(generators: dict, reqs: list[int], counts: np.ndarray, device):
+    """Uniforms for the rule requests `reqs` (batch indices) with `counts` draft tokens each: one per
+    draft row ([N], float64, in row order) and one per request for its recovered token ([R]). A seeded
+    request draws its counts + 1 from its own generator (none when it drafted nothing, as vLLM does);
+    the others share one draw from torch's global generator."""
     import torch
 
-    return np.random.default_rng(int(torch.randint(0, 2**62, (1,), generator=g, device=g.device)))
-
-
-_fallback = np.random.default_rng()
-
-
-def apply_rules(out, rules: dict[int, RuleSpec], draft_token_ids, num_draft_tokens, draft_probs, target_logits,
-                bonus_token_ids, sampling_metadata) -> None:
-    """Rewrite the rows of `out` [batch, max_spec_len + 1] whose request has a rule, from the same inputs
-    vLLM's sampler had: draft ids [num_tokens], target logits [num_tokens, V] after the sampling
-    constraints, draft probs [num_tokens, V] or None, bonus ids [batch, 1]."""
-    import torch
-
-    starts = np.concatenate([[0], np.cumsum(num_draft_tokens)[:-1]]).astype(np.int64)
-    todo = [i for i in rules if i < len(num_draft_tokens) and num_draft_tokens[i] > 0]
-    if not todo:
-        return
-    # one conversion for every row a rule decides, then numpy per request
-    idx = np.concatenate([np.arange(starts[i], starts[i] + num_draft_tokens[i]) for i in todo])
-    sel = torch.from_numpy(idx)
-    P = torch.softmax(target_logits[sel].to(torch.float64), dim=-1).cpu().numpy()  # [rows, V]
-    Q = draft_probs[sel].to(torch.float64).cpu().numpy() if draft_probs is not None else None  # [rows, V]
-    D = draft_token_ids[sel].to(torch.int64).cpu().numpy()  # [rows]
-    bonus_ids = bonus_token_ids[:, 0].cpu().numpy()
-    V = P.shape[1]
-    rows = np.arange(V)
-    emitted = np.full((len(todo), out.shape[1]), PLACEHOLDER, dtype=np.int64)
+    N, R = int(counts.sum()), len(reqs)
+    u = torch.rand(N + R, dtype=torch.float64, device=device)
+    row_u, next_u = u[:N], u[N:]
     at = 0
-    for j, i in enumerate(todo):
-        n = int(num_draft_tokens[i])
-        draft, p = D[at : at + n], P[at : at + n]
-        q = Q[at : at + n] if Q is not None else (rows[None, :] == draft[:, None]).astype(np.float64)  # token-only: one-hot
-        bonus = (rows == bonus_ids[i]).astype(np.float64)[None, :]  # vLLM drew it from the target's bonus row
-        a, nxt = verify_block(rules[i], draft, q, np.vstack([p, bonus]), _rng(sampling_metadata, i, _fallback))
-        emitted[j, :a] = draft[:a]
-        emitted[j, a] = nxt
+    for b, i in enumerate(reqs):
+        g = generators.get(i)
+        n = int(counts[b])
+        if g is not None and n > 0:
+            mine = torch.rand(n + 1, dtype=torch.float64, generator=g, device=device)
+            row_u[at : at + n] = mine[:n]
+            next_u[b] = mine[n]
         at += n
-    out[torch.tensor(todo)] = torch.from_numpy(emitted).to(out.dtype)
+    return row_u, next_u
+
+
+def _sample_rows(dist, u):
+    """Inverse-CDF draw from each row of `dist` [m, V] (unnormalised, >= 0) with uniforms u [m]: int64[m]."""
+    import torch
+
+    c = torch.cumsum(dist.to(torch.float64), dim=-1)  # [m, V]
+    t = (u * c[:, -1]).unsqueeze(-1)  # [m, 1]
+    return torch.searchsorted(c, t, right=True)[:, 0].clamp_(max=dist.shape[-1] - 1)
+
+
+# On CPU the rows are processed some at a time, so that each rule's passes over them (a softmax, then
+# its elementwise steps) mostly run in cache rather than each going through memory; a GPU takes them all
+# at once. Smaller pieces stay in cache better, but every piece is a few more parallel torch ops, and where
+# other work holds the cores each op waits for its threads: 2^22 is the compromise between the two
+# (measured in docs/results/bench-plugin-cost.txt).
+CPU_CHUNK = 1 << 22  # elements (rows x vocabulary) per piece on CPU: 16 MB of float32
+
+
+def apply_rules(rules: dict[int, RuleSpec], reqs: list[int], draft_token_ids, num_draft_tokens, max_spec_len: int,
+                draft_probs, target_logits, bonus_token_ids, sampling_metadata):
+    """The rows of the output [len(reqs), max_spec_len + 1] for the requests `reqs` (batch indices, each
+    with a rule in `rules`), from the inputs vLLM's sampler has: draft ids [num_tokens], target logits
+    [num_tokens, V] after the sampling constraints, draft probs [num_tokens, V] or None, bonus ids
+    [batch, 1]. Every row at once (in pieces on CPU): each rule's acceptance probability for its
+    requests' rows, the first rejection of each request, then the recovered token, drawn from the rule's
+    recovered law only at the rows where a request rejected."""
+    import torch
+
+    device = target_logits.device
+    counts_all = np.asarray(num_draft_tokens, dtype=np.int64)
+    starts_all = np.cumsum(counts_all) - counts_all
+    counts = counts_all[reqs]  # [R]
+    R, N, V = len(reqs), int(counts.sum()), target_logits.shape[-1]
+    nxt = bonus_token_ids[torch.as_tensor(reqs, device=device), 0].to(torch.int64)  # [R]: vLLM drew it from the bonus row
+    emitted = torch.full((R, max_spec_len + 1), PLACEHOLDER, dtype=torch.int32, device=device)
+    if N == 0:
+        emitted[:, 0] = nxt.to(emitted.dtype)
+        return emitted
+    first = np.cumsum(counts) - counts  # [R]: each request's first row among the N
+    req_of_row = np.repeat(np.arange(R), counts)  # [N]
+    pos = np.arange(N) - first[req_of_row]  # [N]: position in its block
+    rows = torch.as_tensor(starts_all[reqs][req_of_row] + pos, device=device)  # [N]: rows of the step's flat layout
+    x = draft_token_ids[rows].to(torch.int64)  # [N]
+    piece = N if device.type != "cpu" else max(1, CPU_CHUNK // V)
+
+    def law_args(spec: RuleSpec, idx):  # idx: int64[n], rows among the N -> (x [n], q [n, V] or None, p [n, V])
+        at = torch.as_tensor(idx, device=device)
+        r, xi = rows[at], x[at]
+        p = torch.softmax(target_logits[r], dim=-1, dtype=torch.float32)
+        if not RULES[spec.name].needs_q:
+            return xi, None, p
+        if draft_probs is not None:
+            return xi, draft_probs[r].to(torch.float32), p
+        q = torch.zeros_like(p)  # token-only drafts: the drafter's row is one-hot on its token
+        q[torch.arange(len(idx), device=device), xi] = 1.0
+        return xi, q, p
+
+    def pieces(idx):
+        return (idx[i : i + piece] for i in range(0, len(idx), piece))
+
+    # the rows (indices among the N) of each rule, parameters included
+    spec_of_req = [rules[i] for i in reqs]
+    by_spec: dict[RuleSpec, list[int]] = {}
+    for j in range(N):
+        by_spec.setdefault(spec_of_req[req_of_row[j]], []).append(j)
+
+    accept = torch.empty(N, dtype=torch.float64, device=device)  # [N]
+    for spec, idx in by_spec.items():
+        for part in pieces(np.asarray(idx)):
+            accept[torch.as_tensor(part, device=device)] = ROW_LAWS[spec.name].accept(*law_args(spec, part), **spec.kwargs()).to(torch.float64)
+    row_u, next_u = _uniforms(sampling_metadata.generators, reqs, counts, device)
+    # accepted drafts of each request: the position of its first rejection, or its count if none
+    counts_t = torch.as_tensor(counts, device=device)
+    req_t = torch.as_tensor(req_of_row, device=device)
+    pos_t = torch.as_tensor(pos, device=device)
+    cand = torch.where(row_u < accept, counts_t[req_t], pos_t)  # [N]
+    acc = counts_t.scatter_reduce(0, req_t, cand, "amin")  # [R]
+
+    # the recovered token, for the requests that rejected a draft only, from their rule's recovered law
+    rejected = torch.nonzero(acc < counts_t)[:, 0].cpu().numpy()  # [m] requests
+    at = first[rejected] + acc.cpu().numpy()[rejected]  # [m]: their rejected rows among the N
+    for spec in {spec_of_req[b] for b in rejected}:
+        mine = np.flatnonzero([spec_of_req[b] == spec for b in rejected])
+        for part in pieces(mine):
+            b = torch.as_tensor(rejected[part], device=device)
+            dist = ROW_LAWS[spec.name].recovered(*law_args(spec, at[part]), **spec.kwargs())  # [n, V]
+            nxt[b] = _sample_rows(dist, next_u[b])
+
+    drafts = torch.full((R, max_spec_len + 1), PLACEHOLDER, dtype=torch.int64, device=device)
+    drafts[req_t, pos_t] = x
+    cols = torch.arange(max_spec_len + 1, device=device)
+    emitted = torch.where(cols[None, :] < acc[:, None], drafts, PLACEHOLDER)  # [R, max_spec_len + 1]
+    emitted[torch.arange(R, device=device), acc] = nxt
+    return emitted.to(torch.int32)
+
+
+def _metadata_for(sampling_metadata, reqs: list[int]):
+    """`sampling_metadata` for the requests `reqs` only (renumbered 0..), in the fields vLLM's
+    `rejection_sample` reads: temperature, all_greedy / all_random and the seeded generators."""
+    from dataclasses import replace
+
+    import torch
+
+    gens = {j: sampling_metadata.generators[i] for j, i in enumerate(reqs) if i in sampling_metadata.generators}
+    t = sampling_metadata.temperature
+    if t is None:
+        return replace(sampling_metadata, generators=gens)
+    t = t[torch.as_tensor(reqs, device=t.device)]
+    return replace(sampling_metadata, temperature=t, generators=gens, all_greedy=bool((t == 0).all()),
+                   all_random=bool((t != 0).all()))
 
 
 def rejection_sample(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs, target_logits,
                      bonus_token_ids, sampling_metadata, **kw):
-    """vLLM's `rejection_sample`, then AceSpec's rule on the rows whose request asked for one."""
+    """vLLM's `rejection_sample` for the requests without a rule, AceSpec's rule for the others."""
     tracker = _tracker(sampling_metadata)
-    rules = tracker.rows if tracker is not None else {}
-    logits = target_logits.clone() if rules else None  # vLLM's sampler may change its input in place
-    out = _state["original"](draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs,
-                             target_logits, bonus_token_ids, sampling_metadata, **kw)
-    if rules:
-        apply_rules(out, rules, draft_token_ids, num_draft_tokens, draft_probs, logits, bonus_token_ids, sampling_metadata)
+    B = len(num_draft_tokens)
+    rules = {i: r for i, r in (tracker.rows.items() if tracker is not None else ()) if i < B}
+    if not rules:
+        return _state["original"](draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs,
+                                  target_logits, bonus_token_ids, sampling_metadata, **kw)
+    import torch
+
+    device = target_logits.device
+    out = torch.full((B, max_spec_len + 1), PLACEHOLDER, dtype=torch.int32, device=device)
+    ruled = sorted(rules)
+    out[torch.as_tensor(ruled, device=device)] = apply_rules(rules, ruled, draft_token_ids, num_draft_tokens, max_spec_len,
+                                                             draft_probs, target_logits, bonus_token_ids, sampling_metadata)
+    others = [i for i in range(B) if i not in rules]
+    if others:  # vLLM's own sampler on their rows only: the rule requests' rows cost it nothing
+        counts = np.asarray(num_draft_tokens, dtype=np.int64)
+        starts = np.cumsum(counts) - counts
+        rows = torch.as_tensor(np.concatenate([np.arange(starts[i], starts[i] + counts[i]) for i in others]), device=device)
+        sub = [int(counts[i]) for i in others]
+        at = torch.as_tensor(others, device=device)
+        out[at] = _state["original"](
+            draft_token_ids[rows], sub, max_spec_len, torch.as_tensor(np.cumsum(sub), dtype=cu_num_draft_tokens.dtype, device=device),
+            None if draft_probs is None else draft_probs[rows], target_logits[rows], bonus_token_ids[at],
+            _metadata_for(sampling_metadata, others), **kw)
     return out
 
 
