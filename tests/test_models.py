@@ -108,7 +108,7 @@ def _rows_by_pass_shape(model, prompt: list[int], cont: list[int], n: int) -> np
 
 
 @pytest.mark.real
-def test_a_position_has_the_same_logits_whatever_the_pass_shape(real_target):
+def test_a_position_has_the_same_logits_whatever_the_pass_shape(real_target, monkeypatch):
     """A speculative session computes generated positions in verify passes of k + 1 rows where plain
     decoding computes them one at a time; with exact passes (the default) both give the same bits, so
     speculation writes exactly plain decoding's text. A position's row depends on the KV of every
@@ -130,8 +130,11 @@ def test_a_position_has_the_same_logits_whatever_the_pass_shape(real_target):
     real_target.reset()
     real_target.eval(prompt, last=0)
     np.testing.assert_array_equal(real_target.eval(cont, last=9), alone[-9:])
-    # the test's power: without exact passes this build's kernels do give other bits from 8 rows on
-    loose = LlamaCppModel(real_target.path, n_ctx=512, exact_passes=False)
+    # the test's power: without exact passes (an operator's ACESPEC_EXACT_PASSES=0) this build's kernels
+    # do give other bits from 8 rows on
+    monkeypatch.setenv("ACESPEC_EXACT_PASSES", "0")
+    loose = LlamaCppModel(real_target.path, n_ctx=512)
+    assert not loose.exact_passes
     try:
         assert not np.array_equal(_rows_by_pass_shape(loose, prompt, cont, 10), _rows_by_pass_shape(loose, prompt, cont, 1)), \
             "llama.cpp computed 10-row passes with its one-row kernels: exact_passes may no longer be needed"

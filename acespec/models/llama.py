@@ -109,7 +109,7 @@ class LlamaCppModel(Model):
         name: str | None = None,
         batch_invariant: bool = False,  # one KV stream per slot: see below
         extra_bufts: bool = False,  # llama.cpp's extra weight buffers (AMX, repacked Q4_K): see below
-        exact_passes: bool = True,  # a row's logits the same bits whatever the pass's row count: see below
+        exact_passes: bool | None = None,  # a row's logits the same bits whatever the pass's row count: see below
     ) -> None:
         """`batch_invariant=True` is for the cloud's batching engine, where slots are sessions: a session's
         logits rows must be the same bits whatever else shares its llama_decode call (DESIGN.md: the
@@ -139,9 +139,13 @@ class LlamaCppModel(Model):
         pass that asks for several rows (a verify) is cut into passes of at most EXACT_PASS_ROWS
         tokens. Prompt prefill (one row or none asked for) keeps its long, fast passes: its chunks are
         the same in every mode. The cost is in deep blocks only: 14 rows as 7 + 7 take about 1.2x a
-        14-row pass on one core here (`acespec bench cost`), 2-7 rows nothing. The matmul part holds
+        14-row pass on one core here and 1.4x on two, 2-7 rows nothing. The matmul part holds
         for K-quant weights (the default pair); llama.cpp computes Q8_0, Q4_0 and F16 weights through
-        llamafile's kernel from 2 rows on, which no option turns off."""
+        llamafile's kernel from 2 rows on, which no option turns off. None (the default) reads
+        ACESPEC_EXACT_PASSES from the environment (on unless it is 0), so an operator who would rather
+        have deep blocks 1.2-1.4x cheaper on a CPU than plain decoding's exact text can say so."""
+        if exact_passes is None:
+            exact_passes = os.environ.get("ACESPEC_EXACT_PASSES", "1").strip() != "0"
         super().__init__()
         path = Path(path)
         if not path.is_file():
