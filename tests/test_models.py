@@ -126,10 +126,13 @@ def test_a_position_has_the_same_logits_whatever_the_pass_shape(real_target, mon
     alone = _rows_by_pass_shape(real_target, prompt, cont, 1)
     for n in (2, 3, EXACT_PASS_ROWS, EXACT_PASS_ROWS + 1, 15):
         np.testing.assert_array_equal(_rows_by_pass_shape(real_target, prompt, cont, n), alone, err_msg=f"passes of {n}")
-    # a pass that wants only its last rows (a verify after a catch-up) gives those same rows too
+    # plain decoding's first call (the prompt, wanting its last row) and a verify's first pass (the prompt
+    # prefilled, then its last token with a draft) compute the prompt's last position alike
     real_target.reset()
-    real_target.eval(prompt, last=0)
-    np.testing.assert_array_equal(real_target.eval(cont, last=9), alone[-9:])
+    first_plain = real_target.eval(prompt, last=1)[0]
+    real_target.reset()
+    real_target.eval(prompt[:-1], last=0)
+    np.testing.assert_array_equal(real_target.eval(prompt[-1:] + cont[:4])[0], first_plain)
     # the test's power: without exact passes (an operator's ACESPEC_EXACT_PASSES=0) this build's kernels
     # do give other bits from 8 rows on
     monkeypatch.setenv("ACESPEC_EXACT_PASSES", "0")
