@@ -12,9 +12,9 @@ and k = 0 (a plain step, cloud-only's) whenever no draft beats it. On a GPU t(k)
 agreeing draft pays; on a CPU a (k+1)-row pass costs several steps, so only well-accepted drafts do.
 Acceptance and costs are learned online from the session's own steps (exponentially weighted); a
 small share of steps probes a short draft when drafting is off, so a session whose drafts become
-good again is noticed; each probe that leaves drafting priced out doubles the gap to the next (one kept whole resets it), so on
-drafts that stay poor (sampling at T = 1 on a CPU, where a probe costs most of a step more) probing
-costs a vanishing share of the session, not a fixed one.
+good again is noticed. Each probe that leaves drafting priced out doubles the gap to the next (one
+kept whole resets it), so on drafts that stay poor (sampling at T = 1 on a CPU, where a probe costs
+most of a step more) probing costs a vanishing share of the session, not a fixed one.
 """
 
 from __future__ import annotations

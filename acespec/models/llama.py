@@ -19,9 +19,9 @@ from acespec.models.base import Model, ModelError, Tokenizer, vocab_fingerprint
 _EOG_PIECES = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end|>", "</s>")
 
 # llama.cpp's CPU K-quant matmul takes a tiled kernel once a pass has 8 rows (ggml-cpu tiled.cpp,
-# `ggml_tiled_min_batch`) and its one-row kernel below that; the two round differently. A pass that
-# verifies several rows is cut into passes of at most this many, so every generated position is
-# computed by the kernel that computes it one token at a time (see LlamaCppModel's `exact_passes`).
+# `ggml_tiled_min_batch`) and its one-row kernel below that; the two round differently. The rows a
+# pass asks for are computed in passes of at most this many, so every generated position is computed
+# by the kernel that computes it one token at a time (see LlamaCppModel's `exact_passes`).
 EXACT_PASS_ROWS = 7
 
 
