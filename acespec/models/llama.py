@@ -139,9 +139,8 @@ class LlamaCppModel(Model):
         rows a pass asks for are computed in passes of at most EXACT_PASS_ROWS tokens, the rows nobody
         asked for before them (a prompt) in one long, fast pass: a prompt's chunks are the same in
         every mode, and its last token, whose row is asked for, gets a small pass in every mode. The
-        cost: a 14-row block as 7 + 7 takes about 1.2x a 14-row pass on one core here and 1.4x on
-        two, and flash attention makes steps and small blocks 0-16% dearer at a few hundred tokens
-        of context on this CPU (measured side by side). The matmul part holds
+        cost on this CPU (scripts/exact_passes_cost.py, 330 tokens of context): a one-token step 1.25x
+        and a 14-row block (7 + 7) 1.52x on 2 threads, 1.08x and 1.35x on one. The matmul part holds
         for K-quant weights (the default pair); llama.cpp computes Q8_0, Q4_0 and F16 weights through
         llamafile's kernel from 2 rows on, which no option turns off. None (the default) reads
         ACESPEC_EXACT_PASSES from the environment (on unless it is 0), so an operator who would rather
