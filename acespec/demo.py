@@ -12,6 +12,7 @@ stopped on exit, also on Ctrl-C or SIGTERM.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import secrets
@@ -143,12 +144,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace, children: ChildProcesses) -> int:
     from acespec.edge.client import ConnectConfig
     from acespec.edge.runtime import EdgeConfig, run_edge
-    from acespec.models.llama import split_threads
+    from acespec.models.llama import on_cpus, split_cpus, split_threads
     from acespec.draft.cache import DRAFTER_SLOTS
     from acespec.models import TextStream, load_model
 
     py = [sys.executable, "-m", "acespec.cli"]
-    with tempfile.TemporaryDirectory(prefix="acespec-demo-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="acespec-demo-") as tmp, contextlib.ExitStack() as stack:
         token = secrets.token_hex(16).encode()
         token_file = Path(tmp) / "token"
         token_file.write_bytes(token)
@@ -156,8 +157,13 @@ def _run(args: argparse.Namespace, children: ChildProcesses) -> int:
         edge_threads, cloud_threads = split_threads(args.cores)
         if cloud_threads:
             env["ACESPEC_THREADS"] = str(cloud_threads)
+        # split cores: the cloud's whole process on its cores, the rest of the demo (the edge, the WAN
+        # emulator, the edge's Python) on the edge's, as two devices would be
+        edge_cpus, cloud_cpus = (split_cpus() if args.cores == "split" else None) or (None, None)
         print(f"[demo] starting the cloud verifier ({args.target}) ...", file=sys.stderr, flush=True)
-        serve = children.start(py + ["serve", "--target", args.target, "--port", "0", "--token-file", str(token_file)], env)
+        with on_cpus(cloud_cpus):
+            serve = children.start(py + ["serve", "--target", args.target, "--port", "0", "--token-file", str(token_file)], env)
+        stack.enter_context(on_cpus(edge_cpus))
         m = wait_for_line(serve, r"listening on ([\d.]+):(\d+)", 300, "the cloud verifier")
         cloud_port = int(m.group(2))
         wan_args = ["wan", "--listen", "127.0.0.1:0", "--upstream", f"127.0.0.1:{cloud_port}", "--profile", args.profile]

@@ -132,12 +132,12 @@ def cmd_bench_acespec(args: argparse.Namespace) -> int:
         prompts = humaneval_prompts(target.tokenizer, args.n_prompts)
         cfg = BenchConfig(rtts=rtts, modes=names, profile=profile, k=args.k, window=args.window,
                           max_tokens=args.max_tokens, warmup_tokens=max(0, args.warmup_tokens),
-                          variants={**VARIANTS, **POLICY_VARIANTS})
+                          variants={**VARIANTS, **POLICY_VARIANTS}, cores=args.cores)
         result = run_wan_bench(draft, target, prompts, cfg, progress=not args.no_progress)
         if args.policies:
             pcfg = BenchConfig(rtts=[max(rtts)], modes=["sync", "acespec", *POLICY_VARIANTS], profile=profile, k=args.k,
                                window=args.window, max_tokens=args.max_tokens, warmup_tokens=0,
-                               variants={**VARIANTS, **POLICY_VARIANTS})
+                               variants={**VARIANTS, **POLICY_VARIANTS}, cores=args.cores)
             result["policies"] = run_wan_bench(draft, target, prompts, pcfg, progress=not args.no_progress)
     finally:
         draft.close()

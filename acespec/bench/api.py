@@ -23,6 +23,7 @@ each pair must be equal (same rule and seed).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import http.client
 import json
 import statistics
@@ -134,15 +135,19 @@ def cmd_bench_api(args: argparse.Namespace) -> int:
 
     import os
 
-    from acespec.models.llama import split_threads
+    from acespec.models.llama import on_cpus, split_cpus, split_threads
 
     exe = [sys.executable, "-m", "acespec.cli"]
     edge_threads, cloud_threads = split_threads(args.cores)
     cloud_env = {**os.environ, **({"ACESPEC_THREADS": str(cloud_threads)} if cloud_threads else {})}
     edge_env = {**os.environ, **({"ACESPEC_THREADS": str(edge_threads)} if edge_threads else {})}
     kids = ChildProcesses()
+    stack = contextlib.ExitStack()
     try:
-        cloud = kids.start([*exe, "serve", "--target", args.target, "--port", "0", "--n-ctx", str(args.n_ctx)], env=cloud_env)
+        edge_cpus, cloud_cpus = (split_cpus() if args.cores == "split" else None) or (None, None)
+        with on_cpus(cloud_cpus):  # the cloud's process on its CPUs; the edges (both kinds) and the emulator on the edge's
+            cloud = kids.start([*exe, "serve", "--target", args.target, "--port", "0", "--n-ctx", str(args.n_ctx)], env=cloud_env)
+        stack.enter_context(on_cpus(edge_cpus))
         cloud_port = int(wait_for_line(cloud, r"listening on [\d.]+:(\d+)", 300, "the cloud").group(1))
         if args.rtt > 0:
             wan = kids.start([*exe, "wan", "--listen", "127.0.0.1:0", "--upstream", f"127.0.0.1:{cloud_port}",
@@ -176,6 +181,7 @@ def cmd_bench_api(args: argparse.Namespace) -> int:
             if i:
                 pairs.append(sides)
     finally:
+        stack.close()
         kids.stop_all()
     result = summarize(pairs, vars(args))
     print(format_table(result))

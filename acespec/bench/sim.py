@@ -375,7 +375,7 @@ def _measure(args, cost, ts, live, n_prompts: int, max_tokens: int, rtts: list[f
                 raise ValueError(f"--validate runs `bench acespec` variants live; {', '.join(unknown)} is not one "
                                  f"(choose from {', '.join(known)})")
             cfg = BenchConfig(rtts=rtts, modes=variants, profile="wan", k=args.k, window=args.window, max_tokens=max_tokens,
-                              variants=known)
+                              variants=known, cores=cores)
             live = run_wan_bench(draft, target, prompts, cfg)
             live["cores"] = cores
             (out_dir / "live.json").write_text(json.dumps(live, indent=2))

@@ -29,6 +29,7 @@ and cloud compete for compute; a real edge device and a cloud GPU do not.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -48,7 +49,9 @@ CAVEAT = (
 )
 SPLIT_CAVEAT = (
     "caveat: cores split: the drafter (edge) runs on {edge} llama.cpp thread(s) and the target (cloud) on {cloud}, "
-    "like two devices: neither slows the other down, and neither can borrow the other's core (so every mode, the "
+    "each side's threads pinned to its own CPUs, like two devices: neither takes the other's core (in one process they "
+    "still share Python's interpreter lock; `acespec demo` runs the cloud in a process of its own), and neither can "
+    "borrow the other's core (so every mode, the "
     "baselines included, runs each model on fewer threads than with --cores shared). Compare modes with each other "
     "at the same RTT (ratios), not with other machines."
 )
@@ -150,6 +153,7 @@ class BenchConfig:
     warmup_tokens: int = 4  # one untimed generation per mode first; 0 = none
     reply_timeout_s: float = 300.0
     variants: dict = field(default_factory=dict)  # name -> EdgeConfig overrides; a mode name needs none
+    cores: str = "shared"  # split: the cloud's threads on their own CPUs, the edge's and the emulator's on another
 
 
 def run_wan_bench(draft, target, prompts: Sequence[tuple[str, list[int]]], cfg: BenchConfig, *,
@@ -164,6 +168,7 @@ def run_wan_bench(draft, target, prompts: Sequence[tuple[str, list[int]]], cfg: 
     from acespec.edge.client import ConnectConfig, EdgeError
     from acespec.edge.runtime import EdgeConfig, run_edge
     from acespec.models.base import check_compatible
+    from acespec.models.llama import on_cpus, split_cpus
     from acespec.net import WanProxyThread, profile_from_args
 
     check_compatible(draft, target)
@@ -194,8 +199,15 @@ def run_wan_bench(draft, target, prompts: Sequence[tuple[str, list[int]]], cfg: 
     records: list[RunRecord] = []
     stats: dict[int, object] = {}  # id(record) -> its RunStats, for the ceilings
     total = len(cfg.rtts) * len(prompts) * len(cfg.modes)
-    with CloudServerThread(target, server_cfg) as cloud, \
-            WanProxyThread("127.0.0.1", 0, "127.0.0.1", cloud.port, profile_for(cfg.rtts[0])) as wan:
+    # split cores: the cloud's threads (its event loop, and the engine's, which runs the target) start
+    # on the cloud's CPUs and inherit them; this thread, the edge's, and the emulator's stay on the edge's
+    edge_cpus, cloud_cpus = (split_cpus() if cfg.cores == "split" else None) or (None, None)
+    with on_cpus(cloud_cpus):
+        cloud = CloudServerThread(target, server_cfg).start()
+    with contextlib.ExitStack() as stack:
+        stack.callback(cloud.stop)
+        stack.enter_context(on_cpus(edge_cpus))
+        wan = stack.enter_context(WanProxyThread("127.0.0.1", 0, "127.0.0.1", cloud.port, profile_for(cfg.rtts[0])))
         if cfg.warmup_tokens > 0:
             for mode in cfg.modes:
                 one(wan.port, mode, prompts[0][1], cfg.warmup_tokens)
@@ -437,7 +449,7 @@ def cmd_bench_wan(args: argparse.Namespace) -> int:
     cfg = BenchConfig(
         rtts=parse_rtts(args.rtt), modes=parse_modes(args.modes),
         profile=None if args.profile == "none" else args.profile, k=args.k, window=args.window,
-        max_tokens=args.max_tokens, warmup_tokens=max(0, args.warmup_tokens),
+        max_tokens=args.max_tokens, warmup_tokens=max(0, args.warmup_tokens), cores=args.cores,
     )
     print(caveat(args.cores), file=sys.stderr)
     t0 = time.perf_counter()

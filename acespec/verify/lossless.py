@@ -33,6 +33,8 @@ def gumbel_noise(seed: int, pos: int, vocab: int) -> np.ndarray:  # -> [vocab]
 
 def coupled_sample(dist: np.ndarray, seed: int, pos: int) -> int:  # dist: [V]
     """argmax(log dist + g): an exact sample from `dist`, the same token on both sides when dist agrees."""
+    if np.count_nonzero(dist) == 1:  # a point mass (greedy): log 0 = -inf elsewhere, so no noise can move it
+        return int(np.argmax(dist))
     with np.errstate(divide="ignore"):
         return int(np.argmax(np.log(dist) + gumbel_noise(seed, pos, dist.shape[-1])))
 
