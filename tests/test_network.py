@@ -23,6 +23,7 @@ Every run has a hard time limit (`bounded`), so a protocol bug fails a test inst
 from __future__ import annotations
 
 import functools
+import os
 import threading
 import time
 import types
@@ -562,3 +563,28 @@ def test_bench_cores_split_gives_each_side_its_own_cores():
     d, t = load_pair("toy:vocab=32,seed=1,noise=0.3", "toy:vocab=32,seed=1", n_ctx=256, cores="shared", draft_slots=8)
     assert d.vocab_size == t.vocab_size == 32
 
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs")
+def test_split_cores_pin_the_clouds_threads_and_processes_and_the_edge_keeps_its_own():
+    """--cores split places each side on its own CPUs: a thread or process started on the cloud's CPUs
+    stays there (so the edge's drafting cannot take the cloud's core), and the caller gets its CPUs back."""
+    import subprocess
+    import sys
+
+    from acespec.models.llama import on_cpus, split_cpus
+
+    before = os.sched_getaffinity(0)
+    edge, cloud = split_cpus()
+    assert edge and cloud and not edge & cloud and edge | cloud == before
+    seen = {}
+    with on_cpus(cloud):
+        t = threading.Thread(target=lambda: seen.setdefault("thread", os.sched_getaffinity(0)))
+        t.start()
+        child = subprocess.run([sys.executable, "-c", "import os; print(sorted(os.sched_getaffinity(0)))"],
+                               capture_output=True, text=True, check=True)
+    t.join()
+    assert os.sched_getaffinity(0) == before
+    assert seen["thread"] == cloud and child.stdout.strip() == str(sorted(cloud))
+    with on_cpus(None):
+        assert os.sched_getaffinity(0) == before
