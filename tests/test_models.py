@@ -13,6 +13,8 @@ Numerics (measured on this machine's llama.cpp CPU build, Q4_K_M):
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -143,6 +145,32 @@ def test_a_position_has_the_same_logits_whatever_the_pass_shape(real_target, mon
             "llama.cpp computed 10-row passes with its one-row kernels: exact_passes may no longer be needed"
     finally:
         loose.close()
+
+
+@pytest.mark.real
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="the split attention kernel needs 2 threads")
+def test_past_256_positions_one_token_passes_on_one_thread_keep_exact_passes_exact(real_draft):
+    """From a one-token pass's 257th position on, ggml-cpu splits its attention across threads (a sum
+    in an order no multi-row pass uses), so on 2 threads plain steps and verified rows part there;
+    `step_threads=1` (ACESPEC_STEP_THREADS=1) computes one-token passes on one thread and they agree
+    again, bit for bit, while passes of several rows keep every thread."""
+    from acespec.models.llama import LlamaCppModel
+
+    prompt = [int(t) for t in np.random.default_rng(5).integers(200, 20000, 250)]
+    cont = [int(t) for t in np.random.default_rng(6).integers(200, 20000, 12)]  # positions 250..261
+
+    def rows(step_threads: int, n: int) -> np.ndarray:
+        m = LlamaCppModel(real_draft.path, n_ctx=512, n_threads=2, step_threads=step_threads)
+        try:
+            return _rows_by_pass_shape(m, prompt, cont, n)
+        finally:
+            m.close()
+
+    assert np.array_equal(rows(1, 1), rows(1, 4)), "one-token passes on one thread: every pass shape alike"
+    # the test's power: with both threads on one-token passes, the rows past position 256 part
+    split, whole = rows(2, 1), rows(2, 4)
+    assert np.array_equal(split[:6], whole[:6]) and not np.array_equal(split[7:], whole[7:]), \
+        "llama.cpp no longer splits a one-token pass's attention at 512 cells: step_threads may not be needed"
 
 
 @pytest.mark.real

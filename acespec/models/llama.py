@@ -138,6 +138,7 @@ class LlamaCppModel(Model):
         batch_invariant: bool = False,  # one KV stream per slot: see below
         extra_bufts: bool = False,  # llama.cpp's extra weight buffers (AMX, repacked Q4_K): see below
         exact_passes: bool | None = None,  # a row's logits the same bits whatever the pass's row count: see below
+        step_threads: int | None = None,  # threads of a one-token pass; None: n_threads (ACESPEC_STEP_THREADS overrides)
     ) -> None:
         """`batch_invariant=True` is for the cloud's batching engine, where slots are sessions: a session's
         logits rows must be the same bits whatever else shares its llama_decode call (DESIGN.md: the
@@ -172,7 +173,15 @@ class LlamaCppModel(Model):
         for K-quant weights (the default pair); llama.cpp computes Q8_0, Q4_0 and F16 weights through
         llamafile's kernel from 2 rows on, which no option turns off. None (the default) reads
         ACESPEC_EXACT_PASSES from the environment (on unless it is 0), so an operator who would rather
-        have that speed on a CPU than plain decoding's exact text can say so."""
+        have that speed on a CPU than plain decoding's exact text can say so.
+
+        Exact passes are exact on one thread. On more, a one-token pass whose KV view reaches 512 cells
+        (from its 257th position on) has its attention split across the threads and the parts summed
+        (ggml-cpu's `use_split_kv_path`: one query row, n_kv >= 512), an order no pass of several rows
+        uses, so from there plain steps and verified rows differ again (bench local's HumanEval/4, 2
+        threads: its 128th token). llama.cpp takes a one-token pass's thread count separately
+        (`llama_set_n_threads(ctx, n_threads, n_threads_batch)`), so `step_threads=1` restores
+        exactness, at the price of one-token passes on one thread; the default keeps n_threads."""
         if exact_passes is None:
             exact_passes = os.environ.get("ACESPEC_EXACT_PASSES", "1").strip() != "0"
         super().__init__()
@@ -239,6 +248,12 @@ class LlamaCppModel(Model):
             self._llm._ctx.close()
             self._llm._ctx = self._ctx
         # one stream of n_ctx per sequence, or one cache of n_ctx that every sequence (fork) shares
+        if step_threads is None and os.environ.get("ACESPEC_STEP_THREADS", "").strip():
+            step_threads = int(os.environ["ACESPEC_STEP_THREADS"])
+        self.step_threads = step_threads or threads
+        if self.step_threads < 1:
+            raise ModelError(f"step_threads must be at least 1, not {self.step_threads}")
+        llama_cpp.llama_set_n_threads(self._ctx.ctx, self.step_threads, threads)
         self.kv_cells = n_ctx * self.n_slots if self.batch_invariant else n_ctx
         self.kv_bytes_per_token = self._kv_bytes_per_token()
         self.passes = 0  # llama_decode calls that produced logits
