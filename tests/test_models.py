@@ -167,6 +167,10 @@ def test_past_256_positions_one_token_passes_on_one_thread_keep_exact_passes_exa
             m.close()
 
     assert np.array_equal(rows(1, 1), rows(1, 4)), "one-token passes on one thread: every pass shape alike"
+    with pytest.raises(ModelError, match="ACESPEC_STEP_THREADS"):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("ACESPEC_STEP_THREADS", "two")
+            LlamaCppModel(real_draft.path, n_ctx=512)
     # the test's power: with both threads on one-token passes, the rows past position 256 part
     split, whole = rows(2, 1), rows(2, 4)
     assert np.array_equal(split[:6], whole[:6]) and not np.array_equal(split[7:], whole[7:]), \

@@ -248,10 +248,15 @@ class LlamaCppModel(Model):
             self._llm._ctx.close()
             self._llm._ctx = self._ctx
         # one stream of n_ctx per sequence, or one cache of n_ctx that every sequence (fork) shares
-        if step_threads is None and os.environ.get("ACESPEC_STEP_THREADS", "").strip():
-            step_threads = int(os.environ["ACESPEC_STEP_THREADS"])
+        env = os.environ.get("ACESPEC_STEP_THREADS", "").strip()
+        if step_threads is None and env:
+            if not env.isdigit() or int(env) < 1:
+                self.close()
+                raise ModelError(f"ACESPEC_STEP_THREADS must be a positive integer, not {env!r}")
+            step_threads = int(env)
         self.step_threads = step_threads or threads
         if self.step_threads < 1:
+            self.close()
             raise ModelError(f"step_threads must be at least 1, not {self.step_threads}")
         llama_cpp.llama_set_n_threads(self._ctx.ctx, self.step_threads, threads)
         self.kv_cells = n_ctx * self.n_slots if self.batch_invariant else n_ctx
