@@ -2,18 +2,26 @@
 one definition, written against the array API, that numpy runs (`verify_block`) and torch runs (AceSpec's
 vLLM plugin). Here both run on the same rows, hand-built and random, for every rule at several settings:
 the acceptance probability of each row's draft and the law of its recovered token must agree, exactly
-(up to float64 rounding) in float64 and to float32 rounding in float32, the plugin's dtype."""
+(up to float64 rounding) in float64 and to float32 rounding in float32, the plugin's dtype. `jsd` is also
+checked against its definition on hand-built rows (it sums over the drafter's support only where that is
+sparse), and r_fuzzy's acceptance (built on the draft's column only) against the template's, bit for bit.
+The tests that need no torch run without it."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from acespec.verify import RuleSpec
+from acespec.verify import RuleSpec, relaxed
 from acespec.verify.relaxed import LOSSLESS_POINTS, ROW_LAWS, entropy, jsd, total_variation, typical_threshold
 from relaxed_laws import CASES, MILD, rand_dist
 
-torch = pytest.importorskip("torch")
+try:
+    import torch
+except ImportError:  # the numpy-only tests below still run
+    torch = None
+
+needs_torch = pytest.mark.skipif(torch is None, reason="torch is not installed")
 
 # a strongly relaxed setting per rule, past the registered default
 STRONG = {"typical": {"eps": 0.01, "delta": 0.05}, "cactus": {"delta": 3.0}, "mentored": {"alpha": 1.0}, "fuzzy": {"T": 0.6},
@@ -68,6 +76,7 @@ def _norm(r: np.ndarray) -> np.ndarray:
     return r / r.sum(axis=-1, keepdims=True)
 
 
+@needs_torch
 @pytest.mark.parametrize("rule", sorted(ROW_LAWS))
 @pytest.mark.parametrize("dtype,tol", [("float64", 1e-12), ("float32", 2e-5)])
 def test_row_laws_agree_on_numpy_and_torch(rule, dtype, tol):
@@ -95,6 +104,7 @@ def test_row_laws_agree_on_numpy_and_torch(rule, dtype, tol):
     assert seen_partial  # the rows took both branches somewhere: accepted and rejected drafts
 
 
+@needs_torch
 @pytest.mark.parametrize("dtype,tol", [("float64", 1e-12), ("float32", 2e-5)])
 def test_divergences_and_thresholds_agree_on_numpy_and_torch(dtype, tol):
     for _, _, q, p in ROWS:
@@ -107,3 +117,122 @@ def test_divergences_and_thresholds_agree_on_numpy_and_torch(dtype, tol):
                                        atol=0, err_msg=f"typical_threshold {prm}")
     assert jsd(torch.tensor([[0.5, 0.5, 0.0]]), torch.tensor([[0.0, 0.0, 1.0]])).item() == pytest.approx(np.log(2))
     assert entropy(torch.tensor([0.0, 1.0])).item() == 0.0  # 0 log 0 = 0, not nan
+
+
+# ------------------------------------------------------------------------------------------ jsd, by its definition
+
+
+def jsd_by_definition(p: np.ndarray, q: np.ndarray) -> np.ndarray:  # float64 [n, V] -> [n]
+    """sum a log(a/m) over a > 0, for a = p and a = q, m = (p+q)/2, halved: written out, no shortcuts."""
+    m = (p + q) / 2
+
+    def kl(a):
+        return np.sum(np.where(a > 0, a * np.log(np.where(a > 0, a, 1.0) / np.where(a > 0, m, 1.0)), 0.0), axis=-1)
+
+    return (kl(p) + kl(q)) / 2
+
+
+def one_hot(V: int, ids) -> np.ndarray:  # int[n] -> [n, V]
+    out = np.zeros((len(ids), V))
+    out[np.arange(len(ids)), ids] = 1.0
+    return out
+
+
+def jsd_rows(V: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Hand-built (p [n, V], q [n, V]) rows: q one-hot (a token-only draft), sparse and dense; p with zeros;
+    p == q (JSD 0); disjoint supports (JSD ln 2)."""
+    rng = np.random.default_rng(V)
+    n = 6
+    p = rng.dirichlet(np.full(V, 0.3), size=n)
+    pz = p * (rng.random((n, V)) < 0.5)  # p with zeros (top-k / top-p rows), at least one token kept
+    pz[np.arange(n), rng.integers(0, V, n)] += 0.1
+    pz /= pz.sum(-1, keepdims=True)
+    onehot = one_hot(V, rng.integers(0, V, n))
+    sparse = rng.random((n, V)) * (rng.random((n, V)) < min(1.0, 3 / V))  # about 3 tokens per row
+    sparse[np.arange(n), rng.integers(0, V, n)] += 0.5
+    sparse /= sparse.sum(-1, keepdims=True)
+    dense = rng.dirichlet(np.ones(V), size=n)
+    on_zero = one_hot(V, [int(np.flatnonzero(r == 0)[0]) if (r == 0).any() else 0 for r in pz])  # q's token where p is 0
+    half = V // 2
+    dp, dq = np.zeros((n, V)), np.zeros((n, V))  # disjoint supports: p below half, q from half on
+    dp[:, :half] = rng.dirichlet(np.ones(half), size=n)
+    dq[:3, half:] = one_hot(V - half, rng.integers(0, V - half, 3))  # one-hot q, and spread q
+    dq[3:, half:] = rng.dirichlet(np.ones(V - half), size=n - 3)
+    return {
+        "one-hot q": (p, onehot), "sparse q": (p, sparse), "dense q": (p, dense),
+        "p with zeros, one-hot q": (pz, onehot), "p with zeros, q on them": (pz, on_zero), "p with zeros, sparse q": (pz, sparse),
+        "p with zeros, dense q": (pz, dense), "one-hot p, one-hot q": (onehot, np.roll(onehot, 1, axis=0)),
+        "p == q": (p, p.copy()), "p == q, p with zeros": (pz, pz.copy()), "p == q, one-hot": (onehot, onehot.copy()),
+        "disjoint": (dp, dq),
+    }
+
+
+BACKENDS = [("numpy", "float64", 1e-12), pytest.param("torch", "float64", 1e-12, marks=needs_torch),
+            pytest.param("torch", "float32", 2e-6, marks=needs_torch)]
+WAYS = {"as chosen": None, "on q's support": 0, "over whole rows": 10**18}  # relaxed.SPARSE_Q for each
+
+
+@pytest.mark.parametrize("way", list(WAYS))
+@pytest.mark.parametrize("V", [2, 5, 64, 4096, 151936])
+@pytest.mark.parametrize("lib,dtype,tol", BACKENDS)
+def test_jsd_is_its_definition(lib, dtype, tol, V, way, monkeypatch):
+    if WAYS[way] is not None:
+        monkeypatch.setattr(relaxed, "SPARSE_Q", WAYS[way])
+    for name, (p, q) in jsd_rows(V).items():
+        if lib == "torch":
+            tp, tq = (torch.from_numpy(a).to(getattr(torch, dtype)) for a in (p, q))
+            p, q = tp.double().numpy(), tq.double().numpy()  # the definition on the same (float32-rounded) rows
+            got = jsd(tp, tq)
+            assert isinstance(got, torch.Tensor) and got.dtype == getattr(torch, dtype)
+            got = got.double().numpy()
+        else:
+            got = jsd(p, q)
+        want = jsd_by_definition(p, q)
+        assert got.shape == (len(p),)
+        np.testing.assert_allclose(got, want, rtol=0, atol=tol, err_msg=f"{name}, V = {V}")
+        assert (got >= 0).all() and (got <= np.log(2) + tol).all()
+        if name.startswith("p == q"):
+            assert (got == 0).all(), name  # exactly: every term is p log(p/p) = 0, or 0 log 0
+        if name == "disjoint":
+            np.testing.assert_allclose(got, np.log(2), rtol=0, atol=tol)
+        # one row alone, and rows in a [2, n/2] batch, give the same values
+        if lib == "numpy":
+            assert float(jsd(p[0], q[0])) == pytest.approx(float(got[0]), abs=tol)
+            np.testing.assert_allclose(jsd(p.reshape(2, -1, V), q.reshape(2, -1, V)).reshape(-1), got, rtol=0, atol=tol)
+
+
+def test_jsd_sums_over_qs_support_only_where_q_is_sparse(monkeypatch):
+    """The way `jsd` takes: its logs on q's support only for a one-hot q, on whole rows for a dense q."""
+    shapes = []
+    kl_terms = relaxed._kl_terms
+
+    def spy(a, m, tiny):
+        shapes.append(a.shape)
+        return kl_terms(a, m, tiny)
+
+    monkeypatch.setattr(relaxed, "_kl_terms", spy)
+    rng = np.random.default_rng(3)
+    p = rng.dirichlet(np.ones(1000), size=4)
+    jsd(p, one_hot(1000, [1, 5, 7, 9]))
+    assert shapes == [(4,), (4,)]
+    shapes.clear()
+    jsd(p, rng.dirichlet(np.ones(1000), size=4))
+    assert shapes == [(4, 1000), (4, 1000)]
+
+
+@pytest.mark.parametrize("lib,dtype", [("numpy", "float64"), pytest.param("torch", "float64", marks=needs_torch),
+                                       pytest.param("torch", "float32", marks=needs_torch)])
+def test_r_fuzzy_accept_is_the_templates(lib, dtype):
+    """r_fuzzy's RowLaw accepts with template_accept on the draft's column of pi only: the same numbers as
+    the template law built from r_fuzzy_targets, which builds pi over whole rows."""
+    template, law = relaxed._template_law(relaxed.r_fuzzy_targets), ROW_LAWS["r_fuzzy"]
+    for params in settings("r_fuzzy"):
+        for name, x, q, p in ROWS:
+            if lib == "torch":
+                tdt = getattr(torch, dtype)
+                x, q, p = torch.from_numpy(x), torch.from_numpy(q).to(tdt), torch.from_numpy(p).to(tdt)
+            for part in ("accept", "recovered"):
+                got, want = getattr(law, part)(x, q, p, **params), getattr(template, part)(x, q, p, **params)
+                if lib == "torch":
+                    got, want = got.double().numpy(), want.double().numpy()
+                np.testing.assert_array_equal(got, want, err_msg=f"{part} {params} {name}")

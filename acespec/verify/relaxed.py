@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
+from array_api_compat import device
 
 from acespec.verify.rules import (
     RuleSpec, as_float, namespace, register, residual, residual_sample, rows_of, template_accept, template_verify,
@@ -56,18 +57,41 @@ def entropy(p):  # p: [..., V] -> [...]
     return -xp.sum(p * xp.log(xp.clip(p, min=xp.finfo(p.dtype).tiny)), axis=-1)
 
 
+def _kl_terms(a, m, tiny):  # a, m: [...] -> [...]
+    """a log(a/m), element by element, with 0 log 0 = 0: KL(a||m)'s terms. Any shape: whole rows, or
+    elements gathered from them."""
+    xp = namespace(a, m)
+    return a * xp.log(xp.clip(a, min=tiny) / m)
+
+
+SPARSE_Q = 8  # `jsd` evaluates its terms only on q's support where at most one element of q in SPARSE_Q is nonzero
+
+
 def jsd(p, q):  # p, q: [..., V] -> [...]
-    """Jensen-Shannon divergence in nats: KL(p||m)/2 + KL(q||m)/2, m = (p+q)/2; in [0, ln 2]."""
+    """Jensen-Shannon divergence in nats: KL(p||m)/2 + KL(q||m)/2, m = (p+q)/2; in [0, ln 2].
+
+    The row sums of `_kl_terms`. Where q is sparse (a token-only draft's row is one-hot; at most one
+    element in SPARSE_Q nonzero here) they are evaluated on q's support only: everywhere else m = p/2,
+    so p's term is p log 2 and q's is 0, filled in by that closed form. The rows are then read a few
+    times, with no log or division over them. The two ways differ only in the order of the additions.
+    """
     p, q = as_float(p), as_float(q)
     xp = namespace(p, q)
     tiny = xp.finfo(p.dtype).tiny
-    m = xp.clip(0.5 * (p + q), min=tiny)  # where m is clipped, p = q = 0 and both terms below are 0
-
-    def kl_sum(a):  # sum a log(a/m), with 0 log 0 = 0
-        return xp.sum(a * xp.log(xp.clip(a, min=tiny) / m), axis=-1)
-
+    if p.shape != q.shape:
+        p, q = xp.broadcast_arrays(p, q)
+    if SPARSE_Q * int(xp.count_nonzero(q)) <= math.prod(q.shape):
+        on = xp.nonzero(q)  # q >= 0: its support
+        pv, qv = p[on], q[on]
+        m = xp.clip(0.5 * (pv + qv), min=tiny)
+        terms = math.log(2.0) * p  # off q's support: p log(p / (p/2)) + 0
+        terms[on] = _kl_terms(pv, m, tiny) + _kl_terms(qv, m, tiny)
+        out = 0.5 * xp.sum(terms, axis=-1)
+    else:
+        m = xp.clip(0.5 * (p + q), min=tiny)  # where m is clipped, p = q = 0 and both terms are 0
+        out = 0.5 * (xp.sum(_kl_terms(p, m, tiny), axis=-1) + xp.sum(_kl_terms(q, m, tiny), axis=-1))
     # rounding can leave a tiny negative value for p == q; a divergence is never negative
-    return xp.clip(0.5 * (kl_sum(p) + kl_sum(q)), min=0.0)
+    return xp.clip(out, min=0.0)
 
 
 def total_variation(p, q):  # p, q: [..., V] -> [...]
@@ -291,12 +315,30 @@ def fuzzy(draft, q, p, rng, *, T: float, **_):
 ROW_LAWS["fuzzy"] = RowLaw(fuzzy_accept, fuzzy_recovered)
 
 
+def _r_fuzzy_pick(sure, q, p):  # sure: bool[n]; q, p: [n, c] -> [n, c]
+    """r_fuzzy's pi: row i is q's where sure[i], else p's. Column by column: any columns of q and p give
+    those columns of pi."""
+    return namespace(q, p).where(sure[:, None], q, p)
+
+
 def r_fuzzy_targets(x, q, p, *, alpha: float, **_):  # q, p: [n, V] -> ([n, V], [n, V]); x unused
     """pi_rej = pi_res = q if JSD(p, q) < alpha else p."""
     q, p = as_float(q), as_float(p)
-    xp = namespace(q, p)
-    pi = xp.where((jsd(p, q) < alpha)[:, None], q, p)
+    pi = _r_fuzzy_pick(jsd(p, q) < alpha, q, p)
     return pi, pi
+
+
+def r_fuzzy_accept(x, q, p, *, alpha: float, **_):  # x: int[n]; q, p: [n, V] -> [n]
+    """The template's acceptance for `r_fuzzy_targets`, template_accept(x, q, pi_rej), without building
+    pi_rej over whole rows: template_accept reads column x of q and pi_rej only, and `_r_fuzzy_pick`
+    builds pi column by column, so here it builds column x alone (tests/test_verify_rows.py checks the
+    two are equal, bit for bit)."""
+    q, p = as_float(q), as_float(p)
+    xp = namespace(q, p)
+    r = rows_of(xp, p)
+    qx, px = q[r, x][:, None], p[r, x][:, None]  # [n, 1]: column x
+    at = xp.zeros(p.shape[0], dtype=xp.int64, device=device(p))  # x's column in these [n, 1] rows
+    return template_accept(at, qx, _r_fuzzy_pick(jsd(p, q) < alpha, qx, px))
 
 
 @register("r_fuzzy", needs_q=True, defaults={"alpha": 0.3})  # default: same threshold as fuzzy's T
@@ -309,7 +351,8 @@ def r_fuzzy(draft, q, p, rng, *, alpha: float, **_):
     return _template(r_fuzzy_targets, draft, q, p, rng, alpha=alpha)
 
 
-ROW_LAWS["r_fuzzy"] = _template_law(r_fuzzy_targets)
+# accept: the template's, on column x only (`r_fuzzy_accept`); recovered: the template's
+ROW_LAWS["r_fuzzy"] = RowLaw(r_fuzzy_accept, _template_law(r_fuzzy_targets).recovered)
 
 
 # ------------------------------------------------------------------------------------------ cascades
