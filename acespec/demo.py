@@ -159,7 +159,7 @@ def _run(args: argparse.Namespace, children: ChildProcesses) -> int:
             env["ACESPEC_THREADS"] = str(cloud_threads)
         # split cores: the cloud's whole process on its cores, the rest of the demo (the edge, the WAN
         # emulator, the edge's Python) on the edge's, as two devices would be
-        edge_cpus, cloud_cpus = (split_cpus() if args.cores == "split" else None) or (None, None)
+        edge_cpus, cloud_cpus = split_cpus(args.cores)
         print(f"[demo] starting the cloud verifier ({args.target}) ...", file=sys.stderr, flush=True)
         with on_cpus(cloud_cpus):
             serve = children.start(py + ["serve", "--target", args.target, "--port", "0", "--token-file", str(token_file)], env)

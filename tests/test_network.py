@@ -575,7 +575,8 @@ def test_split_cores_pin_the_clouds_threads_and_processes_and_the_edge_keeps_its
     from acespec.models.llama import on_cpus, split_cpus
 
     before = os.sched_getaffinity(0)
-    edge, cloud = split_cpus()
+    assert split_cpus("shared") == (None, None)
+    edge, cloud = split_cpus("split")
     assert edge and cloud and not edge & cloud and edge | cloud == before
     seen = {}
     with on_cpus(cloud):

@@ -144,7 +144,7 @@ def cmd_bench_api(args: argparse.Namespace) -> int:
     kids = ChildProcesses()
     stack = contextlib.ExitStack()
     try:
-        edge_cpus, cloud_cpus = (split_cpus() if args.cores == "split" else None) or (None, None)
+        edge_cpus, cloud_cpus = split_cpus(args.cores)
         with on_cpus(cloud_cpus):  # the cloud's process on its CPUs; the edges (both kinds) and the emulator on the edge's
             cloud = kids.start([*exe, "serve", "--target", args.target, "--port", "0", "--n-ctx", str(args.n_ctx)], env=cloud_env)
         stack.enter_context(on_cpus(edge_cpus))

@@ -49,10 +49,10 @@ CAVEAT = (
 )
 SPLIT_CAVEAT = (
     "caveat: cores split: the drafter (edge) runs on {edge} llama.cpp thread(s) and the target (cloud) on {cloud}, "
-    "each side's threads pinned to its own CPUs, like two devices: neither takes the other's core (in one process they "
-    "still share Python's interpreter lock; `acespec demo` runs the cloud in a process of its own), and neither can "
-    "borrow the other's core (so every mode, the "
-    "baselines included, runs each model on fewer threads than with --cores shared). Compare modes with each other "
+    "each side's threads pinned to its own CPUs, like two devices: neither can take or borrow the other's core (so "
+    "every mode, the baselines included, runs each model on fewer threads than with --cores shared; in one process "
+    "they still share Python's interpreter lock, and `acespec demo` runs the cloud in a process of its own). "
+    "Compare modes with each other "
     "at the same RTT (ratios), not with other machines."
 )
 
@@ -201,7 +201,7 @@ def run_wan_bench(draft, target, prompts: Sequence[tuple[str, list[int]]], cfg: 
     total = len(cfg.rtts) * len(prompts) * len(cfg.modes)
     # split cores: the cloud's threads (its event loop, and the engine's, which runs the target) start
     # on the cloud's CPUs and inherit them; this thread, the edge's, and the emulator's stay on the edge's
-    edge_cpus, cloud_cpus = (split_cpus() if cfg.cores == "split" else None) or (None, None)
+    edge_cpus, cloud_cpus = split_cpus(cfg.cores)
     with on_cpus(cloud_cpus):
         cloud = CloudServerThread(target, server_cfg).start()
     with contextlib.ExitStack() as stack:

@@ -30,13 +30,14 @@ def default_threads() -> int:
     return int(os.environ.get("ACESPEC_THREADS", os.cpu_count() or 1))
 
 
-def split_cpus() -> tuple[set[int], set[int]] | None:
-    """(edge CPUs, cloud CPUs) for `--cores split`: the first CPU this process may run on for the edge,
-    the others for the cloud; None where CPU affinity cannot be set or fewer than 2 CPUs are allowed."""
-    if not hasattr(os, "sched_getaffinity"):
-        return None
+def split_cpus(cores: str) -> tuple[set[int] | None, set[int] | None]:
+    """(edge CPUs, cloud CPUs) for --cores, as `split_threads` gives threads: with `split`, the first CPU
+    this process may run on for the edge and the others for the cloud; (None, None) for `shared`, or
+    where CPU affinity cannot be set or fewer than 2 CPUs are allowed (`on_cpus(None)` changes nothing)."""
+    if cores != "split" or not hasattr(os, "sched_getaffinity"):
+        return None, None
     cpus = sorted(os.sched_getaffinity(0))
-    return ({cpus[0]}, set(cpus[1:])) if len(cpus) >= 2 else None
+    return ({cpus[0]}, set(cpus[1:])) if len(cpus) >= 2 else (None, None)
 
 
 @contextlib.contextmanager
@@ -45,7 +46,8 @@ def on_cpus(cpus: set[int] | None):
     started inside inherit it, which is how `--cores split` keeps each side's whole process or threads
     (Python, sockets and the model's own threads, not only the model's thread count) on its own core:
     with thread counts alone, a cloud-led edge that drafts all the time took the cloud's core often
-    enough that the cloud's plain steps cost 110 ms against cloud-only's 91 in the demo."""
+    enough that its plain steps cost the cloud 93 ms, against 73 ms pinned (`acespec demo`, 2026-12-03,
+    the builds before and after this function, run back to back)."""
     if cpus is None:
         yield
         return
@@ -248,16 +250,11 @@ class LlamaCppModel(Model):
             self._llm._ctx.close()
             self._llm._ctx = self._ctx
         # one stream of n_ctx per sequence, or one cache of n_ctx that every sequence (fork) shares
-        env = os.environ.get("ACESPEC_STEP_THREADS", "").strip()
-        if step_threads is None and env:
-            if not env.isdigit() or int(env) < 1:
-                self.close()
-                raise ModelError(f"ACESPEC_STEP_THREADS must be a positive integer, not {env!r}")
-            step_threads = int(env)
-        self.step_threads = step_threads or threads
-        if self.step_threads < 1:
+        given = (os.environ.get("ACESPEC_STEP_THREADS", "").strip() or threads) if step_threads is None else step_threads
+        if not str(given).isdigit() or int(given) < 1:
             self.close()
-            raise ModelError(f"step_threads must be at least 1, not {self.step_threads}")
+            raise ModelError(f"step_threads / ACESPEC_STEP_THREADS must be a positive integer, not {given!r}")
+        self.step_threads = int(given)
         llama_cpp.llama_set_n_threads(self._ctx.ctx, self.step_threads, threads)
         self.kv_cells = n_ctx * self.n_slots if self.batch_invariant else n_ctx
         self.kv_bytes_per_token = self._kv_bytes_per_token()
