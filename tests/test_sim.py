@@ -615,3 +615,31 @@ def test_profile_from_bench_cost():
                                      "engine": {"ks": [0, 1, 2], "verify_s": [0.06, 0.1, 0.15], "first_token_s": 2.06}})
     assert timed.target_prefill_s_per_token == pytest.approx(0.02)
     assert timed.pass_s([], prefill=100) + timed.verify_s(0) == pytest.approx(2.06)
+
+
+def test_record_takes_sharegpt_prompts_and_refuses_what_does_not_apply(real_pair, capsys):
+    """`bench sim --record --dataset sharegpt` records chat prompts (the low-acceptance traces `bench
+    tenants --traces` replays at T = 1): the same seeded prompts every time, each a real recording whose
+    engine run the trace predicts; HumanEval's template and `--validate`'s live HumanEval runs refuse it."""
+    from acespec.bench.sim import add_parser
+    from acespec.sim.trace import dataset_prompts, record_traces
+
+    first = dataset_prompts("sharegpt", 3)
+    assert first == dataset_prompts("sharegpt", 3) and len({pid for pid, _ in first}) == 3
+    assert all(pid.startswith("sharegpt/") and text.strip() for pid, text in first)
+    assert dataset_prompts("humaneval", 1)[0][0] == "HumanEval/0"
+    with pytest.raises(ValueError, match="unknown trace dataset"):
+        dataset_prompts("nope", 1)
+    draft, target = real_pair
+    pid, text = first[0]
+    ts = record_traces(target, draft, [(pid, list(target.tokenizer.chat_prompt([{"role": "user", "content": text}])))],
+                       max_tokens=8, timings=False)
+    tr = ts.prompts[0]
+    assert tr.id == pid and tr.n == 8 and tr.engine_agreement() == 1.0
+    ap = argparse.ArgumentParser()
+    add_parser(ap.add_subparsers(dest="bench"))
+    for argv, why in ((["sim", "--record", "--dataset", "sharegpt", "--prompt-style", "eval"], "HumanEval's template"),
+                      (["sim", "--validate", "--dataset", "sharegpt"], "applies to --record")):
+        args = ap.parse_args(argv)
+        with pytest.raises(ValueError, match=why):
+            args.func(args)

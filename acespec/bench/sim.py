@@ -49,7 +49,8 @@ def add_parser(bench_subparsers: argparse._SubParsersAction) -> argparse.Argumen
                     "cpu-here profile with live `acespec bench wan --json` figures.",
     )
     act = p.add_mutually_exclusive_group()
-    act.add_argument("--record", action="store_true", help="record traces from HumanEval prompts with the real models")
+    act.add_argument("--record", action="store_true",
+                     help="record traces from HumanEval (or --dataset sharegpt) prompts with the real models")
     act.add_argument("--validate", action="store_true",
                      help="calibrate, record, run live on split cores and simulate the same runs; print the errors")
     p.add_argument("--traces", help=f"trace file to replay (default: the newest {DEFAULT_DIR}/*.json)")
@@ -75,9 +76,12 @@ def add_parser(bench_subparsers: argparse._SubParsersAction) -> argparse.Argumen
     val.add_argument("--cost", metavar="FILE", help="this machine's calibration from `acespec bench cost --sizes 1-12 "
                      "--json` instead of measuring it")
     rec = p.add_argument_group("recording (--record, --validate)")
-    rec.add_argument("--n-prompts", type=_pos_int, help="HumanEval problems (default 4; --validate: 2)")
+    rec.add_argument("--n-prompts", type=_pos_int, help="prompts (default 4; --validate: 2)")
+    rec.add_argument("--dataset", choices=["humaneval", "sharegpt"], default="humaneval",
+                     help="--record: HumanEval problems (default; code, high acceptance) or ShareGPT first user turns "
+                          "(chat, low acceptance; the bundled dataset package, seeded shuffle)")
     rec.add_argument("--max-tokens", type=_pos_int, help="tokens per generation (default 96; --validate: 64)")
-    rec.add_argument("--out", help=f"trace file to write (default {DEFAULT_DIR}/humaneval-nN-tT-STAMP.json)")
+    rec.add_argument("--out", help=f"trace file to write (default {DEFAULT_DIR}/DATASET-nN-tT-STAMP.json)")
     rec.add_argument("--prompt-style", choices=["sim", "eval"], default="sim",
                      help="sim: 'Complete this Python function: ...' (default); eval: the eval harness / bench wan "
                           "template (use it to validate against `bench wan`)")
@@ -157,9 +161,13 @@ def _record(args) -> int:
 
     args.n_prompts = args.n_prompts or 4
     args.max_tokens = args.max_tokens or 96
-    from acespec.sim.trace import humaneval_prompts, record_traces
+    from acespec.sim.trace import dataset_prompts, record_traces
 
-    out = Path(args.out) if args.out else DEFAULT_DIR / f"humaneval-n{args.n_prompts}-t{args.max_tokens}-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    if args.dataset == "sharegpt" and args.prompt_style == "eval":
+        raise ValueError("--prompt-style eval is HumanEval's template; ShareGPT prompts are chat turns already")
+    stamp = time.strftime('%Y%m%d-%H%M%S')
+    out = Path(args.out) if args.out else DEFAULT_DIR / f"{args.dataset}-n{args.n_prompts}-t{args.max_tokens}-{stamp}.json"
+    texts = dataset_prompts(args.dataset, args.n_prompts)
     t0 = time.perf_counter()
     target = load_model(args.target, n_ctx=args.n_ctx)
     draft = load_model(args.draft, n_ctx=args.n_ctx)
@@ -170,13 +178,14 @@ def _record(args) -> int:
             prompts = eval_prompts(target.tokenizer, args.n_prompts)
         else:
             prompts = [(pid, list(target.tokenizer.chat_prompt([{"role": "user", "content": text}])))
-                       for pid, text in humaneval_prompts(args.n_prompts)]
+                       for pid, text in texts]
         ts = record_traces(target, draft, prompts, max_tokens=args.max_tokens, k=4, timings=not args.no_timings,
                            progress=lambda s: print(s, file=sys.stderr))
     finally:
         draft.close()
         target.close()
     ts.meta["prompt_style"] = args.prompt_style
+    ts.meta["dataset"] = args.dataset
     ts.meta["elapsed_s"] = round(time.perf_counter() - t0, 2)
     ts.save(out)
     print(f"wrote {out} ({len(ts.prompts)} prompts, {sum(p.n for p in ts.prompts)} tokens, "
@@ -224,6 +233,8 @@ def _validate(args) -> int:
     from acespec.sim.report import format_validation, max_error, parse_live, run_grid, validation_rows
     from acespec.sim.trace import TraceSet
 
+    if args.dataset != "humaneval":
+        raise ValueError("--validate runs `bench wan`'s HumanEval prompts live; --dataset applies to --record")
     n_prompts, max_tokens = args.n_prompts or 2, args.max_tokens or 64
     rtts = parse_rtts(args.rtt or VALIDATE_RTTS)
     variants = _modes(args.modes)

@@ -46,7 +46,7 @@ TOP_Q = 4  # drafter probabilities kept per position (argmax + 3 alternatives, w
 
 __all__ = [
     "PromptTrace", "TraceSet", "acceptance_from_logits", "record_prompt", "measure_timings", "record_traces", "system_load",
-    "humaneval_prompts", "predicted_rounds", "TRACE_VERSION",
+    "dataset_prompts", "humaneval_prompts", "predicted_rounds", "TRACE_VERSION",
 ]
 
 
@@ -372,6 +372,19 @@ def humaneval_prompts(n: int) -> list[tuple[str, str]]:
     probs = read_problems()
     ids = sorted(probs, key=lambda t: int(t.split("/")[-1]))[:n]
     return [(tid, HUMANEVAL_TEMPLATE.format(prompt=probs[tid]["prompt"])) for tid in ids]
+
+
+def dataset_prompts(dataset: str, n: int) -> list[tuple[str, str]]:
+    """(prompt id, user message) for `n` prompts of `dataset`: the first HumanEval problems (code: the
+    drafter agrees often), or ShareGPT's first user turns in the eval harness's seeded order (chat: it
+    agrees less, so these traces show speculation where it pays least)."""
+    if dataset == "humaneval":
+        return humaneval_prompts(n)
+    if dataset == "sharegpt":
+        from acespec.eval.datasets import sharegpt_prompts
+
+        return [(f"sharegpt/{cid}", text) for cid, text in sharegpt_prompts(n)]
+    raise ValueError(f"unknown trace dataset {dataset!r}; choose humaneval or sharegpt")
 
 
 def record_traces(target, drafter, prompts: Sequence[tuple[str, list[int]]], *, max_tokens: int, k: int = 4,
