@@ -780,3 +780,24 @@ def test_bench_plugin_cost_prints_each_rule_against_strict():
                           "--k", "2", "--vocab", "64", "--reps", "2", "--rules", "cactus"], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert re.search(r"^strict .* 1\.00x vLLM's strict$", out.stdout, re.M) and re.search(r"^cactus .*x vLLM's strict$", out.stdout, re.M)
+
+
+def test_bench_tenants_on_vllm_runs_the_never_slower_grid_through_the_wan_emulator(tmp_path):
+    """`bench tenants --engine vllm --rtt 0,100`: each cell at each RTT (the second through the WAN
+    emulator), cloud-led beside cloud-only, the never-slower grid printed, and every cloud-led text the
+    engine's own cloud-only text."""
+    out = tmp_path / "t.json"
+    run = subprocess.run([os.path.join(os.path.dirname(sys.executable), "acespec"), "bench", "tenants", "--engine", "vllm",
+                          "--n", "1", "--rtt", "0,100", "--modes", "cloud-led,cloud-only", "--max-tokens", "12",
+                          "--json", str(out)], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    import json
+
+    doc = json.loads(out.read_text())
+    assert doc["rtts_ms"] == [0.0, 100.0]
+    cells = {(r["rtt_ms"], r["mode"]) for r in doc["rows"]}
+    assert cells == {(rtt, m) for rtt in (0.0, 100.0) for m in ("cloud-led", "cloud-only")}
+    assert all(r["tokens"] == 12 and r["tokens_differ"] == 0 and not r["errors"] for r in doc["rows"])
+    slow = next(r for r in doc["rows"] if r["rtt_ms"] == 100.0 and r["mode"] == "cloud-only")
+    assert slow["first_p50_s"] > 0.1  # the hello and the first token crossed the emulated 100 ms link
+    assert re.search(r"vllm\s+RTT\s+100 ms\s+N=1 .*x", run.stdout) and "worst cell" in run.stdout

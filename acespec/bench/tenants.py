@@ -495,8 +495,8 @@ def cmd_tenants(args) -> int:
     if args.engine == "vllm":
         from acespec.bench.vllm import cmd_tenants_vllm
 
-        if any(parse_rtts(args.rtt)) or args.temperature:
-            raise ValueError("--rtt and --temperature are not yet available with --engine vllm (its edges run on loopback, greedy)")
+        if args.temperature:
+            raise ValueError("--temperature is not yet available with --engine vllm (its replayed edges are greedy)")
 
         return cmd_tenants_vllm(args)
     if args.target:

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from acespec.bench.tenants import K, MODES, _line, run_edges
+from acespec.bench.tenants import K, MODES, _line, never_slower, run_edges
 
 
 def _traces(prompts: dict[str, list[int]], outputs: dict[str, list[int]], seed: int, p_right: float = 0.7):
@@ -90,11 +90,16 @@ def verify_vs_decode(engine, loop, *, prefix: int = 200, k: int = 4, reps: int =
 
 
 def cmd_tenants_vllm(args) -> int:
+    import contextlib
+
+    from acespec.argtypes import parse_rtts
     from acespec.bench.tenants import _ints, _modes
     from acespec.cloud.engine import make_engine
     from acespec.cloud.server import CloudServerThread, ServerConfig
+    from acespec.net.profile import profile_from_args
+    from acespec.net.wan import WanProxyThread
 
-    ns, modes = _ints(args.n), _modes(args.modes)
+    ns, modes, rtts = _ints(args.n), _modes(args.modes), parse_rtts(args.rtt)
     say = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
     tmp = None
     target = args.target
@@ -113,7 +118,8 @@ def cmd_tenants_vllm(args) -> int:
                        max_connections=max(256, 4 * n_prompts), max_connections_per_addr=max(32, 4 * n_prompts))
     draft_s = (args.draft_ms if args.draft_ms is not None else 5.0) / 1e3
     result: dict = {"command": "acespec bench tenants " + " ".join(sys.argv[3:]), "engine": "vllm", "target": str(args.target or "tiny random Qwen2"),
-                    "max_tokens": args.max_tokens, "k": K, "draft_s_per_token": draft_s, "rows": []}
+                    "max_tokens": args.max_tokens, "k": K, "draft_s_per_token": draft_s, "rtts_ms": rtts,
+                    "repeats": args.repeats, "rows": []}
     try:
         srv = CloudServerThread(engine, cfg).start(timeout=900)  # vLLM loads the model at start
         try:
@@ -123,15 +129,24 @@ def cmd_tenants_vllm(args) -> int:
             if ref["errors"]:
                 raise RuntimeError(f"cloud-only reference run failed: {ref['errors'][:2]}")
             traces = _traces(prompts, ref["outputs"], args.seed)
-            for n in ns:
-                for mode in modes:
-                    row = run_edges(srv.port, traces, mode, n, **common)
-                    row["engine"] = "vllm"
-                    row["tokens_differ"] = sum(
-                        sum(a != b for a, b in zip(out, ref["outputs"][pid])) + abs(len(out) - len(ref["outputs"][pid]))
-                        for pid, out in row["outputs"].items())
-                    result["rows"].append(row)
-                    say(_line(row) + f", {row['tokens_differ']} tokens differ from cloud-only")
+            # RTT > 0: the edges reach the server through the WAN emulator's `wan` profile, as on the llama
+            # engines; the modes of a cell interleaved run by run, so a drift falls on each alike
+            for rtt in rtts:
+                with contextlib.ExitStack() as stack:
+                    port = srv.port
+                    if rtt > 0:
+                        port = stack.enter_context(WanProxyThread("127.0.0.1", 0, "127.0.0.1", srv.port,
+                                                                  profile_from_args("wan", rtt=rtt))).port
+                    for n in ns:
+                        for rep in range(args.repeats):
+                            for mode in modes:
+                                row = run_edges(port, traces, mode, n, rtt_s=rtt / 1e3, **common)
+                                row.update(engine="vllm", rtt_ms=rtt, repeat=rep)
+                                row["tokens_differ"] = sum(
+                                    sum(a != b for a, b in zip(out, ref["outputs"][pid])) + abs(len(out) - len(ref["outputs"][pid]))
+                                    for pid, out in row["outputs"].items())
+                                result["rows"].append(row)
+                                say(_line(row) + f", {row['tokens_differ']} tokens differ from cloud-only")
             result["engine_metrics"] = engine.metrics()
             say("verify vs decode, interleaved ...")
             result["cost"] = verify_vs_decode(engine, srv._loop, seed=args.seed)
@@ -151,15 +166,16 @@ def report(result: dict) -> str:
     rows = result["rows"]
     out = [f"=== acespec bench tenants --engine vllm: target {result['target']}; {result['max_tokens']} tokens per session, "
            f"K = {K}, replayed drafting {1e3 * result['draft_s_per_token']:.1f} ms/token ===",
-           f"{'mode':10s} {'N':>3s} {'agg tok/s':>10s} {'tok/s/sess':>10s} {'p50 s':>7s} {'p99 s':>7s} {'passes/tok':>10s} "
+           f"{'mode':10s} {'N':>3s} {'RTT ms':>6s} {'agg tok/s':>10s} {'tok/s/sess':>10s} {'p50 s':>7s} {'p99 s':>7s} {'passes/tok':>10s} "
            f"{'tokens':>6s} {'differ':>6s}"]
     for r in rows:
-        out.append(f"{r['mode']:10s} {r['n']:3d} {r['agg_tok_s']:10.2f} {r['per_session_tok_s']:10.2f} {r['lat_p50_s']:7.3f} "
+        out.append(f"{r['mode']:10s} {r['n']:3d} {r.get('rtt_ms', 0):6g} {r['agg_tok_s']:10.2f} {r['per_session_tok_s']:10.2f} {r['lat_p50_s']:7.3f} "
                    f"{r['lat_p99_s']:7.3f} {r['passes_per_token']:10.3f} {r['tokens']:6d} {r['tokens_differ']:6d}")
     total = sum(r["tokens"] for r in rows)
     differ = sum(r["tokens_differ"] for r in rows)
     out.append(f"same text as cloud-only on the same engine: {differ} of {total} tokens differ"
                + (f"; errors: {[e for r in rows for e in r['errors']][:2]}" if any(r["errors"] for r in rows) else ""))
+    out += never_slower(rows)
     m = result.get("engine_metrics", {})
     if m:
         out.append(f"engine: {m['requests']} vLLM requests, {m['resubmits']} resubmitted past the prefix cache, "
