@@ -2,13 +2,17 @@
 
     .venv-vllm/bin/acespec bench tenants --engine vllm                   # a tiny random Qwen2 built on the spot
     .venv-vllm/bin/acespec bench tenants --engine vllm --target DIR      # any Hugging Face directory
+    .venv-vllm/bin/acespec bench tenants --engine vllm --target DIR --rtt 0,100,250 --n 1,4,8 --modes cloud-led,cloud-only
+                                                                         # the never-slower grid
 
 Two parts, one vLLM engine, one run:
 
 1. **Same text as cloud-only.** The replay edges of `bench tenants` need acceptance traces of the
    served model; for a model without recorded ones (the tiny random one) they are made here: the
    target's own greedy text `y` comes from a cloud-only run on this engine, and the acceptance lengths
-   a_j are drawn from a seeded geometric law (a drafter that is right ~70% of the time). Replaying
+   a_j are drawn from a seeded geometric law (a drafter that is right ~70% of the time). The prompts
+   are random ids for the tiny model, and the bundled traces' chat prompts (`--traces`) for a real
+   target, whose tokenizer must be the default pair's (an `acespec models export-hf` directory). Replaying
    them is exact (see `bench/tenants.py`), so every speculative run must give `y` token for token:
    the table counts the tokens that differ from cloud-only on the same engine.
 2. **Verify against decode.** With the prefix cache read on, a verify (a 200-token prefix plus 4 draft
@@ -113,7 +117,15 @@ def cmd_tenants_vllm(args) -> int:
     rng = np.random.default_rng(args.seed)
     engine = make_engine("vllm", target, n_ctx=1024, max_sessions=max(64, 2 * n_prompts), lead_k=args.lead_k)
     V = engine.target.vocab_size
-    prompts = {f"p{i}": [int(t) for t in rng.integers(0, V, int(rng.integers(20, 60)))] for i in range(n_prompts)}
+    if args.target is None:  # the tiny model has no tokenizer: random prompts
+        prompts = {f"p{i}": [int(t) for t in rng.integers(0, V, int(rng.integers(20, 60)))] for i in range(n_prompts)}
+    else:  # a real target (the exported default one): the recorded traces' chat prompts, not random ids that end at once
+        from acespec.bench.tenants import bundled_traces
+
+        recorded = bundled_traces(args.traces).prompts
+        if any(t >= V for tr in recorded for t in tr.prompt_tokens):
+            raise ValueError(f"--traces {args.traces}: its prompts hold ids past this target's vocabulary ({V})")
+        prompts = {f"{recorded[i % len(recorded)].id}#{i}": list(recorded[i % len(recorded)].prompt_tokens) for i in range(n_prompts)}
     cfg = ServerConfig(port=0, max_sessions=max(n_prompts, 1) * 2, max_new_tokens=args.max_tokens, idle_timeout_s=args.cap + 60,
                        max_connections=max(256, 4 * n_prompts), max_connections_per_addr=max(32, 4 * n_prompts))
     draft_s = (args.draft_ms if args.draft_ms is not None else 5.0) / 1e3
