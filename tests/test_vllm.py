@@ -505,10 +505,10 @@ def _plugin_sampler():
     return rs
 
 
-def _metadata(B: int, rules: dict, seeds: list[int] | None = None):
+def _metadata(B: int, rules: dict, seeds: list[int] | None = None, support: dict | None = None):
     from acespec.cloud.vllm_plugin import sampling_metadata
 
-    return sampling_metadata(B, rules, seeds)
+    return sampling_metadata(B, rules, seeds, support=support)
 
 
 def _one_step(rs, q: np.ndarray, p: np.ndarray, meta, B: int, seed: int):
@@ -662,6 +662,88 @@ def test_plugin_two_draft_blocks_follow_the_rules_law(token_only):
     assert 0.5 * np.abs(first - rec / rec.sum()).sum() <= 0.02
 
 
+def test_plugin_support_filter_decides_each_block_as_the_numpy_definition_does():
+    """typical under the support filter (min_p 0.01, max_rank 3) on blocks of 0-3 drafts, every other
+    request with no filter: each filtered request's accepted count is exactly what
+    `verify_with_support_filter` gives on the same rows (typical and the filter are deterministic), and
+    its emitted token too, except at a cut, where it is drawn from the filter's support (checked to lie
+    in it); the unfiltered rule requests are the plain rule's."""
+    import torch
+
+    from acespec.verify import verify_block
+    from acespec.verify.guards import first_filtered, support_mask, verify_with_support_filter
+
+    rs = _plugin_sampler()
+    rng = np.random.default_rng(22)
+    B, V = 96, 64
+    counts = rng.integers(0, 4, B)
+    N = int(counts.sum())
+    P = torch.softmax(torch.tensor(rng.normal(size=(N, V)) * 4.0, dtype=torch.float32), -1).numpy()
+    P = torch.softmax(torch.tensor(np.log(np.maximum(P, 1e-30)), dtype=torch.float32), -1).double().numpy()
+    # drafts among the target's top 5: some pass the filter, some fail its rank test or its min_p
+    draft = np.argsort(-P, axis=-1)[np.arange(N), rng.integers(0, 5, N)]
+    bonus = rng.integers(0, V, B)
+    spec = RuleSpec.parse("typical:eps=0.15,delta=0.5")
+    rules = {i: spec for i in range(B)}
+    support = {i: (0.01, 3) for i in range(0, B, 2)}
+    out = _step(rs, draft, counts, P, bonus, _metadata(B, rules, support=support))
+    starts = np.cumsum(counts) - counts
+    seen = set()
+    for i in range(B):
+        n, s = int(counts[i]), int(starts[i])
+        rows = np.vstack([P[s : s + n], np.eye(V)[bonus[i]]])
+        if i not in support:
+            a, nxt = verify_block(spec, draft[s : s + n], None, rows, np.random.default_rng(0))
+            assert list(out[i]) == [*draft[s : s + a], nxt] + [-1] * (out.shape[1] - a - 1)
+            continue
+        a, nxt = verify_with_support_filter(spec, draft[s : s + n], None, rows, np.random.default_rng(0), min_p=0.01, max_rank=3)
+        f = first_filtered(draft[s : s + n], rows, min_p=0.01, max_rank=3)
+        got = int((out[i] != -1).sum()) - 1
+        assert got == a and list(out[i, :a]) == list(draft[s : s + a]) and (out[i, a + 1 :] == -1).all(), (i, n, a)
+        if a == f < n:  # cut by the filter: any token of its support
+            assert support_mask(rows[f], min_p=0.01, max_rank=3)[out[i, a]], (i, f)
+            seen.add("cut")
+        else:
+            assert out[i, a] == nxt, (i, n, a)
+            seen.add("rule" if a < n else "all")
+    assert seen == {"cut", "rule", "all"}
+
+
+def test_plugin_support_filter_follows_verify_with_support_filters_law():
+    """cactus under the support filter (min_p 0.1, max_rank 2) on 40,000 requests of the same three
+    drafts, the first passing the filter and the second failing it (p = 0.02): the law of (accepted
+    count, emitted token) is, within total variation 0.02, the law `verify_with_support_filter` gives on
+    the same rows (20,000 draws of it): the rule's recovered law after a rejection at the first draft,
+    and the target's row restricted to its two likeliest tokens at the cut. A sampler that let the
+    filtered draft through, or drew the cut's token from the whole row, would be far off."""
+    from acespec.verify.guards import verify_with_support_filter
+
+    rs = _plugin_sampler()
+    _, _, p0 = CASES[0]
+    V = len(p0)
+    x = np.array([1, 6, 3])
+    q = 0.9 * np.eye(V)[x] + 0.1 / V
+    p = np.stack([p0, p0, p0])
+    spec = RuleSpec.parse("cactus")
+    B = 40_000
+    out = _step(rs, np.tile(x, B), [3] * B, np.tile(p, (B, 1)), np.zeros(B, dtype=np.int64),
+                _metadata(B, {i: spec for i in range(B)}, support={i: (0.1, 2) for i in range(B)}), draft_probs=np.tile(q, (B, 1)))
+    n_acc = (out != -1).sum(axis=1) - 1
+    plugin = np.zeros((4, V))
+    np.add.at(plugin, (n_acc, out[np.arange(B), n_acc]), 1.0 / B)
+    rng = np.random.default_rng(3)
+    M = 20_000
+    numpy_law = np.zeros((4, V))
+    rows = np.vstack([p, np.eye(V)[0]])
+    for _ in range(M):
+        a, t = verify_with_support_filter(spec, x, q, rows, rng, min_p=0.1, max_rank=2)
+        numpy_law[a, t] += 1.0 / M
+    assert plugin[2:].sum() == 0 and numpy_law[2:].sum() == 0  # the filtered draft is never kept
+    assert 0.2 < plugin[0].sum() < 0.8  # the rule rejects the first draft part of the time
+    assert set(np.flatnonzero(plugin[1])) == {0, 1}  # the cut draws from the two likeliest tokens only
+    assert 0.5 * np.abs(plugin - numpy_law).sum() <= 0.02
+
+
 def test_plugin_changes_nothing_when_no_rule_is_asked_for():
     """Installed and patched, with no request asking for a rule: the step is vLLM's own, bit for bit
     (seeded requests, same generators)."""
@@ -694,6 +776,12 @@ def test_plugin_refuses_a_rule_it_cannot_run():
     for bad, why in (("nope", "unknown rule"), ("cactus:delta=-1", "delta"), ("coupled", "not a rejection rule")):
         with pytest.raises(ValueError, match=why):
             AceSpecRules.validate_params(VSP(temperature=1.0, extra_args={"acespec_rule": bad}))
+    AceSpecRules.validate_params(VSP(temperature=1.0, extra_args={"acespec_rule": "strict", "acespec_support": "min_p=0.1,max_rank=10"}))
+    for extra, why in (({"acespec_support": "min_p=0.1"}, "name the rule"),
+                       ({"acespec_rule": "cactus", "acespec_support": "min_p=2"}, "min_p in"),
+                       ({"acespec_rule": "cactus", "acespec_support": "top=3"}, "only min_p")):
+        with pytest.raises(ValueError, match=why):
+            AceSpecRules.validate_params(VSP(temperature=1.0, extra_args=extra))
 
 
 def test_plugin_rule_asked_for_per_request_decides_inside_a_running_engine(engines):

@@ -19,10 +19,23 @@ the array API, which `verify_block` runs on numpy) in torch, every such request 
 on the rows vLLM's sampler would use: the target's probabilities after temperature / top-k / top-p,
 the drafter's probabilities when vLLM has them (`draft_probs`; token-only drafts, as from n-gram or
 `custom_class` proposers, are one-hot), and vLLM's own bonus token (drawn from the target's bonus row,
-as every rule does). Greedy requests, and requests that ask for nothing, go through vLLM's own
-sampler, which sees only their rows; with no rule asked for anywhere in a step, the step is vLLM's,
-bit for bit. A seeded request draws its uniforms from its own generator, so its output stays
-determined by its seed.
+as every rule does). Greedy requests, and requests that ask for nothing (or get the engine's default
+`strict`), go through vLLM's own sampler, which sees only their rows; with no rule asked for anywhere
+in a step, the step is vLLM's, bit for bit. A request that names `strict` itself is decided here like
+every other rule (same law as vLLM's, AceSpec's draws), so arms compared with each other (`acespec eval
+--engine vllm`) are all decided by one code path. A seeded request draws its uniforms from its own
+generator, so its output stays determined by its seed.
+
+`extra_args={"acespec_support": "min_p=0.1,max_rank=10"}` next to a rule puts the request under the
+support filter (`acespec.verify.guards.verify_with_support_filter`): a draft the target gives less than
+min_p, or ranks below max_rank, stops its block whatever the rule says, and the token emitted there is
+drawn from the target's row restricted to the filter's support.
+
+With speculative decoding on a CPU, the tracker also checks vLLM 0.32's CPU expand kernel in the worker,
+when the first request that asks for a rule arrives, and repairs it
+(`acespec.cloud.vllm_proposer.ensure_expand_is_right`): broken, it divides the target's rows by garbage
+in every sampled speculative step, whichever method drafts (found with `draft_model`: NaN and flat rows,
+nothing accepted). From then on the engine's other requests get the repaired kernel too.
 
 The plugin patches one vLLM version (`VLLM_VERSION`). Under another, it patches nothing; a request or
 an environment that asks for a rule is then refused at once, rather than silently verified by
@@ -44,6 +57,7 @@ log = logging.getLogger("acespec.vllm.plugin")
 
 VLLM_VERSION = "0.32.0"  # the vLLM whose rejection_sample this replaces (its signature and batch layout)
 RULE_ARG = "acespec_rule"  # SamplingParams.extra_args key
+SUPPORT_ARG = "acespec_support"  # extra_args key: the support filter around the rule, "min_p=0.1,max_rank=10"
 ENV_RULE = "ACESPEC_VLLM_RULE"  # every sampled request's rule unless it names its own
 PLACEHOLDER = -1  # vLLM's PLACEHOLDER_TOKEN_ID: no token at this position
 
@@ -113,6 +127,26 @@ def _rule_of(params) -> RuleSpec | None:
     return RuleSpec.parse(str(text)) if text else None
 
 
+def support_arg(min_p: float, max_rank: int) -> str:
+    """The `extra_args[SUPPORT_ARG]` value asking for the support filter with these settings."""
+    return f"min_p={float(min_p)!r},max_rank={int(max_rank)}"
+
+
+def _support_of(params) -> tuple[float, int] | None:
+    """(min_p, max_rank) of the support filter a request asked for (`acespec.verify.guards`), or None."""
+    text = (getattr(params, "extra_args", None) or {}).get(SUPPORT_ARG)
+    if not text:
+        return None
+    try:
+        kv = dict(part.split("=", 1) for part in str(text).replace(" ", "").split(","))
+        min_p, max_rank = float(kv.pop("min_p", 0.10)), int(kv.pop("max_rank", 10))
+    except ValueError:
+        raise ValueError(f"extra_args[{SUPPORT_ARG!r}] = {text!r}: write min_p=P,max_rank=R") from None
+    if kv or not 0.0 <= min_p <= 1.0 or max_rank < 0:
+        raise ValueError(f"extra_args[{SUPPORT_ARG!r}] = {text!r}: only min_p in [0, 1] and max_rank >= 0 (0: no rank test)")
+    return min_p, max_rank
+
+
 try:  # the logits processor needs vLLM's base class; without vLLM this module still imports (docs, tests)
     from vllm.v1.sample.logits_processor import LogitsProcessor as _Base
 except ImportError:  # pragma: no cover - exercised only where vLLM is absent
@@ -134,10 +168,15 @@ class AceSpecRules(_Base):  # type: ignore[misc,valid-type]
                              "coupled's shared-seed draw needs AceSpec's own engines): ask for strict or a relaxed rule")
         if rule is not None and not _version_ok():
             raise ValueError(f"extra_args[{RULE_ARG!r}] needs vLLM {VLLM_VERSION}, which acespec's plugin patches")
+        if _support_of(sampling_params) is not None and rule is None:
+            raise ValueError(f"extra_args[{SUPPORT_ARG!r}] filters a rule's drafts: name the rule in extra_args[{RULE_ARG!r}]")
 
     def __init__(self, vllm_config, device, is_pin_memory: bool) -> None:
         self.rows: dict[int, RuleSpec] = {}
+        self.support: dict[int, tuple[float, int]] = {}  # row -> (min_p, max_rank): the support filter it asked for
         self.default = engine_rule()
+        # in a CPU worker: vLLM 0.32's CPU expand kernel is to be checked (and repaired) before a rule decides
+        self._check_expand = vllm_config is not None and getattr(device, "type", str(device)) == "cpu"
 
     def is_argmax_invariant(self) -> bool:
         return True  # it never changes a logit
@@ -150,20 +189,39 @@ class AceSpecRules(_Base):  # type: ignore[misc,valid-type]
             return
         for i in batch_update.removed:
             self.rows.pop(i, None)
+            self.support.pop(i, None)
         for i, params, _, _ in batch_update.added:
-            rule = _rule_of(params) or (self.default if params is not None else None)
-            if rule is not None and rule.name != "strict" and not getattr(params, "temperature", 0.0) == 0.0:
-                self.rows[i] = rule  # strict is what vLLM does itself; greedy requests keep vLLM's argmax
-            else:
-                self.rows.pop(i, None)
+            own = _rule_of(params)
+            rule = own or (self.default if params is not None else None)
+            self.rows.pop(i, None)
+            self.support.pop(i, None)
+            # greedy requests keep vLLM's argmax; the engine's default strict is what vLLM does itself, but
+            # a request that names strict is decided here too, so it draws its randomness as every other
+            # rule request does (and can have the support filter)
+            if rule is None or getattr(params, "temperature", 0.0) == 0.0 or (rule.name == "strict" and own is None):
+                continue
+            self.rows[i] = rule
+            support = _support_of(params)
+            if support is not None:
+                self.support[i] = support
+        if self.rows and self._check_expand:
+            # vLLM 0.32's CPU expand kernel corrupts every sampled speculative step (acespec/cloud/vllm_proposer.py):
+            # the custom_class proposer repairs it at start; with any other method (draft_model, ngram) it is
+            # repaired here, before the first step a rule decides (this runs before that step samples), and
+            # not before, so an engine where no request asks for a rule stays vLLM's, bit for bit
+            from acespec.cloud.vllm_proposer import ensure_expand_is_right
+
+            ensure_expand_is_right()
+            self._check_expand = False
         from vllm.v1.sample.logits_processor import MoveDirectionality
 
-        for a, b, how in batch_update.moved:
-            ra, rb = self.rows.pop(a, None), self.rows.pop(b, None)
-            if ra is not None:
-                self.rows[b] = ra
-            if how == MoveDirectionality.SWAP and rb is not None:
-                self.rows[a] = rb
+        for table in (self.rows, self.support):
+            for a, b, how in batch_update.moved:
+                ra, rb = table.pop(a, None), table.pop(b, None)
+                if ra is not None:
+                    table[b] = ra
+                if how == MoveDirectionality.SWAP and rb is not None:
+                    table[a] = rb
 
 
 def _tracker(sampling_metadata) -> AceSpecRules | None:
@@ -214,13 +272,18 @@ CPU_CHUNK = 1 << 22  # elements (rows x vocabulary) per piece on CPU: 16 MB of f
 
 
 def apply_rules(rules: dict[int, RuleSpec], reqs: list[int], draft_token_ids, num_draft_tokens, max_spec_len: int,
-                draft_probs, target_logits, bonus_token_ids, sampling_metadata):
+                draft_probs, target_logits, bonus_token_ids, sampling_metadata, support: dict | None = None):
     """The rows of the output [len(reqs), max_spec_len + 1] for the requests `reqs` (batch indices, each
     with a rule in `rules`), from the inputs vLLM's sampler has: draft ids [num_tokens], target logits
     [num_tokens, V] after the sampling constraints, draft probs [num_tokens, V] or None, bonus ids
     [batch, 1]. Every row at once (in pieces on CPU): each rule's acceptance probability for its
     requests' rows, the first rejection of each request, then the recovered token, drawn from the rule's
-    recovered law only at the rows where a request rejected."""
+    recovered law only at the rows where a request rejected.
+
+    `support` (batch index -> (min_p, max_rank)) puts those requests under the support filter
+    (`acespec.verify.guards.verify_with_support_filter`): a draft the filter refuses stops the block
+    there whatever the rule says (the rule decides the rows before it), and the token emitted in its
+    place is drawn from the target's row restricted to the filter's support."""
     import torch
 
     device = target_logits.device
@@ -270,12 +333,23 @@ def apply_rules(rules: dict[int, RuleSpec], reqs: list[int], draft_token_ids, nu
     counts_t = torch.as_tensor(counts, device=device)
     req_t = torch.as_tensor(req_of_row, device=device)
     pos_t = torch.as_tensor(pos, device=device)
-    cand = torch.where(row_u < accept, counts_t[req_t], pos_t)  # [N]
+    stop = row_u >= accept  # [N]: the rule rejects here
+    filtered = _filtered_rows(support or {}, reqs, req_of_row, rows, x, target_logits, piece)  # [N] or None
+    if filtered is not None:
+        stop |= filtered  # the filter refuses the draft: the block stops here, whatever the rule said
+    cand = torch.where(stop, pos_t, counts_t[req_t])  # [N]
     acc = counts_t.scatter_reduce(0, req_t, cand, "amin")  # [R]
 
     # the recovered token, for the requests that rejected a draft only, from their rule's recovered law
     rejected = torch.nonzero(acc < counts_t)[:, 0].cpu().numpy()  # [m] requests
     at = first[rejected] + acc.cpu().numpy()[rejected]  # [m]: their rejected rows among the N
+    if filtered is not None:  # where the filter stopped a block, the token comes from the filter's support
+        cut = filtered[torch.as_tensor(at, device=device)].cpu().numpy().astype(bool)
+        for b, j in zip(rejected[cut], at[cut]):
+            min_p, max_rank = support[reqs[b]]
+            p = torch.softmax(target_logits[rows[j : j + 1]], dim=-1, dtype=torch.float32)
+            nxt[b] = _sample_rows(_support_mask(p, min_p, max_rank) * p, next_u[b : b + 1])[0]
+        rejected, at = rejected[~cut], at[~cut]
     for spec in {spec_of_req[b] for b in rejected}:
         mine = np.flatnonzero([spec_of_req[b] == spec for b in rejected])
         for part in pieces(mine):
@@ -289,6 +363,39 @@ def apply_rules(rules: dict[int, RuleSpec], reqs: list[int], draft_token_ids, nu
     emitted = torch.where(cols[None, :] < acc[:, None], drafts, PLACEHOLDER)  # [R, max_spec_len + 1]
     emitted[torch.arange(R, device=device), acc] = nxt
     return emitted.to(torch.int32)
+
+
+def _support_mask(p, min_p: float, max_rank: int):
+    """`acespec.verify.guards.support_mask` on torch rows p [n, V]: bool [n, V], never empty."""
+    import torch
+
+    by_rank = torch.ones_like(p, dtype=torch.bool)
+    if max_rank > 0:  # rank(v) <= max_rank <=> v's probability reaches the max_rank-th largest
+        by_rank = p >= torch.topk(p, min(max_rank, p.shape[-1]), dim=-1).values[:, -1:]
+    mask = by_rank & (p >= min_p) & (p > 0)
+    empty = ~mask.any(dim=-1, keepdim=True)  # no token reaches min_p: the rank test alone
+    return torch.where(empty, by_rank & (p > 0), mask)
+
+
+def _filtered_rows(support: dict, reqs: list[int], req_of_row, rows, x, target_logits, piece: int):
+    """bool [N]: the draft rows the support filter refuses (p(x) < min_p, or rank(x) > max_rank, rank 1 the
+    argmax, ties sharing the better rank), for the requests in `support`; None if none asked for it."""
+    import torch
+
+    mine = [j for j in range(len(req_of_row)) if reqs[req_of_row[j]] in support]
+    if not mine:
+        return None
+    device = target_logits.device
+    out = torch.zeros(len(req_of_row), dtype=torch.bool, device=device)
+    for i in range(0, len(mine), piece):
+        part = mine[i : i + piece]
+        at = torch.as_tensor(part, device=device)
+        p = torch.softmax(target_logits[rows[at]], dim=-1, dtype=torch.float32)
+        px = p.gather(1, x[at].unsqueeze(1))  # [n, 1]
+        rank = 1 + (p > px).sum(dim=-1)
+        lim = torch.tensor([support[reqs[req_of_row[j]]] for j in part], dtype=torch.float64, device=device)  # [n, 2]
+        out[at] = (px[:, 0] < lim[:, 0]) | ((lim[:, 1] > 0) & (rank > lim[:, 1]))
+    return out
 
 
 def _metadata_for(sampling_metadata, reqs: list[int]):
@@ -322,7 +429,8 @@ def rejection_sample(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_dra
     out = torch.full((B, max_spec_len + 1), PLACEHOLDER, dtype=torch.int32, device=device)
     ruled = sorted(rules)
     out[torch.as_tensor(ruled, device=device)] = apply_rules(rules, ruled, draft_token_ids, num_draft_tokens, max_spec_len,
-                                                             draft_probs, target_logits, bonus_token_ids, sampling_metadata)
+                                                             draft_probs, target_logits, bonus_token_ids, sampling_metadata,
+                                                             support=tracker.support)
     others = [i for i in range(B) if i not in rules]
     if others:  # vLLM's own sampler on their rows only: the rule requests' rows cost it nothing
         counts = np.asarray(num_draft_tokens, dtype=np.int64)
@@ -354,15 +462,17 @@ def cpu_sampler():
     return rs
 
 
-def sampling_metadata(B: int, rules: dict, seeds: list[int] | None = None, temperature: float = 1.0):
+def sampling_metadata(B: int, rules: dict, seeds: list[int] | None = None, temperature: float = 1.0,
+                      support: dict | None = None):
     """vLLM's SamplingMetadata for B sampled requests, with an AceSpecRules tracker holding `rules`
-    (row -> RuleSpec) and, if `seeds`, one seeded generator per row."""
+    (row -> RuleSpec) and `support` (row -> (min_p, max_rank)) and, if `seeds`, one seeded generator per row."""
     import torch
     from vllm.v1.sample.logits_processor import LogitsProcessors
     from vllm.v1.sample.metadata import SamplingMetadata
 
     tracker = AceSpecRules(None, torch.device("cpu"), False)
     tracker.rows = dict(rules)
+    tracker.support = dict(support or {})
     gens = {} if seeds is None else {i: torch.Generator().manual_seed(s) for i, s in enumerate(seeds)}
     z = torch.zeros(B)
     return SamplingMetadata(temperature=torch.full((B,), temperature), all_greedy=False, all_random=True, top_p=None,
