@@ -5,6 +5,7 @@
     acespec eval --rules strict,mentored --guard support --dataset humaneval --n 20 --max-tokens 512
     acespec eval --rules strict,cactus:delta=0.35 --ablate support,netwin --dataset sharegpt --n 30
     acespec eval --rules strict,cactus:delta=0.35 --ablate force --think --dataset math --max-tokens 192 --n 30
+    acespec eval --engine vllm --target ~/qwen15-hf --draft ~/qwen05-hf --rules strict,cactus:delta=0.35 --n 20
     acespec eval --resume runs/eval-20250101-120000 [--n 40]      # continue / extend an interrupted run
     acespec eval --report-only runs/eval-20250101-120000            # rebuild the report from records
 
@@ -12,6 +13,11 @@ Options left out on the command line take their defaults, or on `--resume` the v
 folder's `config.json`. A resumed run may change `--n`, `--seeds`, `--ablate` and `--rules`/`--guard support|netwin`
 (new jobs are added, finished ones skipped); changing anything that alters what a record means
 (models, sampling, max tokens, dataset, --think, budget forcing, ...) is refused.
+
+`--engine vllm` runs the same study through vLLM's own speculative decoding (drafter and target both
+Hugging Face directories on one vLLM engine, jobs batched by its scheduler, the rules decided by
+AceSpec's vLLM plugin); run it from .venv-vllm. See acespec.eval.vllm_runner for what its records
+count and what they leave out.
 
 HumanEval answers (chat) usually restate the stub before the body: give them --max-tokens 384 or more,
 or a truncated function fails its tests for want of room, not of skill.
@@ -34,7 +40,7 @@ _FIELDS = {
     "max_tokens": "max_tokens", "think": "think", "draft": "draft", "target": "target", "n_ctx": "n_ctx",
     "k": "k", "temperature": "temperature", "top_k": "top_k", "top_p": "top_p", "data_seed": "data_seed",
     "min_p": "min_p", "max_rank": "max_rank", "budget_fraction": "budget_fraction", "netwin_min": "netwin_min",
-    "parallel": "parallel", "batching": "batching",
+    "parallel": "parallel", "batching": "batching", "engine": "engine", "concurrency": "concurrency",
     "humaneval_mode": "humaneval_mode", "exec_timeout": "exec_timeout", "min_chars": "min_chars",
     "max_chars": "max_chars",
 }
@@ -127,7 +133,7 @@ def register(subparsers) -> None:
                    "X+force (budget forcing, needs --think) after every rule; the report compares each with X")
     p.add_argument("--draft", default=S, help="drafter model (default: the registry's default drafter)")
     p.add_argument("--target", default=S, help="target model (default: the registry's default target)")
-    p.add_argument("--n-ctx", type=_pos_int, default=S, help="context window for llama.cpp models (default 4096)")
+    p.add_argument("--n-ctx", type=_pos_int, default=S, help="context window (llama.cpp's n_ctx, vLLM's max_model_len; default 4096)")
     p.add_argument("--k", type=_pos_int, default=S, help="draft depth (default 4)")
     p.add_argument("--temperature", type=_float, default=S, help="sampling temperature (default 0.7; relaxed rules need q, so > 0)")
     p.add_argument("--top-k", type=_int, default=S, help="0 = off (default)")
@@ -143,6 +149,11 @@ def register(subparsers) -> None:
     p.add_argument("--batching", choices=["shared", "exact"], default=S,
                    help="--parallel: shared (default; one pass for all jobs, weights read once) or exact (a pass per "
                    "job: the same bits as one at a time, little speed-up on CPU)")
+    p.add_argument("--engine", choices=["llama", "vllm"], default=S,
+                   help="llama (default): AceSpec's single-process engine; vllm: vLLM's own speculative decoding "
+                   "(draft_model) with AceSpec's rules in its sampler; --target and --draft are Hugging Face directories")
+    p.add_argument("--concurrency", type=_pos_int, default=S, metavar="N",
+                   help="--engine vllm: jobs in flight at once, batched by vLLM's scheduler (default 16)")
     p.add_argument("--humaneval-mode", choices=["chat", "completion"], default=S, help="HumanEval prompting (default chat)")
     p.add_argument("--exec-timeout", type=_float, default=S, help="HumanEval: seconds per test program (default 10)")
     p.add_argument("--min-chars", type=_int, default=S, help="ShareGPT: shortest first user turn, characters (default 32)")
@@ -213,6 +224,7 @@ def command_line(cfg: EvalConfig, out: Path) -> str:
                        ("--top-k", "top_k"), ("--top-p", "top_p"), ("--data-seed", "data_seed"), ("--min-p", "min_p"),
                        ("--max-rank", "max_rank"), ("--budget-fraction", "budget_fraction"),
                        ("--netwin-min", "netwin_min"), ("--parallel", "parallel"), ("--batching", "batching"),
+                       ("--engine", "engine"), ("--concurrency", "concurrency"),
                        ("--humaneval-mode", "humaneval_mode"),
                        ("--n-ctx", "n_ctx"), ("--min-chars", "min_chars"), ("--max-chars", "max_chars")):
         v = getattr(cfg, field)

@@ -93,7 +93,6 @@ def run_generation(target, draft, ids: list[int], cfg: EvalConfig, rule: RuleSpe
                    force: bool = False) -> Generation:
     """Generate one answer (two segments under budget forcing: `--guard budget`, or `force` for a `+force`
     arm); see `acespec.eval.runner`'s docstring."""
-    from acespec.control.guards import BudgetForcer
     from acespec.engine import SpecConfig, generate
 
     tok = target.tokenizer
@@ -130,35 +129,45 @@ def run_generation(target, draft, ids: list[int], cfg: EvalConfig, rule: RuleSpe
             gen.support.extend(verifiers[0].accepted_support)
         return list(res.tokens)
 
-    if cfg.think and (cfg.budget or force):
-        forcer = BudgetForcer(
-            budget=cfg.max_tokens, fraction=cfg.budget_fraction, open_tag=THINK_OPEN, close_tag=THINK_CLOSE,
-            marker=THINK_MARKER, opened_in_prompt=True,
-        )
-        marker_ids = list(tok.encode(THINK_MARKER, special=True))
-        # the forcing point, moved earlier only where the whole marker and one answer token would not fit
-        cut = max(1, min(forcer.threshold, cfg.max_tokens - len(marker_ids) - 1))
-        out = segment(ids, cut, seed)
-        ended = bool(out) and out[-1] in tok.eos_ids
-        if not ended and len(out) < cfg.max_tokens:
-            # at the forcing point by construction; check() decides whether the trace is still open
-            marker = forcer.check(tok.decode(out), max(len(out), forcer.threshold))
-            ext: list[int] = []
-            if marker is not None:
-                ext = marker_ids[: cfg.max_tokens - len(out)]
-                gen.forced, gen.marker_tokens = True, len(ext)
-            out += ext
-            left = cfg.max_tokens - len(out)
-            if left > 0:
-                gen.segments = 2
-                out += segment(ids + out, left, (seed * 31 + 7) & 0x7FFFFFFF)
-    else:
-        out = segment(ids, cfg.max_tokens, seed)
+    out = segments(segment, ids, cfg, tok, seed, gen, force=force)
     gen.tokens = out
     if times:
         gen.wall_s = times[-1] - t0
         gen.ttft_s = times[0] - t0
     return gen
+
+
+def segments(segment, ids: list[int], cfg: EvalConfig, tok, seed: int, gen: Generation, *, force: bool = False) -> list[int]:
+    """The output of one job: `segment(context, budget, seed) -> tokens` once, or, under budget forcing
+    (`--guard budget`, or `force` for a `+force` arm), up to the forcing point and then again after the
+    end-of-thinking marker (see `acespec.eval.runner`). Sets `gen.forced`, `marker_tokens`, `segments`;
+    any engine's generation (`run_generation`, the vLLM harness) goes through it."""
+    from acespec.control.guards import BudgetForcer
+
+    if not (cfg.think and (cfg.budget or force)):
+        return segment(ids, cfg.max_tokens, seed)
+    forcer = BudgetForcer(
+        budget=cfg.max_tokens, fraction=cfg.budget_fraction, open_tag=THINK_OPEN, close_tag=THINK_CLOSE,
+        marker=THINK_MARKER, opened_in_prompt=True,
+    )
+    marker_ids = list(tok.encode(THINK_MARKER, special=True))
+    # the forcing point, moved earlier only where the whole marker and one answer token would not fit
+    cut = max(1, min(forcer.threshold, cfg.max_tokens - len(marker_ids) - 1))
+    out = segment(ids, cut, seed)
+    ended = bool(out) and out[-1] in tok.eos_ids
+    if not ended and len(out) < cfg.max_tokens:
+        # at the forcing point by construction; check() decides whether the trace is still open
+        marker = forcer.check(tok.decode(out), max(len(out), forcer.threshold))
+        ext: list[int] = []
+        if marker is not None:
+            ext = marker_ids[: cfg.max_tokens - len(out)]
+            gen.forced, gen.marker_tokens = True, len(ext)
+        out += ext
+        left = cfg.max_tokens - len(out)
+        if left > 0:
+            gen.segments = 2
+            out += segment(ids + out, left, (seed * 31 + 7) & 0x7FFFFFFF)
+    return out
 
 
 # ------------------------------------------------------------------------------------------ scoring

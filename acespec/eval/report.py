@@ -90,8 +90,8 @@ def _arrays(recs: list[dict]) -> dict[str, np.ndarray]:
 
 
 def _setting(r: dict) -> tuple:
-    """How a record was run: one at a time, or --parallel N under shared / exact batching."""
-    return (r.get("parallel", 1), r.get("batching", "shared"))
+    """How a record was run: one at a time, --parallel N under shared / exact batching, or on vLLM."""
+    return (r.get("engine", "llama"), r.get("parallel", 1), r.get("batching", "shared"), r.get("concurrency"))
 
 
 def _opt(recs: list[dict], key: str) -> np.ndarray:  # -> [n], nan where the record lacks the value
@@ -439,7 +439,10 @@ def render_markdown(agg: dict, settings: dict, command: str, *, dataset: str, th
               "target work. *TTLT vs strict*: time to the last token relative to strict (wall clock, noisy on "
               "shared CPUs; see DESIGN.md, Measuring).",
               "- *median p acc.*, *median rank*, *p<0.1 share*: the target probability and rank (1 = argmax) "
-              "of every accepted draft token.",
+              "of every accepted draft token (n/a for runs on `--engine vllm`, which does not report them; there "
+              "*rounds* counts vLLM's prefill pass, which emits the first token with no drafts, and times include "
+              "prefill and queueing in a shared batch: acespec/eval/vllm_runner.py)." if settings.get("engine") == "vllm"
+              else "of every accepted draft token.",
               "- *pairs*: (prompt, seed) pairs this rule shares with strict; every ratio and interval is over them. "
               "Intervals: percentile bootstrap, 4000 resamples of the pairs, seeded; with few pairs they are too "
               "narrow (about 90% coverage at n = 10), so read verdicts at n >= 30.", ""]
@@ -523,7 +526,10 @@ def write_report(records: list[dict], out_dir: str | Path, *, settings: dict, co
     agg = aggregate(records, arms, boot=boot)
     ablations = guard_ablations(records, boot)
     forcing = forcing_table(records, boot)
-    plots = make_plots(agg, out)
+    try:
+        plots = make_plots(agg, out)
+    except ImportError:  # no matplotlib (the vLLM venv): the tables alone; `--report-only DIR` from .venv adds the plots
+        plots = []
     md = render_markdown(agg, settings, command, dataset=settings.get("dataset", "?"), think=bool(settings.get("think")),
                          plots=plots, ablations=ablations, forcing=forcing)
     (out / "report.md").write_text(md, encoding="utf-8")

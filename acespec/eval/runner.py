@@ -93,6 +93,7 @@ BASELINE = "strict"
 IDENTITY_FIELDS = (
     "dataset", "draft", "target", "max_tokens", "think", "budget", "k", "temperature", "top_k", "top_p",
     "data_seed", "min_p", "max_rank", "budget_fraction", "humaneval_mode", "netwin_min", "min_chars", "max_chars",
+    "engine",
 )
 
 
@@ -123,6 +124,8 @@ class EvalConfig:
     netwin_min: int = 8  # net-win guard: observations of each arm before trusting its estimate
     parallel: int = 1  # jobs run at once through one batched pass per model (1: one at a time)
     batching: str = "shared"  # --parallel: shared (one pass, weights read once) | exact (a pass per job, same bits as alone)
+    engine: str = "llama"  # llama: the single-process engine | vllm: vLLM's own speculative decoding (vllm_runner)
+    concurrency: int = 16  # --engine vllm: jobs in flight at once (vLLM's max_num_seqs)
     humaneval_mode: str = "chat"  # chat | completion
     exec_timeout: float = 10.0  # HumanEval: seconds per program
     min_chars: int = 32  # ShareGPT length filter (characters of the first user turn)
@@ -161,6 +164,19 @@ class EvalConfig:
             raise ValueError("--humaneval-mode must be chat or completion")
         if self.humaneval_mode == "completion" and self.think:
             raise ValueError("--think needs chat prompting (--humaneval-mode chat)")
+        if self.engine not in ("llama", "vllm"):
+            raise ValueError("--engine must be llama or vllm")
+        if self.concurrency < 1:
+            raise ValueError("--concurrency must be at least 1")
+        if self.engine == "vllm":
+            if self.parallel != 1 or self.batching != "shared":
+                raise ValueError("--parallel and --batching are the llama.cpp harness's; on --engine vllm, vLLM's "
+                                 "scheduler batches the jobs: set how many run at once with --concurrency N")
+            if not self.target or not self.draft:
+                raise ValueError("--engine vllm needs --target DIR and --draft DIR (Hugging Face model directories; "
+                                 "`acespec models export-hf NAME DIR` writes them from the registry's GGUFs)")
+        elif self.concurrency != EvalConfig.concurrency:
+            raise ValueError("--concurrency is --engine vllm's; the llama.cpp harness runs jobs at once with --parallel N")
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
@@ -452,11 +468,16 @@ def run_eval(
     log: Callable[[str], None] | None = None,
 ) -> list[dict]:
     """Run every job not yet in `out_dir/records.jsonl`; returns the records of this job set (old + new).
-    With `cfg.parallel > 1` the jobs run several at a time (`acespec.eval.parallel`)."""
+    With `cfg.parallel > 1` the jobs run several at a time (`acespec.eval.parallel`); with `cfg.engine ==
+    "vllm"` on vLLM (`acespec.eval.vllm_runner`)."""
     cfg.validate()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     h = Harness(cfg, out, log)
+    if cfg.engine == "vllm":
+        from acespec.eval.vllm_runner import run_vllm
+
+        return run_vllm(h, progress=progress)
     if cfg.parallel > 1:
         from acespec.eval.parallel import run_parallel
 

@@ -26,14 +26,16 @@ SHAPES: dict[str, dict] = {
 }
 
 
-def random_qwen2(shape: str = "tiny", *, seed: int = 0, head_scale: float = 20.0, dtype: str = "float32", device: str = "cpu"):
-    """A transformers Qwen2ForCausalLM of `shape` with seeded random weights (see the module docstring)."""
+def random_qwen2(shape: str = "tiny", *, seed: int = 0, head_scale: float = 20.0, dtype: str = "float32", device: str = "cpu",
+                 **config):
+    """A transformers Qwen2ForCausalLM of `shape` with seeded random weights (see the module docstring);
+    `config` overrides the shape's fields (`vocab_size=len(tokenizer)` for a model that goes with a tokenizer)."""
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     if shape not in SHAPES:
         raise ValueError(f"unknown shape {shape!r}; known: {', '.join(SHAPES)}")
-    params = dict(SHAPES[shape])
+    params = {**SHAPES[shape], **config}
     rope = params.pop("rope_theta", None)
     cfg = Qwen2Config(**params)
     if rope is not None:  # transformers 5 keeps rope settings in rope_parameters
@@ -48,9 +50,9 @@ def random_qwen2(shape: str = "tiny", *, seed: int = 0, head_scale: float = 20.0
 
 
 def save_random_qwen2(out_dir: str | Path, shape: str = "tiny", *, seed: int = 0, head_scale: float = 20.0,
-                      dtype: str = "float32") -> Path:
+                      dtype: str = "float32", **config) -> Path:
     """Build `random_qwen2(...)` and write it as a Hugging Face directory (config + safetensors, no
     tokenizer: token i is just id i on every engine)."""
     out = Path(out_dir)
-    random_qwen2(shape, seed=seed, head_scale=head_scale, dtype=dtype).save_pretrained(str(out))
+    random_qwen2(shape, seed=seed, head_scale=head_scale, dtype=dtype, **config).save_pretrained(str(out))
     return out
