@@ -562,22 +562,29 @@ def _step(rs, draft, counts, P, bonus, meta, draft_probs=None):
     return out.numpy()
 
 
+def _blocks(seed: int, B: int, V: int, scale: float):
+    """(rng, drafts per request [B], N, target rows [N, V]): float32 softmax rows renormalised as the
+    plugin sees them, `scale` setting how peaked they are."""
+    import torch
+
+    rng = np.random.default_rng(seed)
+    counts = rng.integers(0, 4, B)
+    N = int(counts.sum())
+    P = torch.softmax(torch.tensor(rng.normal(size=(N, V)) * scale, dtype=torch.float32), -1).numpy()
+    P = torch.softmax(torch.tensor(np.log(np.maximum(P, 1e-30)), dtype=torch.float32), -1).double().numpy()
+    return rng, counts, N, P
+
+
 def test_plugin_decides_each_block_as_the_rules_numpy_definition_does():
     """typical (deterministic: no u drawn) on blocks of 0-3 drafts, every other request with no rule: each
     rule request's output row is exactly what `verify_block` gives on the same rows (the target's float32
     probabilities, vLLM's bonus token), so the plugin's batched first-rejection and emission match the
     per-block definition; the other requests keep vLLM's strict sampler."""
-    import torch
-
     from acespec.verify import verify_block
 
     rs = _plugin_sampler()
-    rng = np.random.default_rng(21)
     B, V = 40, 64
-    counts = rng.integers(0, 4, B)
-    N = int(counts.sum())
-    P = torch.softmax(torch.tensor(rng.normal(size=(N, V)) * 2.5, dtype=torch.float32), -1).numpy()
-    P = torch.softmax(torch.tensor(np.log(np.maximum(P, 1e-30)), dtype=torch.float32), -1).double().numpy()  # as the plugin sees them
+    rng, counts, N, P = _blocks(21, B, V, 2.5)
     # half the drafts the target's favourite (accepted), half anything (mostly rejected)
     draft = np.where(rng.random(N) < 0.6, P.argmax(-1), rng.integers(0, V, N))
     bonus = rng.integers(0, V, B)
@@ -668,18 +675,12 @@ def test_plugin_support_filter_decides_each_block_as_the_numpy_definition_does()
     `verify_with_support_filter` gives on the same rows (typical and the filter are deterministic), and
     its emitted token too, except at a cut, where it is drawn from the filter's support (checked to lie
     in it); the unfiltered rule requests are the plain rule's."""
-    import torch
-
     from acespec.verify import verify_block
     from acespec.verify.guards import first_filtered, support_mask, verify_with_support_filter
 
     rs = _plugin_sampler()
-    rng = np.random.default_rng(22)
     B, V = 96, 64
-    counts = rng.integers(0, 4, B)
-    N = int(counts.sum())
-    P = torch.softmax(torch.tensor(rng.normal(size=(N, V)) * 4.0, dtype=torch.float32), -1).numpy()
-    P = torch.softmax(torch.tensor(np.log(np.maximum(P, 1e-30)), dtype=torch.float32), -1).double().numpy()
+    rng, counts, N, P = _blocks(22, B, V, 4.0)
     # drafts among the target's top 5: some pass the filter, some fail its rank test or its min_p
     draft = np.argsort(-P, axis=-1)[np.arange(N), rng.integers(0, 5, N)]
     bonus = rng.integers(0, V, B)
