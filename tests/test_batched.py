@@ -615,3 +615,36 @@ def test_cloud_metrics_parse_and_move_by_what_happened():
     assert after[("acespec:sessions_started_total", (("how", "opened"),))] == before[("acespec:sessions_started_total", (("how", "opened"),))] + 1
     assert after[("acespec:engine_evaluated_tokens_total", ())] > before[("acespec:engine_evaluated_tokens_total", ())]
     assert 0.0 <= after[("acespec:kv_cache_usage_perc", ())] <= 1.0
+
+
+def test_the_serial_engine_stops_without_prefilling_queued_sessions_and_no_pass_runs_after():
+    """Stopping the serial engine with eight prompts queued to prefill returns after the one prefill in
+    flight, not after all eight, and no model call is running when it returns: the caller may close the
+    model (waiting for every queued prefill outlasted the server thread's patience, and `bench tenants`
+    then closed the model under a running pass, a segfault)."""
+    from acespec.cloud.engine import SerialEngine
+
+    class Watched(ToyModel):
+        running = calls = 0
+
+        def _eval(self, new, want):  # the serial engine's passes: 10 ms a token, as a slow target's
+            Watched.running += 1
+            Watched.calls += 1
+            try:
+                time.sleep(0.01 * len(new))
+                return super()._eval(new, want)
+            finally:
+                Watched.running -= 1
+
+    engine = SerialEngine(Watched(vocab=V, seed=1))
+
+    async def go():
+        for i in range(8):
+            await engine.open(spec([1 + i] * 30, rule="greedy", temperature=0.0))
+        await asyncio.sleep(0.05)  # the first prefill (0.3 s) is under way
+        await engine.stop()
+        return Watched.calls, Watched.running
+
+    calls, running = asyncio.run(go())
+    assert running == 0
+    assert 1 <= calls <= 2  # the prefill in flight (and at most one that began with it), not all eight

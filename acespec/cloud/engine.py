@@ -208,7 +208,16 @@ class SerialEngine(VerifyEngine):
         pass
 
     async def stop(self) -> None:
+        """Return once no model call runs, without prefilling sessions that are going away: queued warms
+        are cancelled (a running one finishes its pass first, `run_in_thread`), then the model lock is
+        taken once. Waiting for every queued warm made a stop with many sessions outlast the server
+        thread's patience, and the caller then closed the model under a running prefill (a segfault,
+        `bench tenants`' serial N = 8)."""
+        for t in list(self._warming):
+            t.cancel()
         await asyncio.gather(*self._warming, return_exceptions=True)
+        async with self._model_lock():
+            pass
 
     def metrics(self) -> dict:
         return {"engine": self.name, "verdicts": self.verdicts, "slots": 1, "kv_tokens_allocated": self.target.n_ctx,
