@@ -345,6 +345,17 @@ def run_edges(port: int, traces, mode: str, n: int, *, model_id: str, vocab: int
     }
 
 
+def wan_port(stack, port: int, rtt_ms: float) -> int:
+    """The port edges reach the server on `port` through: itself on loopback (0 ms), else the WAN
+    emulator's `wan` profile at `rtt_ms` in front of it, closed with `stack`."""
+    if rtt_ms <= 0:
+        return port
+    from acespec.net.profile import profile_from_args
+    from acespec.net.wan import WanProxyThread
+
+    return stack.enter_context(WanProxyThread("127.0.0.1", 0, "127.0.0.1", port, profile_from_args("wan", rtt=rtt_ms))).port
+
+
 def run_cell(engine, traces, mode: str, n: int, *, cap_s: float = 120.0, max_tokens: int = 48, rtt_ms: float = 0.0,
              **kw) -> dict:
     """`run_edges` against a fresh in-process server on `engine`, plus the engine's own figures. With
@@ -353,17 +364,12 @@ def run_cell(engine, traces, mode: str, n: int, *, cap_s: float = 120.0, max_tok
     import contextlib
 
     from acespec.cloud.server import CloudServerThread, ServerConfig
-    from acespec.net.profile import profile_from_args
-    from acespec.net.wan import WanProxyThread
-
     target = engine.target
     # every replay edge connects from 127.0.0.1: lift the per-address connection limit past N
     cfg = ServerConfig(port=0, max_sessions=max(n, 1), max_new_tokens=max_tokens, idle_timeout_s=cap_s + 60,
                        max_connections=max(256, 2 * n), max_connections_per_addr=max(32, 2 * n))
     with CloudServerThread(engine, cfg) as srv, contextlib.ExitStack() as stack:
-        port = srv.port
-        if rtt_ms > 0:
-            port = stack.enter_context(WanProxyThread("127.0.0.1", 0, "127.0.0.1", srv.port, profile_from_args("wan", rtt=rtt_ms))).port
+        port = wan_port(stack, srv.port, rtt_ms)
         row = run_edges(port, traces, mode, n, model_id=target.tokenizer.fingerprint, vocab=target.vocab_size,
                         cap_s=cap_s, max_tokens=max_tokens, rtt_s=rtt_ms / 1e3, **kw)
         m = engine.metrics()

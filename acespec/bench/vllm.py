@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from acespec.bench.tenants import K, MODES, _line, never_slower, run_edges
+from acespec.bench.tenants import K, MODES, _line, never_slower, run_edges, wan_port
 
 
 def _traces(prompts: dict[str, list[int]], outputs: dict[str, list[int]], seed: int, p_right: float = 0.7):
@@ -100,8 +100,6 @@ def cmd_tenants_vllm(args) -> int:
     from acespec.bench.tenants import _ints, _modes
     from acespec.cloud.engine import make_engine
     from acespec.cloud.server import CloudServerThread, ServerConfig
-    from acespec.net.profile import profile_from_args
-    from acespec.net.wan import WanProxyThread
 
     ns, modes, rtts = _ints(args.n), _modes(args.modes), parse_rtts(args.rtt)
     say = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
@@ -145,10 +143,7 @@ def cmd_tenants_vllm(args) -> int:
             # engines; the modes of a cell interleaved run by run, so a drift falls on each alike
             for rtt in rtts:
                 with contextlib.ExitStack() as stack:
-                    port = srv.port
-                    if rtt > 0:
-                        port = stack.enter_context(WanProxyThread("127.0.0.1", 0, "127.0.0.1", srv.port,
-                                                                  profile_from_args("wan", rtt=rtt))).port
+                    port = wan_port(stack, srv.port, rtt)
                     for n in ns:
                         for rep in range(args.repeats):
                             for mode in modes:

@@ -83,7 +83,7 @@ class TargetInfo:
 
 def load_target_info(model_dir: str | Path, n_ctx: int) -> TargetInfo:
     """Read config.json and the tokenizer of a Hugging Face model directory (no weights)."""
-    from acespec.models.hf import _TOKENIZER_FILES, HFTokenizer, _IdTokenizer
+    from acespec.models.hf import TOKENIZER_FILES, HFTokenizer, _IdTokenizer
 
     path = Path(model_dir)
     cfg_file = path / "config.json"
@@ -97,7 +97,7 @@ def load_target_info(model_dir: str | Path, n_ctx: int) -> TargetInfo:
     ctx = int(cfg.get("max_position_embeddings") or n_ctx)
     if n_ctx > ctx:
         raise ModelError(f"--n-ctx {n_ctx} exceeds the model's {ctx} positions")
-    has_tok = any((path / f).is_file() for f in _TOKENIZER_FILES)
+    has_tok = any((path / f).is_file() for f in TOKENIZER_FILES)
     if has_tok:
         import transformers
 

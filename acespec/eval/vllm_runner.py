@@ -49,9 +49,9 @@ from pathlib import Path
 from acespec.eval.generation import Generation, segments
 from acespec.eval.runner import Harness, Job, progress_bar, seed_for
 from acespec.models.base import ModelError
+from acespec.models.hf import TOKENIZER_FILES
 
 SETUP_HINT = "run `bash scripts/setup.sh vllm` and run acespec from .venv-vllm"
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
 
 
 def require_vllm() -> None:
@@ -70,7 +70,7 @@ def load_tokenizer(target: str, draft: str):
         if not d or not Path(d).is_dir() or not (Path(d) / "config.json").is_file():
             raise ModelError(f"--engine vllm: {role} {d!r} is not a Hugging Face model directory (config.json and "
                              "weights); `acespec models export-hf NAME DIR` writes one from a registry GGUF")
-    has_tok = lambda d: any((Path(d) / f).is_file() for f in _TOKENIZER_FILES)  # noqa: E731
+    has_tok = lambda d: any((Path(d) / f).is_file() for f in TOKENIZER_FILES)  # noqa: E731
     if not has_tok(target):
         raise ModelError(f"--engine vllm: {target} has no tokenizer; the harness builds prompts with the target's "
                          "(`acespec models export-hf NAME DIR` writes one with the weights)")

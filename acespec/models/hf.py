@@ -15,7 +15,7 @@ import numpy as np
 from acespec.models.base import Model, ModelError, Tokenizer, vocab_fingerprint
 
 
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
 
 
 def _require_hf():
@@ -75,7 +75,7 @@ class HFModel(Model):
         torch, transformers = _require_hf()
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         local = Path(str(path_or_id))
-        bare = local.is_dir() and not any((local / f).is_file() for f in _TOKENIZER_FILES)
+        bare = local.is_dir() and not any((local / f).is_file() for f in TOKENIZER_FILES)
         try:
             # a bare local checkpoint (the tests' random models) has no tokenizer: token i is <i>
             tok = None if bare else transformers.AutoTokenizer.from_pretrained(str(path_or_id))
