@@ -19,7 +19,7 @@ import pytest
 
 from acespec import wire
 from acespec.cloud.server import CloudServerThread, ServerConfig
-from acespec.control.lead import LeadConfig, LeadPricer
+from acespec.control.lead import LeadConfig, LeadMemory, LeadPricer
 from acespec.draft.chain import ChainDrafter
 from acespec.edge.client import ConnectConfig
 from acespec.edge.runtime import EdgeConfig, run_edge
@@ -196,6 +196,62 @@ def test_the_pricer_weighs_time_spent_outside_the_pass():
     assert alone.choose(16) == 0 < crowded.choose(16)
 
 
+def test_rows_are_charged_to_every_session_that_waits_for_the_pass():
+    """In a batched tick a session's draft rows lengthen the pass every session in it waits for. Drafts a
+    third accepted, each row 10% of a step: alone they pay (1.47 tokens for 1.2 steps); in a pass shared
+    by 8 sessions the same rows cost the others 8 x 20% of a step, and drafting stops."""
+    alone, in_tick = LeadPricer(LeadConfig(probe_every=10**9)), LeadPricer(LeadConfig(probe_every=10**9))
+    rng = np.random.default_rng(4)
+    for _ in range(300):
+        for p, n in ((alone, 1), (in_tick, 8)):
+            p.observe(0, 0, 0.1, shared=n)
+            acc = 0
+            while acc < 2 and rng.random() < 0.35:
+                acc += 1
+            p.observe(2, acc, 0.12, shared=n)
+    assert alone.choose(16) > 0 and in_tick.choose(16) == 0
+
+
+def _session(memory: LeadMemory, accept: float, step_s: float, row_s: float, steps: int, rng) -> list[int]:
+    p = LeadPricer(LeadConfig(k_max=16, probe_every=10**9), memory)
+    ks = []
+    for _ in range(steps):
+        k = p.choose(16)
+        acc = 0
+        while acc < k and rng.random() < accept:
+            acc += 1
+        p.observe(k, acc, step_s + row_s * k)
+        ks.append(k)
+    return ks
+
+
+def test_a_new_session_starts_from_what_the_sessions_before_it_learned():
+    """Without a memory a session's second step drafts on a prior of 0.7; with the server's memory of
+    sessions whose drafts were poor (T = 1 chat on a CPU), it starts priced out, and after sessions
+    whose drafts were good (on a GPU) it starts deep, with no short first probe."""
+    rng = np.random.default_rng(5)
+    cpu = (0.18, 0.06)  # a step, a row (s)
+    assert _session(LeadMemory(LeadConfig(k_max=16)), 0.05, *cpu, steps=2, rng=rng)[1] > 0  # nothing learned yet
+    poor = LeadMemory(LeadConfig(k_max=16))
+    for _ in range(4):
+        _session(poor, 0.05, *cpu, steps=40, rng=rng)
+    assert poor.accepts(1)[0] < 0.3 and poor.ratios()
+    assert _session(poor, 0.05, *cpu, steps=40, rng=rng) == [0] * 40
+    good = LeadMemory(LeadConfig(k_max=16))
+    for _ in range(4):
+        _session(good, 0.95, 0.02, 0.0005, steps=40, rng=rng)
+    assert _session(good, 0.95, 0.02, 0.0005, steps=2, rng=rng)[1] > LeadConfig().probe_k
+    # its own steps outweigh the memory: a session whose drafts are good on a poor fleet still drafts
+    # once a probe shows it (probes as before)
+    p = LeadPricer(LeadConfig(k_max=16, probe_every=4), poor)
+    ks = []
+    for _ in range(60):
+        k = p.choose(16)
+        p.observe(k, k, 0.18 + 0.01 * k)
+        ks.append(k)
+    assert all(k > 0 for k in ks[-20:])
+
+
 # ------------------------------------------------------------------------------------------ lossless
 def _follow(draft_model, rule: str, sp: SamplingParams, seed: int, max_tokens: int, *, q_topn: int = 0,
             send_q: bool | None = None, target=TARGET, prompt=PROMPT, clock=None):
@@ -335,6 +391,10 @@ def test_the_edge_runtime_in_cloud_led_mode_gives_cloud_only_text(cloud, rule, t
     assert s.drafted > 0 and s.accepted > 0  # TOKENS carried the steps' figures, and drafts were used
     assert s.rounds < s.emitted  # fewer target passes than tokens
     assert s.cache["drafts_sent"] > 0 and s.bytes_up > 0
+    # the server kept what this session's steps showed, for the next session of this tenant, rule and
+    # temperature only
+    mem = cloud.server._lead_memory[("", str(RuleSpec.parse(rule)), temperature)]
+    assert mem._acc[0][1] > 0
 
 
 def test_cloud_led_strict_with_q_rows_and_a_relaxed_rule_run_over_sockets(cloud):

@@ -31,6 +31,7 @@ import logging
 import secrets
 import ssl
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -38,7 +39,7 @@ import numpy as np
 from acespec import wire
 from acespec.cloud.auth import Gatekeeper
 from acespec.cloud.engine import EngineBusy, EngineRefused, EngineSession, EngineStopped, SessionSpec, VerifyEngine, make_engine
-from acespec.control.lead import LeadConfig
+from acespec.control.lead import LeadConfig, LeadMemory
 from acespec.engine.lead import LeadState
 from acespec.engine.verifier import TargetVerifier
 from acespec.models.base import Model
@@ -123,6 +124,9 @@ class CloudServer:
         self.errors_sent: dict[str, int] = {}  # ErrorCode name -> count, for tests, logs and metrics
         self.handshakes = {"opened": 0, "resumed": 0}  # sessions opened by HELLO, reattached by RESUME
         self.port = self.cfg.port
+        # cloud-led pricing learned by earlier sessions, per (tenant, rule, temperature): what a
+        # tenant's greedy code sessions accept says nothing about another's chat at T = 1
+        self._lead_memory: OrderedDict[tuple, LeadMemory] = OrderedDict()
 
     # -- lifecycle --------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -440,8 +444,16 @@ class CloudServer:
         log.info("session %d: rule %s, %d prompt tokens, mode %s", sid, rule, len(h.prompt), wire.Mode(h.mode).name)
         s = Session(sid, handle, wire.Mode(h.mode), time.monotonic(), tenant=tenant, secret=secrets.token_bytes(32))
         if s.mode == wire.Mode.CLOUD_LED:
-            s.lead = LeadState(LeadConfig(k_max=min(self.cfg.lead_k_max, self.cfg.limits.max_draft_tokens)))
+            cfg = LeadConfig(k_max=min(self.cfg.lead_k_max, self.cfg.limits.max_draft_tokens))
+            s.lead = LeadState(cfg, memory=self._memory_for((tenant, str(rule), round(sp.temperature, 2)), cfg))
         return s
+
+    def _memory_for(self, key: tuple, cfg: LeadConfig) -> LeadMemory:
+        mem = self._lead_memory.pop(key, None) or LeadMemory(cfg)
+        self._lead_memory[key] = mem
+        while len(self._lead_memory) > 256:  # tenants x rules x temperatures an attacker could spread
+            self._lead_memory.popitem(last=False)
+        return mem
 
     def _new_sid(self) -> int:
         """A random id below 2**21 (3 varint bytes on every DRAFT) that no live session holds: ids say

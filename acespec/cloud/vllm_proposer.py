@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from acespec.cloud.vllm_board import CONFIG_KEY, BoardReader, SlotView, prompt_key
-from acespec.control.lead import LeadConfig, LeadPricer
+from acespec.control.lead import LeadConfig, LeadMemory, LeadPricer
 from acespec.engine.board import DraftBoard
 
 log = logging.getLogger("acespec.vllm.proposer")
@@ -106,6 +106,7 @@ class EdgeDraftProposer:
         self.price = bool(cfg.get("price", True))
         self.max_len = int(vllm_config.model_config.max_model_len)
         self._slots: dict[int, _SlotState] = {}
+        self.memory = LeadMemory(LeadConfig(k_max=max(1, self.k)))  # what earlier sessions' proposals earned, for new ones
         # proposals waiting for the step that shows what they earned, by what the request looked like
         # then (its prompt key, length, last tokens): rows move within vLLM's batch between steps, and
         # requests with the same tokens got the same proposal, so content is the identity that matters
@@ -154,7 +155,7 @@ class EdgeDraftProposer:
                 key = self._key(row, tokens, P)
                 found = by_key.get(key)
                 if found:
-                    self._account(key, tokens, n - len(sampled), len(sampled), step_s)
+                    self._account(key, tokens, n - len(sampled), len(sampled), step_s, len(sampled_token_ids))
                     if n < self.max_len:
                         out[row] = self._propose_for(key, found, tokens)
                     break
@@ -167,8 +168,9 @@ class EdgeDraftProposer:
     def _where(key: int, tokens: np.ndarray, n: int) -> tuple:
         return key, n, tokens[max(0, n - 8) : n].tobytes()
 
-    def _account(self, key: int, tokens: np.ndarray, n_before: int, n_sampled: int, step_s: float) -> None:
-        """What the previous proposal for this request earned: its sampled tokens are the accepted ones plus one."""
+    def _account(self, key: int, tokens: np.ndarray, n_before: int, n_sampled: int, step_s: float, shared: int) -> None:
+        """What the previous proposal for this request earned: its sampled tokens are the accepted ones plus
+        one; `shared`: the requests in the step (each waited for this one's rows)."""
         waiting = self._pending.get(self._where(key, tokens, n_before))
         if not waiting:
             return
@@ -176,7 +178,7 @@ class EdgeDraftProposer:
         accepted = max(0, min(p.k, n_sampled - 1))
         st = self._slots.get(p.slot)
         if st is not None and st.gen == p.gen:
-            st.pricer.observe(p.k, accepted, step_s, step_s)
+            st.pricer.observe(p.k, accepted, step_s, step_s, shared)
             self.reader.count(p.slot, drafted=p.k, accepted=accepted)
 
     def _propose_for(self, key: int, found: list[SlotView], tokens: np.ndarray) -> list[int]:
@@ -185,7 +187,7 @@ class EdgeDraftProposer:
         own = found[0]
         st = self._slots.get(own.slot)
         if st is None or st.gen != own.gen:
-            st = self._slots[own.slot] = _SlotState(own.gen, LeadPricer(LeadConfig(k_max=max(1, self.k))))
+            st = self._slots[own.slot] = _SlotState(own.gen, LeadPricer(LeadConfig(k_max=max(1, self.k)), self.memory))
         b = DraftBoard(max_drafts=sum(len(v.drafts) for v in found))
         for v in found:
             b.drafts.extend(v.drafts)

@@ -15,11 +15,27 @@ small share of steps probes a short draft when drafting is off, so a session who
 good again is noticed. Each probe that leaves drafting priced out doubles the gap to the next (one
 kept whole resets it), so on drafts that stay poor (sampling at T = 1 on a CPU, where a probe costs
 most of a step more) probing costs a vanishing share of the session, not a fixed one.
+
+Two things one session cannot see alone:
+
+- *Its rows are paid for by everyone in its pass.* In a batched tick (or a vLLM step) a session's k
+  draft rows lengthen the pass that `shared` sessions wait for, so a step is priced at
+  `t(0) + shared * (t(k) - t(0))`: drafting pays only where its extra tokens outweigh the time it takes
+  from every session in the pass, not just from its own. A session that priced only its own share drew
+  other sessions below cloud-only (ShareGPT at T = 1, 4 and 8 sessions: 0.94x).
+- *What the sessions before it learned.* A `LeadMemory` (one per server or vLLM worker) keeps the
+  acceptance and the row costs (as multiples of a plain step) that every session observed. A new
+  session takes its acceptance prior and unmeasured row costs from there, not from fixed guesses: on
+  a fleet whose drafts are poor it no longer opens with a draft that a 0.7 prior priced in, and on one
+  whose drafts are good it drafts at its second step with no probe. Its own observations outweigh the
+  memory within a few steps, and it probes as before, so a session unlike the fleet is still noticed.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+from acespec.control.adaptive import expected_tokens
 
 
 @dataclass
@@ -37,8 +53,56 @@ class LeadConfig:
 
 
 @dataclass
+class LeadMemory:
+    """What a server's cloud-led sessions observed, kept for the sessions after them (see above)."""
+
+    cfg: LeadConfig = field(default_factory=LeadConfig)
+    decay: float = 0.995  # per-observation forgetting (all sessions' steps together: a few hundred)
+    _acc: list[list[float]] = field(default_factory=list)  # per draft position: (weighted accepted, weighted reached)
+    _ratio: dict[int, float] = field(default_factory=dict)  # k -> EWMA of t(k) / t(0) over sessions
+
+    def __post_init__(self) -> None:
+        self._acc = [[0.0, 0.0] for _ in range(self.cfg.k_max)]
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        _count(self._acc, drafted, accepted, self.decay)
+
+    def observe_cost(self, k: int, ratio: float) -> None:
+        old = self._ratio.get(k)
+        self._ratio[k] = ratio if old is None else 0.9 * old + 0.1 * ratio
+
+    def accepts(self, n: int) -> list[float]:
+        """Acceptance at draft positions 0..n-1 (each position's prior is its predecessor's estimate)."""
+        return _accepts(self._acc, n, self.cfg.prior_accept, self.cfg.prior_weight)
+
+    def ratios(self) -> dict[int, float]:
+        return dict(self._ratio)
+
+
+def _count(acc: list[list[float]], drafted: int, accepted: int, decay: float) -> None:
+    for i in range(min(drafted, len(acc))):  # position i was reached; kept iff i < accepted
+        a = acc[i]
+        a[0] = a[0] * decay + (1.0 if i < accepted else 0.0)
+        a[1] = a[1] * decay + 1.0
+        if i >= accepted:
+            break  # positions after a rejection were never judged
+
+
+def _accepts(acc: list[list[float]], n: int, prior: float | list[float], weight: float) -> list[float]:
+    """Smoothed acceptance per position: `prior` is position 0's (a list: one per position), and a
+    deeper position's default prior is its predecessor's estimate."""
+    out: list[float] = []
+    for i in range(min(n, len(acc))):
+        pr = prior[i] if isinstance(prior, list) else (prior if i == 0 else out[-1])
+        a, m = acc[i]
+        out.append((a + pr * weight) / (m + weight))
+    return out
+
+
+@dataclass
 class LeadPricer:
     cfg: LeadConfig = field(default_factory=LeadConfig)
+    memory: LeadMemory | None = None  # the server's: priors from earlier sessions, and where this one's steps go too
     # per draft position i: (weighted accepted, weighted reached)
     _acc: list[list[float]] = field(default_factory=list)
     _cost: dict[int, float] = field(default_factory=dict)  # k -> EWMA of a step's own time at that k (0: a plain step)
@@ -47,21 +111,23 @@ class LeadPricer:
     _since_explore: int = 0
     _probe_gap: int = 0  # plain steps before the next probe (backs off while probes change nothing)
     _probe: int = 0  # the depth of the probe in flight (0: none)
+    _shared: float = 0.0  # EWMA of how many sessions' rows were in this session's passes (0: none seen)
 
     def __post_init__(self) -> None:
         self._acc = [[0.0, 0.0] for _ in range(self.cfg.k_max)]
         self._probe_gap = self.cfg.probe_every
 
     # -- what was seen -----------------------------------------------------------------------------
-    def observe(self, drafted: int, accepted: int, own_s: float, wall_s: float | None = None) -> None:
-        """One step: `drafted` tokens verified, `accepted` kept, `own_s` its pass, `wall_s` all it took."""
+    def observe(self, drafted: int, accepted: int, own_s: float, wall_s: float | None = None, shared: int = 1) -> None:
+        """One step: `drafted` tokens verified, `accepted` kept, `own_s` its pass, `wall_s` all it took,
+        `shared`: sessions whose rows were in that pass (this one included)."""
         c = self.cfg
-        for i in range(min(drafted, c.k_max)):  # position i was reached; kept iff i < accepted
-            a = self._acc[i]
-            a[0] = a[0] * c.decay + (1.0 if i < accepted else 0.0)
-            a[1] = a[1] * c.decay + 1.0
-            if i >= accepted:
-                break  # positions after a rejection were never judged
+        _count(self._acc, drafted, accepted, c.decay)
+        self._shared = float(shared) if not self._shared else 0.8 * self._shared + 0.2 * shared
+        if self.memory is not None:
+            self.memory.observe(drafted, accepted)
+            if drafted and 0 in self._cost and self._cost[0] > 0:
+                self.memory.observe_cost(drafted, own_s / self._cost[0])
         if self._probe and drafted == self._probe:
             if accepted == drafted:  # a probe kept whole: drafts may be good again, so probe promptly
                 self._probe_gap = c.probe_every
@@ -71,11 +137,22 @@ class LeadPricer:
         if wall_s is not None:
             self._other = 0.8 * self._other + 0.2 * max(0.0, wall_s - own_s)
 
-    def accept(self, i: int) -> float:
+    def accepts(self, n: int) -> list[float]:
+        """Acceptance at draft positions 0..n-1: this session's, its prior the memory's (else the config's)."""
         c = self.cfg
-        prior = c.prior_accept if i == 0 else self.accept(i - 1)
-        a, n = self._acc[i]
-        return (a + prior * c.prior_weight) / (n + c.prior_weight)
+        prior = self.memory.accepts(n) if self.memory is not None else c.prior_accept
+        return _accepts(self._acc, n, prior, c.prior_weight)
+
+    def accept(self, i: int) -> float:
+        return self.accepts(i + 1)[i]
+
+    def _points(self) -> list[tuple[int, float]]:
+        """Measured step costs by depth; depths this session has not measured, from the memory's ratios."""
+        pts = dict(self._cost)
+        if self.memory is not None and 0 in pts:
+            for k, r in self.memory.ratios().items():
+                pts.setdefault(k, r * pts[0])
+        return sorted(pts.items())
 
     def cost(self, k: int) -> float:
         """Expected own time of a step that verifies k draft tokens: measured where it was, else
@@ -83,7 +160,9 @@ class LeadPricer:
         row falls as it grows on a CPU, so a line through shallow passes would overprice deep ones)."""
         if k in self._cost:
             return self._cost[k]
-        pts = sorted(self._cost.items())
+        pts = self._points()
+        if any(p == k for p, _ in pts):
+            return dict(pts)[k]
         if not pts or pts[0][0] != 0:  # no plain step measured yet: a unit step
             step = pts[0][1] / (1 + self.cfg.prior_row_cost * pts[0][0]) if pts else 1.0
             pts = [(0, step)] + pts
@@ -99,12 +178,14 @@ class LeadPricer:
             slope = t1 * self.cfg.prior_row_cost
         return t1 + slope * (k - k1)
 
-    def expected_tokens(self, k: int) -> float:
-        e, reach = 1.0, 1.0
-        for i in range(min(k, self.cfg.k_max)):
-            reach *= self.accept(i)
-            e += reach
-        return e
+    def expected_tokens(self, k: int, accepts: list[float] | None = None) -> float:
+        k = min(k, self.cfg.k_max)
+        return expected_tokens(accepts if accepts is not None else self.accepts(k), k)
+
+    def step_cost(self, k: int) -> float:
+        """What a step at depth k costs this session, counting its rows against everyone in its pass."""
+        c0 = self.cost(0)
+        return c0 + max(1.0, self._shared) * max(0.0, self.cost(k) - c0) + self._other
 
     # -- the choice ----------------------------------------------------------------------------------
     def choose(self, available: int) -> int:
@@ -113,13 +194,14 @@ class LeadPricer:
         n = min(available, c.k_max)
         if n <= 0 or 0 not in self._cost:  # a draft's rows are priced against a measured plain step (the first is one)
             return 0
-        if not any(k > 0 for k in self._cost):
+        if not any(k > 0 for k, _ in self._points()):
             # a draft row's cost is still a guess (a GPU's 5% of a step, or nearly a whole step on one
             # CPU thread): the first draft is as short as a probe, so a wrong guess costs one probe
             n = min(n, c.probe_k)
-        best_k, best_rate = 0, 1.0 / (self.cost(0) + self._other)
+        accepts = self.accepts(c.k_max)
+        best_k, best_rate = 0, 1.0 / self.step_cost(0)
         for k in range(1, n + 1):
-            rate = self.expected_tokens(k) / (self.cost(k) + self._other)
+            rate = self.expected_tokens(k, accepts) / self.step_cost(k)
             if rate > best_rate * (1 + 1e-9):
                 best_k, best_rate = k, rate
         if best_k == 0:
@@ -133,7 +215,7 @@ class LeadPricer:
             deeper = min(n, max(best_k + 2, 2 * best_k))
             # an unmeasured deeper depth is tried only if its estimate comes close to the best: on a CPU
             # whose rows cost as much as a step, probing ever deeper would itself cost the user
-            close = self.expected_tokens(deeper) / (self.cost(deeper) + self._other) >= c.explore_within * best_rate
+            close = self.expected_tokens(deeper, accepts) / self.step_cost(deeper) >= c.explore_within * best_rate
             if deeper > best_k and deeper not in self._cost and close and self._since_explore >= c.explore_every:
                 best_k, self._since_explore = deeper, 0
         if best_k:
@@ -141,5 +223,6 @@ class LeadPricer:
         return best_k
 
     def describe(self) -> dict:
-        return {"accept": [round(self.accept(i), 3) for i in range(min(4, self.cfg.k_max))],
-                "cost_ms": {k: round(1e3 * v, 2) for k, v in sorted(self._cost.items())}, "other_ms": round(1e3 * self._other, 2)}
+        return {"accept": [round(a, 3) for a in self.accepts(min(4, self.cfg.k_max))],
+                "cost_ms": {k: round(1e3 * v, 2) for k, v in sorted(self._cost.items())}, "other_ms": round(1e3 * self._other, 2),
+                "shared": round(self._shared, 2)}

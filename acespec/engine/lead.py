@@ -14,7 +14,7 @@ from typing import Sequence
 
 import numpy as np
 
-from acespec.control.lead import LeadConfig, LeadPricer
+from acespec.control.lead import LeadConfig, LeadMemory, LeadPricer
 from acespec.engine.board import BoardDraft, DraftBoard, SparseRow
 from acespec.engine.follow import LeadLink, StepChunk
 from acespec.engine.records import Disconnected
@@ -24,9 +24,9 @@ from acespec.verify.sampling import dense_row, sparse_top
 
 
 class LeadState:
-    def __init__(self, config: LeadConfig | None = None, max_drafts: int = 8) -> None:
+    def __init__(self, config: LeadConfig | None = None, max_drafts: int = 8, memory: LeadMemory | None = None) -> None:
         self.board = DraftBoard(max_drafts)
-        self.pricer = LeadPricer(config or LeadConfig())
+        self.pricer = LeadPricer(config or LeadConfig(), memory)
         self.steps = 0  # steps planned (verify sequence numbers)
 
     def take(self, base: int, tokens: Sequence[int], parents: Sequence[int] | None, q: Sequence[SparseRow] | None,
@@ -57,7 +57,8 @@ class LeadState:
         # own pass is the first token's, a plain step's). Taught as the wait outside a pass, it made
         # that wait look like a second at first, and deep drafts nearly free for a dozen steps: on one
         # CPU thread, 5 deep drafts in a 64-token session that plain steps would have beaten
-        self.pricer.observe(verdict.drafted, verdict.accepted, verdict.verify_us / 1e6, wall_s if self.steps > 1 else None)
+        self.pricer.observe(verdict.drafted, verdict.accepted, verdict.verify_us / 1e6, wall_s if self.steps > 1 else None,
+                            verdict.shared)
 
 
 class LocalLeadLink(LeadLink):

@@ -39,6 +39,7 @@ class Verdict:
     dropped: bool = False  # built on a stale prefix; nothing was verified
     finished: bool = False  # generation is over (end-of-sequence or max_tokens)
     drafted: int = 0  # draft tokens actually verified (len(x) minus the overlap)
+    shared: int = 1  # sessions whose rows were in the same target pass (each waited for all of them)
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Protocol, Sequence
 
+from acespec.control.lead import LeadMemory
 from acespec.engine.lead import LeadState
 from acespec.engine.verifier import TargetVerifier, Verdict, VerifyJob
 from acespec.sim.kernel import Kernel, Mailbox
@@ -75,6 +76,7 @@ class SimCloud:
         self.k = kernel
         self.cost = cost
         self.sizer = sizer
+        self.lead_memory = LeadMemory()  # cloud-led pricing shared by the sessions, as the live server's
         self.max_batch = max_batch  # sessions one pass may hold
         self.sessions: list[CloudSession] = []
         self.busy = False
@@ -157,7 +159,7 @@ class SimCloud:
                 s.prefill = 0
                 continue
             start = s.verifier.committed
-            v = self._verify(s, job, dt)
+            v = dataclasses.replace(self._verify(s, job, dt), shared=len(work))
             s.passes += 1
             if s.lead is not None:
                 s.lead.observe(v, dt)

@@ -198,7 +198,7 @@ class SimEdge:
                                   max_tokens=trace.n, stop_ids=frozenset())
         self.session = CloudSession(verifier, self.down, self.inbox, real_id=lambda i: int(self.vocab.real_id[i]),
                                     cloud_only=cfg.mode == "cloud-only",
-                                    lead=LeadState() if cfg.mode == "cloud-led" else None)
+                                    lead=LeadState(memory=cloud.lead_memory) if cfg.mode == "cloud-led" else None)
         self.rtt_s = net.rtt_ms / 1e3
         self.result: SimResult | None = None
         self.thread: SimThread = kernel.spawn(self._run, name, at=start)
