@@ -235,7 +235,7 @@ def test_a_new_session_starts_from_what_the_sessions_before_it_learned():
     poor = LeadMemory(LeadConfig(k_max=16))
     for _ in range(4):
         _session(poor, 0.05, *cpu, steps=40, rng=rng)
-    assert poor.accepts(1)[0] < 0.3 and poor.ratios()
+    assert poor.accepts(1)[0] < 0.3 and poor.extras()
     assert _session(poor, 0.05, *cpu, steps=40, rng=rng) == [0] * 40
     good = LeadMemory(LeadConfig(k_max=16))
     for _ in range(4):
@@ -393,7 +393,7 @@ def test_the_edge_runtime_in_cloud_led_mode_gives_cloud_only_text(cloud, rule, t
     assert s.cache["drafts_sent"] > 0 and s.bytes_up > 0
     # the server kept what this session's steps showed, for the next session of this tenant, rule and
     # temperature only
-    mem = cloud.server._lead_memory[("", str(RuleSpec.parse(rule)), temperature)]
+    mem = cloud.server.lead_memory[("", str(RuleSpec.parse(rule)), temperature)]
     assert mem._acc[0][1] > 0
 
 

@@ -42,6 +42,7 @@ import statistics
 import sys
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -357,10 +358,12 @@ def wan_port(stack, port: int, rtt_ms: float) -> int:
 
 
 def run_cell(engine, traces, mode: str, n: int, *, cap_s: float = 120.0, max_tokens: int = 48, rtt_ms: float = 0.0,
-             **kw) -> dict:
+             lead_memory=None, **kw) -> dict:
     """`run_edges` against a fresh in-process server on `engine`, plus the engine's own figures. With
     `rtt_ms` > 0 the edges reach it through the WAN emulator (the `wan` profile at that RTT: jitter,
-    5 Mbit/s up, 20 down), as `bench wan` does; 0 is loopback."""
+    5 Mbit/s up, 20 down), as `bench wan` does; 0 is loopback. `lead_memory`: the cloud-led pricer's
+    memory (`CloudServer.lead_memory`) to start from and add to, as a server that ran the cells before
+    this one would hold it."""
     import contextlib
 
     from acespec.cloud.server import CloudServerThread, ServerConfig
@@ -369,6 +372,8 @@ def run_cell(engine, traces, mode: str, n: int, *, cap_s: float = 120.0, max_tok
     cfg = ServerConfig(port=0, max_sessions=max(n, 1), max_new_tokens=max_tokens, idle_timeout_s=cap_s + 60,
                        max_connections=max(256, 2 * n), max_connections_per_addr=max(32, 2 * n))
     with CloudServerThread(engine, cfg) as srv, contextlib.ExitStack() as stack:
+        if lead_memory is not None:
+            srv.server.lead_memory = lead_memory
         port = wan_port(stack, srv.port, rtt_ms)
         row = run_edges(port, traces, mode, n, model_id=target.tokenizer.fingerprint, vocab=target.vocab_size,
                         cap_s=cap_s, max_tokens=max_tokens, rtt_s=rtt_ms / 1e3, **kw)
@@ -544,13 +549,17 @@ def cmd_tenants(args) -> int:
         model = _target(kind, slots, n_ctx)
         engine = (lambda: make_engine("serial", model)) if kind == "serial" else \
             (lambda: make_engine("batched", model, slots=slots, tick_tokens=args.tick_tokens))
+        # one cloud-led pricer memory for the engine's cells, as one long-running server would hold: a
+        # fresh one per cell would make every N = 1 session a server's first
+        memory = OrderedDict()
         try:
-            run_cell(engine(), traces, cell_modes[0], 1, max_tokens=8, **edge_kw)  # warm-up
+            run_cell(engine(), traces, cell_modes[0], 1, max_tokens=8, lead_memory=memory, **edge_kw)  # warm-up
             for rtt in rtts:
                 for n in cell_ns:
                     for rep in range(args.repeats):
                         for mode in cell_modes:
-                            r = run_cell(engine(), traces, mode, n, max_tokens=args.max_tokens, rtt_ms=rtt, **edge_kw)
+                            r = run_cell(engine(), traces, mode, n, max_tokens=args.max_tokens, rtt_ms=rtt, lead_memory=memory,
+                                         **edge_kw)
                             r["repeat"] = rep
                             rows.append(r)
                             say(_line(r))

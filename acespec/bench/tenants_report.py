@@ -83,6 +83,9 @@ def report(result: dict) -> str:
                "included; p50/p99: blocks sent after it, DRAFT -> VERDICT (cloud-only: gap between later tokens)")
     out.append("sess/ceil: a session's steady rate over its ceiling (acespec/bench/ceiling.py) on the passes its cell's "
                "sessions reported; cloud-only streams report none")
+    if any(r["mode"] == "cloud-led" for r in rows):
+        out.append("cloud-led: each cell's server starts from the pricer memory the engine's earlier cells left "
+                   "(acceptance, row costs), as one long-running server would")
     rtts = sorted({r.get("rtt_ms", 0.0) for r in rows})
     ratios = []
     for rtt, n in sorted({(r.get("rtt_ms", 0.0), r["n"]) for r in rows}):

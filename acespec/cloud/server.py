@@ -126,7 +126,7 @@ class CloudServer:
         self.port = self.cfg.port
         # cloud-led pricing learned by earlier sessions, per (tenant, rule, temperature): what a
         # tenant's greedy code sessions accept says nothing about another's chat at T = 1
-        self._lead_memory: OrderedDict[tuple, LeadMemory] = OrderedDict()
+        self.lead_memory: OrderedDict[tuple, LeadMemory] = OrderedDict()
 
     # -- lifecycle --------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -449,10 +449,10 @@ class CloudServer:
         return s
 
     def _memory_for(self, key: tuple, cfg: LeadConfig) -> LeadMemory:
-        mem = self._lead_memory.pop(key, None) or LeadMemory(cfg)
-        self._lead_memory[key] = mem
-        while len(self._lead_memory) > 256:  # tenants x rules x temperatures an attacker could spread
-            self._lead_memory.popitem(last=False)
+        mem = self.lead_memory.pop(key, None) or LeadMemory(cfg)
+        self.lead_memory[key] = mem
+        while len(self.lead_memory) > 256:  # tenants x rules x temperatures an attacker could spread
+            self.lead_memory.popitem(last=False)
         return mem
 
     def _new_sid(self) -> int:

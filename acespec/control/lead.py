@@ -24,7 +24,7 @@ Two things one session cannot see alone:
   from every session in the pass, not just from its own. A session that priced only its own share drew
   other sessions below cloud-only (ShareGPT at T = 1, 4 and 8 sessions: 0.94x).
 - *What the sessions before it learned.* A `LeadMemory` (one per server or vLLM worker) keeps the
-  acceptance and the row costs (as multiples of a plain step) that every session observed. A new
+  acceptance and the row costs (seconds k rows add to a pass) that every session observed. A new
   session takes its acceptance prior and unmeasured row costs from there, not from fixed guesses: on
   a fleet whose drafts are poor it no longer opens with a draft that a 0.7 prior priced in, and on one
   whose drafts are good it drafts at its second step with no probe. Its own observations outweigh the
@@ -59,7 +59,7 @@ class LeadMemory:
     cfg: LeadConfig = field(default_factory=LeadConfig)
     decay: float = 0.995  # per-observation forgetting (all sessions' steps together: a few hundred)
     _acc: list[list[float]] = field(default_factory=list)  # per draft position: (weighted accepted, weighted reached)
-    _ratio: dict[int, float] = field(default_factory=dict)  # k -> EWMA of t(k) / t(0) over sessions
+    _extra: dict[int, float] = field(default_factory=dict)  # k -> EWMA of t(k) - t(0), seconds, over sessions
 
     def __post_init__(self) -> None:
         self._acc = [[0.0, 0.0] for _ in range(self.cfg.k_max)]
@@ -67,16 +67,18 @@ class LeadMemory:
     def observe(self, drafted: int, accepted: int) -> None:
         _count(self._acc, drafted, accepted, self.decay)
 
-    def observe_cost(self, k: int, ratio: float) -> None:
-        old = self._ratio.get(k)
-        self._ratio[k] = ratio if old is None else 0.9 * old + 0.1 * ratio
+    def observe_cost(self, k: int, extra_s: float) -> None:
+        """A pass with k draft rows took `extra_s` longer than the session's plain steps: what its rows
+        cost, which (unlike the pass's whole time) does not grow with the sessions in a tick."""
+        old = self._extra.get(k)
+        self._extra[k] = extra_s if old is None else 0.9 * old + 0.1 * extra_s
 
     def accepts(self, n: int) -> list[float]:
         """Acceptance at draft positions 0..n-1 (each position's prior is its predecessor's estimate)."""
         return _accepts(self._acc, n, self.cfg.prior_accept, self.cfg.prior_weight)
 
-    def ratios(self) -> dict[int, float]:
-        return dict(self._ratio)
+    def extras(self) -> dict[int, float]:
+        return dict(self._extra)
 
 
 def _count(acc: list[list[float]], drafted: int, accepted: int, decay: float) -> None:
@@ -126,8 +128,8 @@ class LeadPricer:
         self._shared = float(shared) if not self._shared else 0.8 * self._shared + 0.2 * shared
         if self.memory is not None:
             self.memory.observe(drafted, accepted)
-            if drafted and 0 in self._cost and self._cost[0] > 0:
-                self.memory.observe_cost(drafted, own_s / self._cost[0])
+            if drafted and 0 in self._cost:
+                self.memory.observe_cost(drafted, own_s - self._cost[0])
         if self._probe and drafted == self._probe:
             if accepted == drafted:  # a probe kept whole: drafts may be good again, so probe promptly
                 self._probe_gap = c.probe_every
@@ -147,11 +149,12 @@ class LeadPricer:
         return self.accepts(i + 1)[i]
 
     def _points(self) -> list[tuple[int, float]]:
-        """Measured step costs by depth; depths this session has not measured, from the memory's ratios."""
+        """Measured step costs by depth; depths this session has not measured: its plain step plus what
+        the memory says k rows add."""
         pts = dict(self._cost)
         if self.memory is not None and 0 in pts:
-            for k, r in self.memory.ratios().items():
-                pts.setdefault(k, r * pts[0])
+            for k, extra in self.memory.extras().items():
+                pts.setdefault(k, pts[0] + max(0.0, extra))
         return sorted(pts.items())
 
     def cost(self, k: int) -> float:
