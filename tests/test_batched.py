@@ -449,6 +449,87 @@ def test_real_batched_verdicts_equal_solo_verdicts_and_survive_a_swap(row_log):
         m.close()
 
 
+def test_a_closed_sessions_slot_is_kept_for_a_newcomer_with_its_prefix_and_goes_first_when_room_is_needed():
+    """Toy target, one slot, prefill chunks of 8. A closed session's slot stays (retained): a newcomer with
+    the same prompt keeps every prompt chunk (all but the last prompt token, which its first verify
+    evaluates), one sharing 12 tokens keeps the one chunk inside them (not the 4 shared tokens of the
+    next), one sharing none gets the slot emptied (no BUSY, no swap: a retained slot goes before any live
+    session's), and every verdict equals its solo verdict."""
+    engine = BatchedEngine(toy_target(n_slots=1), BatchConfig(slots=1, tick_tokens=16, prefill_chunk=8))
+    base = list(range(1, 22))  # 21 tokens: prefill chunks [0, 8), [8, 16), [16, 20); its first verify evaluates 20 on
+    specs = [spec(base, seed=0, max_tokens=10), spec(base, seed=1, max_tokens=10),
+             spec(base[:12] + [40, 41, 42, 43, 44], seed=2, max_tokens=10), spec([30, 31, 32], seed=3, max_tokens=10)]
+    solo = [solo_run(toy_target(), s, make_draft(i), 3, 8) for i, s in enumerate(specs)]
+    reused = []
+
+    async def one_by_one():
+        out = []
+        for i, s in enumerate(specs):
+            before = engine.prefix_reused_tokens
+            out.append(await engine_run(engine, s, make_draft(i), 3, 8))
+            reused.append(engine.prefix_reused_tokens - before)
+            await asyncio.sleep(0.05)  # the CLOSE is served
+        return out
+
+    got = asyncio.run(with_engine(engine, one_by_one()))
+    assert got == solo
+    assert reused == [0, 20, 8, 0]
+    m = engine.metrics()
+    assert (m["prefix_reuses"], m["prefix_reused_tokens"], m["swaps"], m["refused"]) == (2, 28, 0, 0)
+    assert m["retained"] == 1 and m["retained_kv_tokens"] == 2  # the last session's prompt chunk, trimmed to it
+
+
+@pytest.mark.real
+def test_real_prefix_reuse_across_sessions_is_bit_identical(row_log):
+    """The real target, one KV stream per slot: a session whose prompt a closed session's slot already
+    prefilled keeps that slot's prompt chunks (`prefix_reused_tokens`): the same prompt again all of them,
+    a prompt sharing its first 130 tokens the two whole 64-token chunks. Its tokens and every target row
+    its rule sees are the same bits as with a fresh slot (rows, not only tokens: a changed row flips a
+    token only at a near-tie)."""
+    from acespec.models.llama import LlamaCppModel
+    from acespec.models.registry import DEFAULT_TARGET, installed_path
+
+    path = installed_path(DEFAULT_TARGET)
+    if path is None:
+        pytest.skip("the default target is not installed")
+    m = LlamaCppModel(path, n_ctx=256, n_slots=2, batch_invariant=True, name=DEFAULT_TARGET)
+    try:
+        tok = m.tokenizer
+        head = tok.encode("".join(f"def f{i}(x):\n    return x * {i} + {i * i}\n\n" for i in range(12)))[:130]
+        a = head + tok.encode("def g(x):\n    return")
+        b = head + tok.encode("class Point:\n    def __init__(self")
+        assert len(a) > 129 and len(b) > 129 and a[:130] == b[:130] and a[130] != b[130]
+        specs = [spec(a, "greedy", 0.0, max_tokens=8), spec(b, "greedy", 0.0, max_tokens=8)]
+
+        def run(engine, s):
+            row_log.clear()
+            out = asyncio.run(with_engine(engine, engine_run(engine, s, lambda t, k: [], 0, 8)))
+            return out, dict(row_log)
+
+        fresh = [run(BatchedEngine(m, BatchConfig(slots=2)), s) for s in specs]  # a new engine: every slot empty
+        engine = BatchedEngine(m, BatchConfig(slots=2))
+
+        async def in_turn():
+            res = []
+            for s in [specs[0], specs[0], specs[1]]:
+                row_log.clear()
+                before = engine.prefix_reused_tokens
+                out = await engine_run(engine, s, lambda t, k: [], 0, 8)
+                await asyncio.sleep(0.05)  # the CLOSE is served: its slot is retained
+                res.append((out, dict(row_log), engine.prefix_reused_tokens - before))
+            return res
+
+        (a1, rows_a1, r1), (a2, rows_a2, r2), (b2, rows_b2, r3) = asyncio.run(with_engine(engine, in_turn()))
+        assert a1 == a2 == fresh[0][0], "the same prompt on a reused slot gave other tokens"
+        assert b2 == fresh[1][0], "a prompt sharing the prefix gave other tokens on a reused slot"
+        assert rows_a1 == rows_a2 == fresh[0][1], "the same prompt on a reused slot saw other target rows"
+        assert rows_b2 == fresh[1][1], "a prompt sharing the prefix saw other target rows on a reused slot"
+        assert (r1, r2, r3) == (0, len(a) - 1, 128), "the prefix was not reused as expected"
+        assert engine.metrics()["prefix_reused_tokens"] == len(a) - 1 + 128
+    finally:
+        m.close()
+
+
 # ---------------------------------------------------------------------------------- bench tenants
 
 

@@ -18,6 +18,13 @@ A newcomer gets a free slot, else the slot of a parked session (its edge went aw
 recently used one idle for `swap_idle_s`; with none, `open` raises EngineBusy (the server answers
 BUSY, retryable). A swapped-out session gets a slot back on its next request.
 
+Prefix reuse across sessions. A closed session's slot is kept, KV and all, as a "retained" slot (the
+first to go when a slot is needed, before any live session's). A newcomer whose prompt shares whole
+prefill chunks with a retained slot's prompt takes that slot and keeps those chunks' KV: the KV at a
+position is the same bits only if the same pass built it, so the engine keeps the chunks
+[j*c, (j+1)*c) the closed session prefilled itself (its `history`) that the newcomer's own prefill
+would have run with the very same tokens, and prefills the rest as usual (`prefix_reused_tokens`).
+
 Same text whatever the load. A session's rows are the same bits alone or in any company, as long as
 the runtime computes each sequence of a batch on its own (llama.cpp: `LlamaCppModel(batch_invariant=
 True)`; the toy model always does) and the engine never changes the shapes a session's KV is built
@@ -128,6 +135,10 @@ class BatchedEngine(VerifyEngine):
         self.max_wait_tokens = 0  # most tokens evaluated for other sessions between a block's arrival and its verdict
         self.kv_peak = 0  # most KV tokens resident at once
         self.tick_s = 0.0
+        # closed sessions' slots, oldest first: slot -> (the passes that built its KV, its prompt's length)
+        self._retained: dict[int, tuple[dict, int]] = {}
+        self.prefix_reuses = 0  # newcomers that took a retained slot's prefill chunks
+        self.prefix_reused_tokens = 0  # prompt tokens those newcomers did not evaluate
 
     # -- public interface (event loop side) -------------------------------------------------------
     @property
@@ -181,6 +192,7 @@ class BatchedEngine(VerifyEngine):
     def metrics(self) -> dict:
         with self._cv:
             resident = [st for st in self._holder.values()]
+            retained = list(self._retained)
             kv = sum(self.target.held(st.slot) for st in resident)
             return {
                 "engine": self.name, "slots": self.cfg.slots, "tick_tokens": self.cfg.tick_tokens,
@@ -190,6 +202,8 @@ class BatchedEngine(VerifyEngine):
                 "ticks": self.ticks, "evaluated": self.evaluated, "verdicts": self.verdicts, "swaps": self.swaps,
                 "refused": self.refused, "max_batch_sessions": self.max_batch_sessions,
                 "max_wait_tokens": self.max_wait_tokens, "tick_s": round(self.tick_s, 3),
+                "retained": len(retained), "retained_kv_tokens": sum(self.target.held(sl) for sl in retained),
+                "prefix_reuses": self.prefix_reuses, "prefix_reused_tokens": self.prefix_reused_tokens,
             }
 
     def _submit(self, s: _State, kind: str, args: tuple = (), *, admin: bool = False) -> _Op:
@@ -288,24 +302,29 @@ class BatchedEngine(VerifyEngine):
     def _admit(self, s: _State, op: _Op) -> None:
         if not op.fut.set_running_or_notify_cancel():
             return  # the newcomer gave up waiting: admit nobody
-        slot = self._free_slot(exclude=None)
+        slot, keep = self._best_retained(s.verifier.tokens)
+        if slot is None:
+            slot = self._free_slot(exclude=None)
         if slot is None:
             self.refused += 1
             _fail(op.fut, EngineBusy(f"all {self.cfg.slots} KV sequences are held by active sessions; retry later"))
             return
         with self._cv:
             self._sessions[s.id] = s
-        self._give_slot(s, slot)
+        self._give_slot(s, slot, keep)
         s.last_used = time.monotonic()
         _resolve(op.fut, None)
 
     def _pick_slot(self, exclude: _State | None, waiting: bool) -> tuple[int | None, _State | None]:
-        """(a free slot, None), else (the slot of the parked or least recently used idle session, that
-        session), else (None, None). Picks only: `_free_slot` takes it."""
+        """(a free slot, None), else (the oldest retained slot, None), else (the slot of the parked or least
+        recently used idle session, that session), else (None, None). Picks only: `_free_slot` takes it."""
         holders = dict(self._holder)  # /ready reads this from another thread
+        retained = list(self._retained)
         for slot in range(self.cfg.slots):
-            if slot not in holders:
+            if slot not in holders and slot not in retained:
                 return slot, None
+        if retained:  # a closed session's KV goes before any live session's (oldest first)
+            return retained[0], None
         now = time.monotonic()
         idle = [h for h in holders.values() if h is not exclude and not h.ops]
         parked = [h for h in idle if h.parked]
@@ -323,8 +342,8 @@ class BatchedEngine(VerifyEngine):
         return self._pick_slot(None, waiting=False)[0] is not None
 
     def _free_slot(self, exclude: _State | None, *, waiting: bool = False) -> int | None:
-        """A slot for a newcomer (or a swapped-out session coming back): a free one, else the slot of the
-        parked or least recently used idle session, whose KV is dropped."""
+        """A slot for a newcomer (or a swapped-out session coming back): a free one, else a closed session's
+        retained one, else the slot of the parked or least recently used idle session, whose KV is dropped."""
         slot, victim = self._pick_slot(exclude, waiting)
         if victim is None:
             return slot
@@ -333,10 +352,101 @@ class BatchedEngine(VerifyEngine):
         log.info("session %d swapped out of slot %d", victim.id, slot)
         return slot
 
-    def _give_slot(self, s: _State, slot: int) -> None:
+    def _give_slot(self, s: _State, slot: int, keep: int = 0) -> None:
+        """Make `slot` the session's, empty, or (a retained slot) keeping its first `keep` tokens, the prompt
+        chunks `_reusable` vouched for: they count as the session's own passes from then on."""
+        old = self._retained.pop(slot, None)
         self._holder[slot] = s
         s.slot = slot
-        self.target.open_slot(slot)
+        if old is None or keep <= 0:
+            self.target.open_slot(slot)
+            return
+        m, prev = self.target, self.target.slot
+        try:
+            m.activate(slot)
+            m.rollback(keep)
+        finally:
+            m.activate(prev)
+        s.history = {k: list(v) for k, v in old[0].items() if k < keep}
+        log.debug("session %d keeps %d prompt tokens of slot %d", s.id, keep, slot)
+        self.prefix_reuses += 1
+        self.prefix_reused_tokens += keep
+
+    def _reusable(self, slot: int, tokens: list[int], n_prompt: int) -> int:
+        """How many leading tokens of retained `slot` a newcomer may keep, whose tokens are `tokens` and
+        whose prompt is its first `n_prompt`: the KV of the closed session's prompt chunks, each kept only
+        where it is the very pass the newcomer's own prefill would run (same start, a multiple of c, and
+        the same tokens: `tokens[j*c : min(n_prompt - 1, (j+1)*c)]`, so a prompt's partial last chunk only
+        when both prompts end there), every one before it kept too, and no later pass of the closed
+        session started inside it. Then each kept position is the bits the newcomer would have computed:
+        the same tokens, by the same pass, over the same KV before it."""
+        history, prompt_len = self._retained[slot]
+        held = self._held_tokens(slot)
+        c = self.cfg.prefill_chunk
+        starts = sorted(history)
+        keep, i = 0, 0
+        while i < len(starts) and starts[i] == keep:
+            chunk = history[keep]
+            end = keep + len(chunk)
+            nxt = starts[i + 1] if i + 1 < len(starts) else None
+            # below the closed session's last prompt token every pass was a prompt chunk (verifies and
+            # rollbacks start from it on); past it, passes are verifies, never a newcomer's prefill
+            if not chunk or end > min(prompt_len - 1, len(held)) or (nxt is not None and nxt < end):
+                break
+            if chunk != tokens[keep : min(n_prompt - 1, keep + c)] or held[keep:end] != chunk:
+                break
+            keep, i = end, i + 1
+            if len(chunk) < c:
+                break  # a prompt's last chunk: nothing after it is a prompt chunk
+        return keep
+
+    def _best_retained(self, tokens: list[int]) -> tuple[int | None, int]:
+        """The retained slot that saves a newcomer (whose tokens are its prompt) the most prefill, and how
+        many tokens it keeps; (None, 0) when none shares a chunk."""
+        best, keep = None, 0
+        for slot in self._retained:
+            n = self._reusable(slot, tokens, len(tokens))
+            if n > keep:
+                best, keep = slot, n
+        return best, keep
+
+    def _retain(self, s: _State) -> None:
+        """A closing session's slot stays, for a newcomer with the same prompt prefix; only its prompt
+        chunks can be reused, so it is trimmed to them (nothing left: freed)."""
+        slot = s.slot
+        if slot is None or self._holder.get(slot) is not s:
+            s.slot = None
+            return
+        del self._holder[slot]
+        s.slot = None
+        self._retained[slot] = (s.history, s.verifier.prompt_len)
+        keep = self._reusable(slot, self._held_tokens(slot), s.verifier.prompt_len)
+        if keep <= 0:
+            del self._retained[slot]
+            self.target.open_slot(slot)
+            return
+        m, prev = self.target, self.target.slot
+        try:
+            m.activate(slot)
+            m.rollback(keep)
+        finally:
+            m.activate(prev)
+
+    def _held_tokens(self, slot: int) -> list[int]:
+        m = self.target
+        if not m.held(slot):
+            return []
+        prev = m.slot
+        try:
+            m.activate(slot)
+            return list(m.tokens)
+        finally:
+            m.activate(prev)
+
+    def _drop_retained(self) -> None:
+        for slot in list(self._retained):
+            del self._retained[slot]
+            self.target.open_slot(slot)
 
     def _evict(self, s: _State) -> None:
         if s.slot is not None and self._holder.get(s.slot) is s:
@@ -382,7 +492,7 @@ class BatchedEngine(VerifyEngine):
             self._sessions.pop(s.id, None)
             ops = list(s.ops)
             s.ops.clear()
-        self._evict(s)
+        self._retain(s)
         for op in ops:
             if op.kind == "close":
                 _resolve(op.fut, None)
@@ -466,6 +576,7 @@ class BatchedEngine(VerifyEngine):
                 if not op.fut.done():
                     _fail(op.fut, err)
             self._evict(s)
+        self._drop_retained()  # a bug may have left any slot's KV in doubt
 
     def _cancel_everything(self) -> None:
         with self._cv:
