@@ -9,6 +9,7 @@ be identical; sampled coupled verdicts identical wherever the top K covers the f
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import re
 import subprocess
@@ -423,6 +424,52 @@ def test_native_cloud_led_strict_keeps_the_targets_law(engines, temperature):
     assert _pooled_chisquare(lossy, exact, n) < 1e-6
 
 
+def test_native_cloud_led_cactus_decides_with_the_q_rows_the_edge_sent(engines):
+    """A rule that needs the drafter's q, cloud-led on vLLM at T = 1: the session runs natively (before,
+    only strict and typical did), its drafts' sparse q rows cross the board to the worker, and the
+    plugin decides the drafted steps with them (the board counts each such step)."""
+    import torch
+
+    from acespec.engine.board import BoardDraft, DraftBoard
+    from acespec.verify import softmax
+
+    lt, vl, _ = engines
+    prompt = _prompt(78, 12)
+    P, V = len(prompt), 512
+    m = random_qwen2("tiny", seed=0)
+    with torch.no_grad():
+        p1 = softmax(m(torch.tensor([list(prompt)])).logits[0, -1].double().numpy())
+    firsts = [int(a) for a in np.argsort(-p1)[:16]]
+    assert sum(p1[a] for a in firsts) > 0.3
+
+    async def one(seed: int):
+        spec = SessionSpec(prompt, sampling=SamplingParams(temperature=1.0), rule=RuleSpec.parse("cactus"),
+                           seed=seed, max_tokens=3, cloud_led=True)
+        s = await vl.open(spec)
+        assert vl.leads_natively(s)
+        board = DraftBoard(max_drafts=16)
+        for a in firsts:  # after each likely first token, a draft of two tokens with the edge's sparse rows
+            b, c = (a * 7 + 1) % V, (a * 13 + 5) % V
+            board.put(BoardDraft(P, (a, b, c), q=(((a, 1.0),), ((b, 0.6), ((b + 1) % V, 0.4)), ((c, 0.5), ((c + 2) % V, 0.5)))), P)
+        vl.lead_publish(s, board)
+        try:
+            while not s.verifier.finished:
+                await vl.lead_step(s, board)
+            return len(s.verifier.generated)
+        finally:
+            vl.close(s)
+
+    async def go():
+        before = vl.metrics()
+        lens = await asyncio.gather(*(one(500 + i) for i in range(32)))
+        after = vl.metrics()
+        return lens, {k: after[k] - before[k] for k in ("lead_proposed", "lead_q_used")}
+
+    lens, m_ = lt.run(go(), timeout=600)
+    assert lens == [3] * 32
+    assert m_["lead_proposed"] > 0 and m_["lead_q_used"] > 0
+
+
 # -- the whole system: `acespec serve --engine vllm` and a real edge ------------------------------
 def _noisy_drafter(seed: int = 0):
     """The target's weights with noise on the output head: agrees with the target often, not always."""
@@ -669,6 +716,58 @@ def test_plugin_two_draft_blocks_follow_the_rules_law(token_only):
     assert 0.5 * np.abs(first - rec / rec.sum()).sum() <= 0.02
 
 
+def test_plugin_decides_token_only_drafts_with_the_q_rows_the_edge_sent():
+    """Cloud-led on vLLM: the proposer's drafts reach the sampler as token ids only, and the plugin takes
+    their q from the rows the edge sent (left by the proposer, `vllm_proposer.edge_q`, for requests whose
+    prompt is that session's). cactus on 40,000 requests of the same two drafts with the edge's sparse q
+    (q(x) = 0.3): the number accepted and the token recovered at the second position follow the rule's
+    law on those rows, within total variation 0.01 and 0.02; a request whose drafts are not the ones the
+    edge's rows were sent with keeps one-hot q, and the two laws are far apart (so the test can fail)."""
+    from acespec.cloud import vllm_plugin, vllm_proposer
+    from acespec.cloud.vllm_board import prompt_key
+    from acespec.verify.relaxed import ROW_LAWS
+
+    rs = _plugin_sampler()
+    _, _, p0 = CASES[0]
+    V = len(p0)
+    x = np.array([1, 6])
+    sent = [((1, 0.3), (2, 0.7)), ((6, 0.3), (3, 0.7))]  # the edge's sparse rows for its two drafts
+    q = np.zeros((2, V))
+    for j, row in enumerate(sent):
+        for t, w in row:
+            q[j, t] = w
+    p = np.stack([p0, p0])
+    law, kw = ROW_LAWS["cactus"], RuleSpec.parse("cactus").kwargs()
+    want = lambda a0, a1: np.array([1 - a0, a0 * (1 - a1), a0 * a1])  # noqa: E731
+    edge, one_hot = want(*law.accept(x, q, p, **kw)), want(*law.accept(x, np.eye(V)[x], p, **kw))
+    assert 0.5 * np.abs(edge - one_hot).sum() > 0.3
+    B = 40_000
+    key = prompt_key((1, 2, 3))
+    meta = _metadata(B, {i: RuleSpec.parse("cactus") for i in range(B)})
+    (tracker,) = [lp for lp in meta.logitsprocs.all if hasattr(lp, "prompts")]
+    tracker.prompts = {i: (1, 2, 3, 4) for i in range(B)}  # a reopened request: the prompt and a committed token
+    M = 8000  # requests of the same session whose drafts are not those the rows were sent with
+    meta_m = _metadata(M, {i: RuleSpec.parse("cactus") for i in range(M)})
+    (tracker_m,) = [lp for lp in meta_m.logitsprocs.all if hasattr(lp, "prompts")]
+    tracker_m.prompts = {i: (1, 2, 3) for i in range(M)}
+    vllm_proposer.edge_q = {(key, 3): ((1, 6), sent, 0)}
+    before = dict(vllm_plugin.EDGE_Q)
+    try:
+        out = _step(rs, np.tile(x, B), [2] * B, np.tile(p, (B, 1)), np.zeros(B, dtype=np.int64), meta)
+        other = _step(rs, np.tile([1, 5], M), [2] * M, np.tile(p, (M, 1)), np.zeros(M, dtype=np.int64), meta_m)
+    finally:
+        vllm_proposer.edge_q = {}
+    assert vllm_plugin.EDGE_Q["sent"] - before["sent"] == B and vllm_plugin.EDGE_Q["one_hot"] - before["one_hot"] == M
+    n_acc = (out != -1).sum(axis=1) - 1
+    assert 0.5 * np.abs(np.bincount(n_acc, minlength=3) / B - edge).sum() <= 0.01
+    rec = law.recovered(x[1:], q[1:], p[1:], **kw)[0]
+    second = np.bincount(out[n_acc == 1, 1], minlength=V) / (n_acc == 1).sum()
+    assert 0.5 * np.abs(second - rec / rec.sum()).sum() <= 0.02
+    y = np.array([1, 5])
+    n_other = (other != -1).sum(axis=1) - 1
+    assert 0.5 * np.abs(np.bincount(n_other, minlength=3) / M - want(*law.accept(y, np.eye(V)[y], p, **kw))).sum() <= 0.02
+
+
 def test_plugin_support_filter_decides_each_block_as_the_numpy_definition_does():
     """typical under the support filter (min_p 0.01, max_rank 3) on blocks of 0-3 drafts, every other
     request with no filter: each filtered request's accepted count is exactly what
@@ -835,7 +934,8 @@ def test_plugin_rule_asked_for_per_request_decides_inside_a_running_engine(engin
 def test_typical_cloud_led_runs_natively_with_the_plugin(engines):
     """A rule that needs no drafter rows (typical) at temperature 0.5: a native cloud-led session, its
     drafts decided by AceSpec's rule inside vLLM's sampler (before the plugin, refused on this engine);
-    a rule that needs q rows still goes through verify requests."""
+    a rule that needs q rows runs natively too (the edge's rows cross the board), and on an engine whose
+    board keeps no q rows it goes through verify requests."""
     lt, vl, hf = engines
     prompt = _prompt(93, 16)
     spec = SessionSpec(prompt, sampling=SamplingParams(temperature=0.5), rule=RuleSpec.parse("typical"), seed=5,
@@ -861,7 +961,12 @@ def test_typical_cloud_led_runs_natively_with_the_plugin(engines):
         native = vl.leads_natively(s)
         vl.close(s)
         return native
-    assert lt.run(opened()) is False
+    assert lt.run(opened()) is True
+    room, vl._board.shape = vl._board.shape, dataclasses.replace(vl._board.shape, q_topn=0)
+    try:
+        assert lt.run(opened()) is False
+    finally:
+        vl._board.shape = room
 
 
 def test_bench_plugin_cost_prints_each_rule_against_strict():

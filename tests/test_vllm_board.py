@@ -189,3 +189,53 @@ def test_the_proposer_refuses_to_start_without_the_servers_board():
                           model_config=SimpleNamespace(max_model_len=256), additional_config={})
     with pytest.raises(RuntimeError, match="acespec serve --engine vllm"):
         EdgeDraftProposer(cfg, check_kernels=False)
+
+
+# -- q rows, for rules that need the drafter's q ----------------------------------------------------
+def test_q_rows_ride_the_board_and_reach_the_sampler_with_the_proposal():
+    """A draft's sparse q rows go through shared memory with it; the proposer leaves, for the plugin in
+    the same worker, exactly the rows of the tokens it proposed, keyed by the session's prompt."""
+    from acespec.cloud import vllm_proposer
+
+    b = SharedBoard(BoardShape(slots=2, max_drafts=2, draft_len=8, q_topn=3))
+    try:
+        prop = proposer(b)
+        i = b.assign(PROMPT, k_cap=8)
+        q = (((5, 0.5), (9, 0.25), (1, 0.25)), ((6, 1.0),), ((7, 0.75), (2, 0.25)), ((8, 0.6), (3, 0.4)))
+        b.publish(i, [BoardDraft(20, (5, 6, 7, 8), q=q)])
+        batch = Batch(PROMPT)
+        assert prop.propose(batch.step([5]), batch.n, batch.ids) == [[6, 7, 8]]
+        toks, rows, slot = vllm_proposer.edge_q[(prompt_key(PROMPT), len(PROMPT))]
+        assert toks == (6, 7, 8) and slot == i
+        assert [tuple((t, pytest.approx(w)) for t, w in r) for r in rows] == list(q[1:])
+        vllm_proposer.q_used(slot)  # the plugin decided that step with them
+        assert b.counters(i)["q_used"] == b.counters()["q_used"] == 1
+        # a row longer than the board keeps is refused before a word is written: the slot still reads
+        with pytest.raises(ValueError, match="keeps 3"):
+            b.publish(i, [BoardDraft(20, (5, 6), q=(((5, 0.25), (1, 0.25), (2, 0.25), (3, 0.25)), ((6, 1.0),)))])
+        assert BoardReader(b.shape.as_config(b.name)).snapshot()[0].drafts[0].tokens == (5, 6, 7, 8)
+        # the next call's proposals replace the last ones (each is verified by the step right after it)
+        prop.propose(batch.step([6, 7, 8, 1]), batch.n, batch.ids)
+        assert vllm_proposer.edge_q == {}
+    finally:
+        vllm_proposer._reader = None
+        b.destroy()
+
+
+def test_q_rows_torn_by_a_write_give_no_proposal(monkeypatch):
+    """If the server rewrites the slot between the proposer's copy and its read of the q rows, the rows
+    may belong to another draft: the proposer proposes nothing that step rather than feed a rule wrong q."""
+    from acespec.cloud import vllm_proposer
+
+    b = SharedBoard(BoardShape(slots=2, max_drafts=2, draft_len=8, q_topn=2))
+    try:
+        prop = proposer(b)
+        i = b.assign(PROMPT, k_cap=8)
+        b.publish(i, [BoardDraft(20, (5, 6, 7), q=(((5, 1.0),), ((6, 1.0),), ((7, 1.0),)))])
+        monkeypatch.setattr(prop.reader, "still", lambda view: False)
+        batch = Batch(PROMPT)
+        assert prop.propose(batch.step([5]), batch.n, batch.ids) == [[]]
+        assert vllm_proposer.edge_q == {}
+    finally:
+        vllm_proposer._reader = None
+        b.destroy()

@@ -102,9 +102,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="vllm: target tokens returned per position, K (1..20; default 20): sampled coupled verdicts are "
                         "drawn over these, within the target mass outside them of the exact law (see docs)")
     p.add_argument("--lead-k", type=_nonnegative_int, default=8, metavar="K",
-                   help="vllm: cloud-led sessions (greedy, or strict at any temperature) run in vLLM's own speculative "
-                        "decoding, verifying up to K edge-draft tokens a step with its rejection sampler; 0 runs them as "
-                        "verify requests (default 8)")
+                   help="vllm: cloud-led sessions (greedy, or strict and the relaxed rules at any temperature) run in "
+                        "vLLM's own speculative decoding, verifying up to K edge-draft tokens a step with its rejection "
+                        "sampler; 0 runs them as verify requests (default 8)")
+    p.add_argument("--lead-q-topn", type=_nonnegative_int, default=32, metavar="N",
+                   help="vllm: cloud-led sessions under rules that need the drafter's q rows: q entries kept per draft "
+                        "token (an edge's row with more is refused; 0: such sessions run as verify requests; default 32, "
+                        "the edge's --q-topn default)")
     p.add_argument("--cpu-kv-gib", type=float, default=1.0, help="vllm on CPU: KV cache in GiB (default 1)")
     p.add_argument("--tensor-parallel", type=_positive_int, default=1, help="vllm: GPUs one model replica spans (default 1)")
     p.add_argument("--idle-timeout", type=float, default=300.0, help="seconds before an idle session is dropped")
@@ -193,7 +197,8 @@ def _vllm_engine(args: argparse.Namespace, target_spec: str):
         raise ValueError("--engine vllm needs vLLM, which this Python lacks: run `bash scripts/setup.sh vllm`, "
                          "then serve with .venv-vllm/bin/acespec")
     return make_engine("vllm", str(r.path), n_ctx=args.n_ctx, logprobs=args.logprobs, max_sessions=args.slots or args.max_sessions,
-                       cpu_kv_gib=args.cpu_kv_gib, tensor_parallel_size=args.tensor_parallel, lead_k=args.lead_k)
+                       cpu_kv_gib=args.cpu_kv_gib, tensor_parallel_size=args.tensor_parallel, lead_k=args.lead_k,
+                       lead_q_topn=args.lead_q_topn)
 
 
 def run_loop(coro, loop: str = "auto"):

@@ -73,6 +73,8 @@ class CloudCollector(Collector):
                                       value=m.get("lead_proposed", 0))
             yield CounterMetricFamily("acespec:lead_native_accepted", "Of those, tokens vLLM's rejection sampler kept",
                                       value=m.get("lead_accepted", 0))
+            yield CounterMetricFamily("acespec:lead_native_q_used", "Steps whose drafts a rule decided with the q rows the edge sent",
+                                      value=m.get("lead_q_used", 0))
             # sampled coupled sessions: per target row, the bound on the tempered mass outside the top-K
             # tokens the rule drew over (0 for exact sessions, which are not counted)
             edges = [e for e, _ in m["tail_buckets"]]

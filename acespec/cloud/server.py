@@ -684,6 +684,10 @@ class CloudServer:
         rule = s.verifier.rule
         if f.q is None and rule.info.needs_q and rule.name != "strict":
             raise ProtocolError(wire.ErrorCode.BAD_REQUEST, f"rule {rule} needs q rows with each DRAFT")
+        room = getattr(self.engine, "lead_q_topn", 0) if f.q is not None and self.engine.leads_natively(s.handle) else 0
+        if room and any(len(row) > room for row in f.q):
+            raise ProtocolError(wire.ErrorCode.OVER_LIMIT, f"a q row of more than {room} entries: this vLLM server keeps "
+                                                           f"{room} per draft token (send the drafter's top {room})")
         if s.lead.take(f.base, f.tokens, f.parents, f.q, s.verifier.committed) and self.engine.leads_natively(s.handle):
             self.engine.lead_publish(s.handle, s.lead.board)
 

@@ -17,13 +17,22 @@ drafts cross a process boundary here:
   was even and unchanged across the copy, so it never sees half a draft. (Plain stores and loads keep
   their order on x86-64, the platform vLLM's CPU and CUDA builds run on.)
 - **Counters back.** The proposer is the only writer of a slot's counters (steps seen, steps given a
-  draft, tokens proposed and accepted), which the server reads for its statistics, and of one more row
+  draft, tokens proposed and accepted, steps decided with the edge's q rows), which the server reads for its statistics, and of one more row
   after the slots with the same counters over all sessions (exact even when sessions share a prompt and
   so cannot be told apart).
 
+- **q rows, for rules that need them.** A session under a rule that needs the drafter's q (CACTUS,
+  min-p, ...) uploads each draft token's sparse q row (the edge samples from its top-n, so the row is
+  exact). With `q_topn` > 0 the board holds up to that many (token, prob) entries per draft token. The
+  reader copies the drafts' tokens each step, but a q row only for the tokens it proposes (`QRows`),
+  and keeps them only if the slot's sequence number is still the one its copy saw. The proposer hands
+  them to AceSpec's rejection-sampler plugin in the same worker (`vllm_proposer.edge_q`).
+
 Layout: one int64 row per slot, `HEADER` words then `max_drafts` drafts of `2 + 2 * draft_len` words
-(base, length, tokens, parents). parents use the wire's convention (0 = extends base, j + 1 = extends
-token j); a chain is written with parents[i] = i.
+(base, length, tokens, parents), then, with `q_topn` > 0, `max_drafts * draft_len * q_topn` pairs of
+words (token id, or -1 past a row's entries; its probability, a float64 stored in the int64 word).
+parents use the wire's convention (0 = extends base, j + 1 = extends token j); a chain is written with
+parents[i] = i.
 """
 
 from __future__ import annotations
@@ -38,8 +47,8 @@ import numpy as np
 from acespec.engine.board import BoardDraft
 
 # header words of a slot
-SEQ, KEY, PLEN, GEN, LIVE, K_CAP, N_DRAFTS, STEPS, DRAFT_STEPS, PROPOSED, ACCEPTED = range(11)
-HEADER = 11
+SEQ, KEY, PLEN, GEN, LIVE, K_CAP, N_DRAFTS, STEPS, DRAFT_STEPS, PROPOSED, ACCEPTED, Q_USED = range(12)
+HEADER = 12
 
 CONFIG_KEY = "acespec_board"  # vllm_config.additional_config entry: {"name", "slots", "max_drafts", "draft_len"}
 
@@ -61,6 +70,7 @@ class SlotView:
     gen: int  # which session of the slot (assign counts them)
     k_cap: int  # most draft tokens a step of this session should verify (the server's ceiling)
     drafts: list[BoardDraft]
+    seq: int = 0  # the slot's sequence number when copied (q rows read later are kept only if it still holds)
 
 
 @dataclass(frozen=True)
@@ -68,23 +78,34 @@ class BoardShape:
     slots: int = 64  # cloud-led sessions at once (the engine's max_num_seqs)
     max_drafts: int = 8  # drafts held per session, as the embedded board
     draft_len: int = 64  # tokens kept of one draft (a longer one is cut: vLLM verifies at most K of it a step)
+    q_topn: int = 0  # q entries kept per draft token (0: token-only drafts; a longer row is refused by the server)
+
+    @property
+    def head_words(self) -> int:
+        return HEADER + self.max_drafts * (2 + 2 * self.draft_len)
 
     @property
     def words(self) -> int:
-        return HEADER + self.max_drafts * (2 + 2 * self.draft_len)
+        return self.head_words + 2 * self.max_drafts * self.draft_len * self.q_topn
+
+    def q_at(self, draft: int, token: int) -> int:
+        """First word of the q row of token `token` of the slot's draft number `draft`."""
+        return self.head_words + 2 * self.q_topn * (draft * self.draft_len + token)
 
     def as_config(self, name: str) -> dict:
-        return {"name": name, "slots": self.slots, "max_drafts": self.max_drafts, "draft_len": self.draft_len}
+        return {"name": name, "slots": self.slots, "max_drafts": self.max_drafts, "draft_len": self.draft_len,
+                "q_topn": self.q_topn}
 
 
 class _Segment:
     def __init__(self, shm: shared_memory.SharedMemory, shape: BoardShape) -> None:
         self.shm, self.shape = shm, shape
         self.rows = np.ndarray((shape.slots + 1, shape.words), dtype=np.int64, buffer=shm.buf)  # + the totals row
+        self.floats = self.rows.view(np.float64)  # the same words, for q rows' probabilities
         self.totals = self.rows[shape.slots]
 
     def close(self) -> None:
-        self.rows = self.totals = None  # type: ignore[assignment]  # the views must go before the mapping can
+        self.rows = self.floats = self.totals = None  # type: ignore[assignment]  # the views must go before the mapping can
         self.shm.close()
 
 
@@ -118,26 +139,37 @@ class SharedBoard(_Segment):
         """Write the session's held drafts (newest last, as the board keeps them)."""
         sh = self.shape
         r = self.rows[i]
-        r[SEQ] += 1
         drafts = list(drafts)[-sh.max_drafts :]
+        for d in drafts:  # refused before a word is written: a slot left mid-write would never be read again
+            if sh.q_topn and d.q is not None and any(len(row) > sh.q_topn for row in d.q):
+                raise ValueError(f"a q row of more than {sh.q_topn} entries; this board keeps {sh.q_topn}")
+        r[SEQ] += 1
         r[N_DRAFTS] = len(drafts)
         if k_cap is not None:
             r[K_CAP] = k_cap
         w = HEADER
-        for d in drafts:
+        f = self.floats[i]
+        for j, d in enumerate(drafts):
             n = min(len(d.tokens), sh.draft_len)
             r[w], r[w + 1] = d.base, n
             r[w + 2 : w + 2 + n] = d.tokens[:n]
             par = range(n) if d.parents is None else d.parents[:n]
             r[w + 2 + sh.draft_len : w + 2 + sh.draft_len + n] = par
             w += 2 + 2 * sh.draft_len
+            if sh.q_topn and d.q is not None:
+                for t, row in enumerate(d.q[:n]):
+                    a, m = sh.q_at(j, t), len(row)
+                    r[a : a + 2 * sh.q_topn : 2] = -1
+                    if m:
+                        r[a : a + 2 * m : 2] = [tok for tok, _ in row]
+                        f[a + 1 : a + 2 * m : 2] = [prob for _, prob in row]
         r[SEQ] += 1
 
     def counters(self, i: int | None = None) -> dict:
         """Slot i's counters, or (None) those over every session."""
         r = self.totals if i is None else self.rows[i]
         return {"steps": int(r[STEPS]), "draft_steps": int(r[DRAFT_STEPS]), "proposed": int(r[PROPOSED]),
-                "accepted": int(r[ACCEPTED])}
+                "accepted": int(r[ACCEPTED]), "q_used": int(r[Q_USED])}
 
     def release(self, i: int) -> None:
         r = self.rows[i]
@@ -154,11 +186,27 @@ class SharedBoard(_Segment):
             pass
 
 
+class QRows:
+    """The q rows of one draft on the board, read from shared memory when indexed (only the rows a
+    proposal uses are read); check `BoardReader.still` after reading."""
+
+    def __init__(self, reader: "BoardReader", slot: int, draft: int) -> None:
+        self.reader, self.slot, self.draft = reader, slot, draft
+
+    def __getitem__(self, token: int) -> tuple[tuple[int, float], ...]:
+        sh = self.reader.shape
+        a = sh.q_at(self.draft, token)
+        ids = self.reader.rows[self.slot, a : a + 2 * sh.q_topn : 2]
+        probs = self.reader.floats[self.slot, a + 1 : a + 2 * sh.q_topn : 2]
+        n = int(np.argmin(ids >= 0)) if (ids < 0).any() else len(ids)
+        return tuple(zip(ids[:n].tolist(), probs[:n].tolist()))
+
+
 class BoardReader(_Segment):
     """The worker's side: attaches by name, reads consistent copies of the live slots."""
 
     def __init__(self, cfg: dict) -> None:
-        shape = BoardShape(int(cfg["slots"]), int(cfg["max_drafts"]), int(cfg["draft_len"]))
+        shape = BoardShape(int(cfg["slots"]), int(cfg["max_drafts"]), int(cfg["draft_len"]), int(cfg.get("q_topn", 0)))
         # vLLM spawns its workers from the server's process, so they share its resource tracker: the
         # attach registers a name already registered (a no-op), and the server's unlink ends it
         shm = shared_memory.SharedMemory(name=cfg["name"])
@@ -168,11 +216,11 @@ class BoardReader(_Segment):
         """Every live slot, read consistently; a slot being written through all `tries` copies is left
         out of this step (the next one reads it)."""
         out: list[SlotView] = []
-        L = self.shape.draft_len
+        L, head = self.shape.draft_len, self.shape.head_words
         for i in np.flatnonzero(self.rows[: self.shape.slots, LIVE]):
             for _ in range(tries):
                 s0 = int(self.rows[i, SEQ])
-                r = self.rows[i].copy()
+                r = self.rows[i, :head].copy()
                 if s0 % 2 == 0 and int(self.rows[i, SEQ]) == s0:
                     break
             else:
@@ -180,14 +228,19 @@ class BoardReader(_Segment):
             if not r[LIVE]:
                 continue
             drafts, w = [], HEADER
-            for _ in range(int(r[N_DRAFTS])):
+            for j in range(int(r[N_DRAFTS])):
                 base, n = int(r[w]), int(r[w + 1])
                 toks = tuple(int(t) for t in r[w + 2 : w + 2 + n])
                 par = tuple(int(p) for p in r[w + 2 + L : w + 2 + L + n])
-                drafts.append(BoardDraft(base, toks, None if par == tuple(range(n)) else par))
+                q = QRows(self, int(i), j) if self.shape.q_topn else None
+                drafts.append(BoardDraft(base, toks, None if par == tuple(range(n)) else par, q))
                 w += 2 + 2 * L
-            out.append(SlotView(int(i), int(r[KEY]), int(r[PLEN]), int(r[GEN]), int(r[K_CAP]), drafts))
+            out.append(SlotView(int(i), int(r[KEY]), int(r[PLEN]), int(r[GEN]), int(r[K_CAP]), drafts, s0))
         return out
+
+    def still(self, view: SlotView) -> bool:
+        """Whether slot `view.slot` is unchanged since `view` was copied (so q rows read since are its)."""
+        return int(self.rows[view.slot, SEQ]) == view.seq
 
     def count(self, i: int, *, drafted: int = 0, accepted: int = 0) -> None:
         """One step of slot i's session: `drafted` tokens had been proposed for it, `accepted` were kept."""
@@ -196,3 +249,8 @@ class BoardReader(_Segment):
             r[DRAFT_STEPS] += drafted > 0
             r[PROPOSED] += drafted
             r[ACCEPTED] += accepted
+
+    def count_q(self, i: int) -> None:
+        """Slot i's session had a step's draft decided with the q rows its edge sent (by the plugin)."""
+        for r in (self.rows[i], self.totals):
+            r[Q_USED] += 1

@@ -23,8 +23,11 @@ only turns a draft block into one vLLM request and its answer back into a verdic
   edge's drafts inside it: the engine runs with vLLM's `custom_class` method and AceSpec's proposer
   (`cloud/vllm_proposer.py`), which reads each session's drafts from a board in shared memory
   (`cloud/vllm_board.py`) that the server writes as DRAFTs arrive. vLLM's rejection sampler works on
-  full rows, so this is exact at every temperature with no top-K truncation; other rules' cloud-led
-  sessions run as verify requests, as edge-led blocks do.
+  full rows, so this is exact at every temperature with no top-K truncation. A relaxed rule runs there
+  too, decided by AceSpec's plugin; one that needs the drafter's q gets the sparse q rows the edge sent
+  with its drafts (the board keeps `lead_q_topn` entries per token, the proposer hands the proposed
+  tokens' rows to the plugin in the same worker). Coupled at temperature > 0 runs as verify requests,
+  as edge-led blocks do.
 
 Only the prompt's token ids cross into vLLM (`skip_tokenizer_init`); the tokenizer that defines the
 session's fingerprint is loaded here from the same directory.
@@ -68,6 +71,7 @@ class VllmConfig:
     enforce_eager: bool | None = None  # skip graph capture/compilation; None: on CPU (start-up in seconds), off on GPU
     lead_k: int = 0  # >0: cloud-led sessions run in vLLM's own speculative decoding, verifying up to this many edge-draft tokens a step
     lead_price: bool = True  # the proposer prices each session's depth from what its drafts earn (off: propose all that agrees, up to lead_k)
+    lead_q_topn: int = 32  # q entries per draft token the board keeps, for cloud-led rules that need q (0: those run as verify requests)
 
 
 @dataclass(frozen=True)
@@ -174,7 +178,7 @@ class VllmEngine(VerifyEngine):
         if c.lead_k > 0:
             from acespec.cloud.vllm_board import CONFIG_KEY, BoardShape, SharedBoard
 
-            self._board = SharedBoard(BoardShape(slots=c.max_sessions))
+            self._board = SharedBoard(BoardShape(slots=c.max_sessions, q_topn=c.lead_q_topn))
             lead = dict(
                 speculative_config={"method": "custom_class", "model": "acespec.cloud.vllm_proposer.EdgeDraftProposer",
                                     "num_speculative_tokens": c.lead_k},
@@ -206,15 +210,20 @@ class VllmEngine(VerifyEngine):
     # -- sessions -----------------------------------------------------------------------------------
     def _native(self, spec: SessionSpec) -> bool:
         """Whether vLLM's rejection sampler gives this session's law: greedy decoding (any lossless
-        rule is the argmax there), `strict` at any temperature, or at temperature > 0 a relaxed rule
-        that needs no drafter rows (`typical`), which AceSpec's plugin runs inside that sampler
-        (`cloud/vllm_plugin.py`; drafts reach vLLM as token ids only, so rules that need q do not)."""
+        rule is the argmax there), `strict` at any temperature, or at temperature > 0 a relaxed rule,
+        which AceSpec's plugin runs inside that sampler (`cloud/vllm_plugin.py`); a rule that needs the
+        drafter's q rows gets those the edge sent, through the board (`lead_q_topn` > 0)."""
         r = spec.rule
         if spec.sampling.greedy:
             ok = r.name in ("greedy", "strict", "coupled")
         else:
-            ok = r.name == "strict" or (r.name not in ("greedy", "coupled") and not r.info.needs_q)
+            ok = r.name == "strict" or (r.name not in ("greedy", "coupled") and (not r.info.needs_q or self.lead_q_topn > 0))
         return self._board is not None and spec.cloud_led and ok
+
+    @property
+    def lead_q_topn(self) -> int:
+        """Most q entries per draft token a native cloud-led session may send (the board's room)."""
+        return self._board.shape.q_topn if self._board is not None else 0
 
     async def open(self, spec: SessionSpec) -> EngineSession:
         slot = self._board.assign(spec.prompt, self.cfg.lead_k) if self._native(spec) else None
@@ -430,9 +439,10 @@ class VllmEngine(VerifyEngine):
                 pass
 
     def _lead_totals(self) -> dict:
-        """Draft tokens the proposer gave vLLM and vLLM kept, over every native session (the board's totals)."""
-        c = self._board.counters() if self._board is not None else {"proposed": 0, "accepted": 0}
-        return {"lead_proposed": c["proposed"], "lead_accepted": c["accepted"]}
+        """Draft tokens the proposer gave vLLM and vLLM kept, and steps whose drafts a rule decided with the
+        edge's q rows, over every native session (the board's totals)."""
+        c = self._board.counters() if self._board is not None else {"proposed": 0, "accepted": 0, "q_used": 0}
+        return {"lead_proposed": c["proposed"], "lead_accepted": c["accepted"], "lead_q_used": c["q_used"]}
 
     def metrics(self) -> dict:
         return {

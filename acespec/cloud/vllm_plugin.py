@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import logging
 import os
+from typing import Sequence
 
 import numpy as np
 
@@ -174,9 +175,24 @@ class AceSpecRules(_Base):  # type: ignore[misc,valid-type]
     def __init__(self, vllm_config, device, is_pin_memory: bool) -> None:
         self.rows: dict[int, RuleSpec] = {}
         self.support: dict[int, tuple[float, int]] = {}  # row -> (min_p, max_rank): the support filter it asked for
+        self.prompts: dict[int, Sequence[int]] = {}  # row -> its prompt, for rules that need q (see `key`)
+        self._keys: dict[tuple[int, int], int] = {}  # (row, length) -> board key of the prompt's first length tokens
         self.default = engine_rule()
         # in a CPU worker: vLLM 0.32's CPU expand kernel is to be checked (and repaired) before a rule decides
         self._check_expand = vllm_config is not None and getattr(device, "type", str(device)) == "cpu"
+
+    def key(self, i: int, length: int) -> int | None:
+        """The board key (`vllm_board.prompt_key`) of row i's first `length` prompt tokens: a session's
+        request reopened after a rollback or a resume carries its committed tokens in its prompt."""
+        prompt = self.prompts.get(i)
+        if prompt is None or len(prompt) < length:
+            return None
+        k = self._keys.get((i, length))
+        if k is None:
+            from acespec.cloud.vllm_board import prompt_key
+
+            k = self._keys[(i, length)] = prompt_key(prompt[:length])
+        return k
 
     def is_argmax_invariant(self) -> bool:
         return True  # it never changes a logit
@@ -190,17 +206,23 @@ class AceSpecRules(_Base):  # type: ignore[misc,valid-type]
         for i in batch_update.removed:
             self.rows.pop(i, None)
             self.support.pop(i, None)
-        for i, params, _, _ in batch_update.added:
+            self.prompts.pop(i, None)
+        if batch_update.removed or batch_update.added or batch_update.moved:
+            self._keys.clear()
+        for i, params, prompt, _ in batch_update.added:
             own = _rule_of(params)
             rule = own or (self.default if params is not None else None)
             self.rows.pop(i, None)
             self.support.pop(i, None)
+            self.prompts.pop(i, None)
             # greedy requests keep vLLM's argmax; the engine's default strict is what vLLM does itself, but
             # a request that names strict is decided here too, so it draws its randomness as every other
             # rule request does (and can have the support filter)
             if rule is None or getattr(params, "temperature", 0.0) == 0.0 or (rule.name == "strict" and own is None):
                 continue
             self.rows[i] = rule
+            if RULES[rule.name].needs_q and prompt is not None:
+                self.prompts[i] = prompt
             support = _support_of(params)
             if support is not None:
                 self.support[i] = support
@@ -215,7 +237,7 @@ class AceSpecRules(_Base):  # type: ignore[misc,valid-type]
             self._check_expand = False
         from vllm.v1.sample.logits_processor import MoveDirectionality
 
-        for table in (self.rows, self.support):
+        for table in (self.rows, self.support, self.prompts):
             for a, b, how in batch_update.moved:
                 ra, rb = table.pop(a, None), table.pop(b, None)
                 if ra is not None:
@@ -272,7 +294,8 @@ CPU_CHUNK = 1 << 22  # elements (rows x vocabulary) per piece on CPU: 16 MB of f
 
 
 def apply_rules(rules: dict[int, RuleSpec], reqs: list[int], draft_token_ids, num_draft_tokens, max_spec_len: int,
-                draft_probs, target_logits, bonus_token_ids, sampling_metadata, support: dict | None = None):
+                draft_probs, target_logits, bonus_token_ids, sampling_metadata, support: dict | None = None,
+                edge_q: dict | None = None):
     """The rows of the output [len(reqs), max_spec_len + 1] for the requests `reqs` (batch indices, each
     with a rule in `rules`), from the inputs vLLM's sampler has: draft ids [num_tokens], target logits
     [num_tokens, V] after the sampling constraints, draft probs [num_tokens, V] or None, bonus ids
@@ -283,7 +306,11 @@ def apply_rules(rules: dict[int, RuleSpec], reqs: list[int], draft_token_ids, nu
     `support` (batch index -> (min_p, max_rank)) puts those requests under the support filter
     (`acespec.verify.guards.verify_with_support_filter`): a draft the filter refuses stops the block
     there whatever the rule says (the rule decides the rows before it), and the token emitted in its
-    place is drawn from the target's row restricted to the filter's support."""
+    place is drawn from the target's row restricted to the filter's support.
+
+    `edge_q` (batch index -> one sparse q row per draft token) gives those requests' q when vLLM has no
+    draft probs: the rows a cloud-led edge sent up with its drafts (`_edge_q`). Without either, a
+    token-only draft's q is one-hot on its token."""
     import torch
 
     device = target_logits.device
@@ -313,6 +340,12 @@ def apply_rules(rules: dict[int, RuleSpec], reqs: list[int], draft_token_ids, nu
             return xi, draft_probs[r].to(torch.float32), p
         q = torch.zeros_like(p)  # token-only drafts: the drafter's row is one-hot on its token
         q[torch.arange(len(idx), device=device), xi] = 1.0
+        for jj, j in enumerate(idx):  # the edge's own rows, where it sent them
+            sent = (edge_q or {}).get(reqs[req_of_row[j]])
+            if sent is not None:
+                row = sent[pos[j]]
+                q[jj] = 0.0
+                q[jj, torch.as_tensor([t for t, _ in row], device=device)] = torch.as_tensor([w for _, w in row], dtype=q.dtype, device=device)
         return xi, q, p
 
     def pieces(idx):
@@ -414,6 +447,35 @@ def _metadata_for(sampling_metadata, reqs: list[int]):
                    all_random=bool((t != 0).all()))
 
 
+EDGE_Q = {"sent": 0, "one_hot": 0}  # this worker's drafted requests under rules that need q: with the edge's rows, without
+
+
+def _edge_q(tracker, rules: dict[int, RuleSpec], draft_token_ids, num_draft_tokens) -> dict[int, list]:
+    """batch index -> the q rows a cloud-led edge sent with exactly the tokens this request drafted
+    (left by the proposer, `vllm_proposer.edge_q`), for the requests whose rule needs q."""
+    from acespec.cloud import vllm_proposer
+
+    counts = np.asarray(num_draft_tokens, dtype=np.int64)
+    starts = np.cumsum(counts) - counts
+    out: dict[int, list] = {}
+    lengths = sorted({plen for (_, plen) in vllm_proposer.edge_q})
+    for i, spec in rules.items():
+        n = int(counts[i])
+        if not n or not RULES[spec.name].needs_q:
+            continue
+        mine = tuple(draft_token_ids[starts[i] : starts[i] + n].tolist())
+        for plen in lengths:
+            got = vllm_proposer.edge_q.get((tracker.key(i, plen), plen))
+            if got is not None and got[0][:n] == mine and len(got[1]) >= n:
+                out[i] = got[1][:n]
+                EDGE_Q["sent"] += 1
+                vllm_proposer.q_used(got[2])
+                break
+        else:
+            EDGE_Q["one_hot"] += 1
+    return out
+
+
 def rejection_sample(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs, target_logits,
                      bonus_token_ids, sampling_metadata, **kw):
     """vLLM's `rejection_sample` for the requests without a rule, AceSpec's rule for the others."""
@@ -428,9 +490,10 @@ def rejection_sample(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_dra
     device = target_logits.device
     out = torch.full((B, max_spec_len + 1), PLACEHOLDER, dtype=torch.int32, device=device)
     ruled = sorted(rules)
+    edge_q = _edge_q(tracker, rules, draft_token_ids, num_draft_tokens) if draft_probs is None else None
     out[torch.as_tensor(ruled, device=device)] = apply_rules(rules, ruled, draft_token_ids, num_draft_tokens, max_spec_len,
                                                              draft_probs, target_logits, bonus_token_ids, sampling_metadata,
-                                                             support=tracker.support)
+                                                             support=tracker.support, edge_q=edge_q)
     others = [i for i in range(B) if i not in rules]
     if others:  # vLLM's own sampler on their rows only: the rule requests' rows cost it nothing
         counts = np.asarray(num_draft_tokens, dtype=np.int64)

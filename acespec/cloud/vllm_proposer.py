@@ -16,6 +16,12 @@ session's pricer chooses (`control/lead.py`): the pricer sees exactly what each 
 request's sampled tokens after a proposal of k are its accepted ones plus one) and what a step cost.
 A request with no slot (an edge-led verify, a cloud-only stream) gets no proposal, so vLLM runs it as
 without speculation.
+
+Rules that need the drafter's q rows: vLLM's `custom_class` proposals are token ids, and its sampler
+gets no draft probabilities for them. So the proposer also leaves, in this worker process, the q rows
+of each proposal it makes from a draft that carried them (`edge_q`, by the session's prompt key, with
+the proposed tokens), and AceSpec's rejection-sampler plugin, which runs next in the same process,
+takes them for a request whose drafted tokens are those (`cloud/vllm_plugin.py`).
 """
 
 from __future__ import annotations
@@ -31,6 +37,18 @@ from acespec.control.lead import LeadConfig, LeadMemory, LeadPricer
 from acespec.engine.board import DraftBoard
 
 log = logging.getLogger("acespec.vllm.proposer")
+
+# the q rows of this worker's latest proposals: (prompt key, prompt length) -> (proposed tokens, their
+# sparse q rows, slot). Replaced on every propose call (a proposal is verified by the step right after
+# it), read by the plugin
+edge_q: dict[tuple[int, int], tuple[tuple[int, ...], list, int]] = {}
+_reader: "BoardReader | None" = None  # this worker's board, for the plugin's q_used count
+
+
+def q_used(slot: int) -> None:
+    """The plugin decided a step of slot `slot`'s session with the q rows its edge sent: counted on the board."""
+    if _reader is not None:
+        _reader.count_q(slot)
 
 
 @dataclass
@@ -103,6 +121,8 @@ class EdgeDraftProposer:
                                "start vLLM through `acespec serve --engine vllm`")
         self.fixed_expand = ensure_expand_is_right() if check_kernels else False  # in the worker, before any step samples
         self.reader = BoardReader(cfg)
+        global _reader
+        _reader = self.reader
         self.price = bool(cfg.get("price", True))
         self.max_len = int(vllm_config.model_config.max_model_len)
         self._slots: dict[int, _SlotState] = {}
@@ -136,6 +156,8 @@ class EdgeDraftProposer:
         step_s, self._t = now - self._t, now
         self._calls += 1
         out: list[list[int]] = [[] for _ in sampled_token_ids]
+        global edge_q
+        edge_q = {}
         views = self.reader.snapshot()
         if not views:
             self._pending.clear()
@@ -192,8 +214,14 @@ class EdgeDraftProposer:
         for v in found:
             b.drafts.extend(v.drafts)
         cap = min(self.k, own.k_cap) if own.k_cap > 0 else self.k
-        avail, _ = b.usable(tokens, cap)
+        avail, q = b.usable(tokens, cap)
         k = st.pricer.choose(len(avail)) if self.price else len(avail)
+        proposal = [int(t) for t in avail[:k]]
+        if proposal and q is not None:
+            rows = q[:k]  # read from the board just now: kept only if no write came meanwhile
+            if not all(self.reader.still(v) for v in found):
+                return []  # q rows torn by a write: no proposal this step rather than a rule fed the wrong q
+            edge_q[(key, own.prompt_len)] = (tuple(proposal), rows, own.slot)
         self._pending.setdefault(self._where(key, tokens, len(tokens)), []).append(_Pending(own.slot, own.gen, k, self._calls))
-        return [int(t) for t in avail[:k]]
+        return proposal
 
