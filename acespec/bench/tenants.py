@@ -547,8 +547,17 @@ def cmd_tenants(args) -> int:
         if not cell_ns or not cell_modes:
             return
         model = _target(kind, slots, n_ctx)
-        engine = (lambda: make_engine("serial", model)) if kind == "serial" else \
-            (lambda: make_engine("batched", model, slots=slots, tick_tokens=args.tick_tokens))
+
+        def engine():
+            if kind == "serial":
+                # every cell starts cold on both engines: the serial engine's one sequence would otherwise
+                # still hold the last cell's prompt, which the next cell replays, and skip its prefill
+                # (one session at 0.38 s to its first verdict against the batched engine's 2.2 s, all of
+                # the 0.53x bench-tenants once showed between them)
+                model.reset()
+                return make_engine("serial", model)
+            return make_engine("batched", model, slots=slots, tick_tokens=args.tick_tokens)
+
         # one cloud-led pricer memory for the engine's cells, as one long-running server would hold: a
         # fresh one per cell would make every N = 1 session a server's first
         memory = OrderedDict()
