@@ -212,6 +212,23 @@ def test_rows_are_charged_to_every_session_that_waits_for_the_pass():
     assert alone.choose(16) > 0 and in_tick.choose(16) == 0
 
 
+def test_a_pass_that_prefilled_other_sessions_prompts_teaches_no_costs():
+    """In a batched tick that also prefilled a newcomer's prompt (a second of rows), the step's time is
+    the prompt's, not the step's: priced as a plain step's cost it would make a draft look free. Such a
+    step still teaches acceptance."""
+    p = LeadPricer(LeadConfig(probe_every=10**9))
+    for _ in range(50):
+        p.observe(0, 0, 0.1)
+        p.observe(2, 0, 0.3)  # drafts never kept, and a draft of 2 costs 3 steps
+    assert p.choose(16) == 0
+    before = p.accepts(1)[0]
+    for _ in range(20):
+        p.observe(0, 0, 1.2, timed=False)  # plain steps beside a prompt's prefill
+        p.observe(2, 0, 1.4, timed=False)
+    assert p.cost(0) == pytest.approx(0.1) and p.cost(2) == pytest.approx(0.3) and p.choose(16) == 0
+    assert p.accepts(1)[0] < before
+
+
 def _session(memory: LeadMemory, accept: float, step_s: float, row_s: float, steps: int, rng) -> list[int]:
     p = LeadPricer(LeadConfig(k_max=16, probe_every=10**9), memory)
     ks = []

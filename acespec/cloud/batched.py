@@ -286,7 +286,8 @@ class BatchedEngine(VerifyEngine):
             # the round trip, and its scheduler expects queued blocks' verdicts one verify apart, so a
             # time that also held this block's wait behind the blocks before it (submitted -> done)
             # counted that wait twice and put every verdict later than it came
-            answers.append((op, dataclasses.replace(s.verifier.finish(op.job, r, done - t0), shared=len(items))))
+            answers.append((op, dataclasses.replace(s.verifier.finish(op.job, r, done - t0), shared=len(items),
+                                                    prefill_rows=sum(len(t) for _, t in prefill))))
             s.last_used = time.monotonic()
         for s, toks, _, _ in batch:
             s.own += len(toks)

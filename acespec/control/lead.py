@@ -120,20 +120,25 @@ class LeadPricer:
         self._probe_gap = self.cfg.probe_every
 
     # -- what was seen -----------------------------------------------------------------------------
-    def observe(self, drafted: int, accepted: int, own_s: float, wall_s: float | None = None, shared: int = 1) -> None:
+    def observe(self, drafted: int, accepted: int, own_s: float, wall_s: float | None = None, shared: int = 1,
+                timed: bool = True) -> None:
         """One step: `drafted` tokens verified, `accepted` kept, `own_s` its pass, `wall_s` all it took,
-        `shared`: sessions whose rows were in that pass (this one included)."""
+        `shared`: sessions whose rows were in that pass (this one included). `timed` False: the pass also
+        prefilled other sessions' prompts, so its time teaches nothing of what a step costs (a second of
+        prompt rows in a plain step's estimate would make every draft look free beside it)."""
         c = self.cfg
         _count(self._acc, drafted, accepted, c.decay)
-        self._shared = float(shared) if not self._shared else 0.8 * self._shared + 0.2 * shared
         if self.memory is not None:
             self.memory.observe(drafted, accepted)
-            if drafted and 0 in self._cost:
-                self.memory.observe_cost(drafted, own_s - self._cost[0])
         if self._probe and drafted == self._probe:
             if accepted == drafted:  # a probe kept whole: drafts may be good again, so probe promptly
                 self._probe_gap = c.probe_every
             self._probe = 0
+        if not timed:
+            return
+        self._shared = float(shared) if not self._shared else 0.8 * self._shared + 0.2 * shared
+        if self.memory is not None and drafted and 0 in self._cost:
+            self.memory.observe_cost(drafted, own_s - self._cost[0])
         old = self._cost.get(drafted)
         self._cost[drafted] = own_s if old is None else 0.8 * old + 0.2 * own_s
         if wall_s is not None:

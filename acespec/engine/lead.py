@@ -58,7 +58,7 @@ class LeadState:
         # that wait look like a second at first, and deep drafts nearly free for a dozen steps: on one
         # CPU thread, 5 deep drafts in a 64-token session that plain steps would have beaten
         self.pricer.observe(verdict.drafted, verdict.accepted, verdict.verify_us / 1e6, wall_s if self.steps > 1 else None,
-                            verdict.shared)
+                            verdict.shared, timed=verdict.prefill_rows == 0)
 
 
 class LocalLeadLink(LeadLink):

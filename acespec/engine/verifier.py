@@ -40,6 +40,7 @@ class Verdict:
     finished: bool = False  # generation is over (end-of-sequence or max_tokens)
     drafted: int = 0  # draft tokens actually verified (len(x) minus the overlap)
     shared: int = 1  # sessions whose rows were in the same target pass (each waited for all of them)
+    prefill_rows: int = 0  # prompt rows other sessions had in that pass: its time says little of what a step costs
 
 
 @dataclass(frozen=True)

@@ -159,7 +159,7 @@ class SimCloud:
                 s.prefill = 0
                 continue
             start = s.verifier.committed
-            v = dataclasses.replace(self._verify(s, job, dt), shared=len(work))
+            v = dataclasses.replace(self._verify(s, job, dt), shared=len(work), prefill_rows=sum(j is None for _, j in work))
             s.passes += 1
             if s.lead is not None:
                 s.lead.observe(v, dt)
