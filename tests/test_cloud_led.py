@@ -380,6 +380,42 @@ def test_a_branch_the_stream_takes_becomes_the_chain_and_the_text_stays_exact():
     assert taken > 0
 
 
+def test_the_uplink_backs_off_while_the_cloud_verifies_none_of_its_drafts():
+    """A cloud whose pricer never finds a draft worth its pass: the edge stops drafting and uploading
+    after 16 such steps, but for one short draft per 16, 32, 64, 64, ... steps, and the text is still
+    cloud-only's. The first step that verifies a draft brings uploads back at once."""
+    from acespec.engine.follow import UplinkBackoff
+
+    sp, rs = SamplingParams(0.0), RuleSpec.parse("greedy")
+    outs = {}
+    for name, cfg in (("never", LeadConfig(k_max=4, prior_accept=1e-3, probe_every=10**9)),
+                      ("priced", LeadConfig(k_max=4, prior_row_cost=0.0))):
+        v = TargetVerifier(TARGET, PROMPT, sampling=sp, rule=rs, max_tokens=200)
+        link = LocalLeadLink(v, config=cfg)
+        drafter = ChainDrafter(GOOD_DRAFT, sampling=sp, rule=rs)
+        drafter.model.reset()
+        loop = FollowLoop(link, PROMPT, drafter=drafter, config=FollowConfig(max_tokens=200, max_lead=6))
+        outs[name] = (loop.run(), loop.drafts_sent)
+    (never, sent_never), (priced, sent_priced) = outs["never"], outs["priced"]
+    assert never.tokens == priced.tokens and len(never.tokens) == 200
+    assert never.stats.drafted == 0 and priced.stats.drafted > 0
+    assert sent_never <= 30 < sent_priced  # ~16 before backing off, then one per 16, 32, 64, 64 steps
+
+    b = UplinkBackoff(idle_after=4, gap_max=16)
+    b.sent()
+    for _ in range(4):
+        assert b.may_send()
+        b.step(0)
+    assert not b.may_send() and b.gap == 4
+    for _ in range(4):
+        b.step(0)
+    assert b.may_send()
+    b.sent()
+    assert b.gap == 8 and not b.may_send()
+    b.step(2)  # the cloud verified a draft of ours: upload freely again
+    assert b.may_send() and b.gap == 0
+
+
 # ------------------------------------------------------------------------------------------ over sockets
 V = 64
 WIRE_PROMPT = (3, 1, 4, 1, 5, 9, 2, 6)

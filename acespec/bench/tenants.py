@@ -200,22 +200,28 @@ class ReplayEdge:
 
     def _follow(self, sock, sid: int, committed: int, inbox: queue.Queue, next_frame) -> None:
         """Cloud-led: follow the stream, keep the replayed chain LEAD tokens ahead of it and upload it as
-        it grows; a streamed token the chain got wrong restarts it after that token."""
+        it grows; a streamed token the chain got wrong restarts it after that token. While the cloud
+        verifies none of its drafts the uplink backs off as the edge's does (`UplinkBackoff`)."""
+        from acespec.engine.follow import FollowConfig, UplinkBackoff
+
         C = s = end = committed  # committed length, the chain's start, its end
         last = self.hello_at
         sent_end = -1
+        fc = FollowConfig()
+        up = UplinkBackoff(fc.idle_after, fc.idle_gap_max)
         while True:
-            if end < C + LEAD and len(self.run.tokens) < self.max_tokens:
+            if up.may_send() and end < C + LEAD and len(self.run.tokens) < self.max_tokens:
                 n = min(2, C + LEAD - end)
                 time.sleep(self.draft_s * n)
                 self.run.stats.draft_s += self.draft_s * n
                 self.run.stats.draft_tokens += n
                 end += n
-            if end > C and end >= sent_end + 2:
+            if up.may_send() and end > C and end >= sent_end + 2:
                 sock.sendall(wire.encode(wire.Draft(session=sid, seq=0, base=C, tokens=tuple(self.chain(s, q) for q in range(C, end)))))
                 sent_end = end
-            while True:  # everything streamed so far, without waiting unless the chain is full
-                if end < C + LEAD and inbox.empty():
+                up.sent()
+            while True:  # everything streamed so far, without waiting unless the chain is full (or resting)
+                if up.may_send() and end < C + LEAD and inbox.empty():
                     break
                 t, f = next_frame()
                 if not isinstance(f, wire.Tokens):
@@ -226,6 +232,7 @@ class ReplayEdge:
                         s = end = sent_end = pos + 1  # the drafter redrafts after the token it got wrong
                 self.run.tokens.extend(f.tokens[C - f.start:])
                 self._committed(t, len(f.tokens) - (C - f.start), f.drafted, f.accepted, f.verify_us)
+                up.step(f.drafted)
                 C = f.start + len(f.tokens)
                 end = max(end, C)
                 if self.run.first_s != self.run.first_s:

@@ -93,6 +93,8 @@ class FollowConfig:
     branch_len: int = 0  # tokens drafted after a branch's alternative (0 = no branches; they need a drafter with forks,
     #                      and on the recorded HumanEval traces they do not pay yet: docs/design-notes.md)
     max_branches: int = 4  # branches held at once, at distinct chain positions (each takes a KV slot)
+    idle_after: int = 16  # steps in a row the cloud verified none of our drafts before the uplink backs off ...
+    idle_gap_max: int = 64  # ... to one short draft per this many steps at most (the gap doubles from idle_after)
 
 
 @dataclass
@@ -119,6 +121,41 @@ class LeadDepth:
         a = min(max(self.accept, 1e-3), 0.999)
         worth = math.ceil(math.log(0.1) / math.log(a))  # a^worth <= 0.1: deeper tokens rarely survive
         return max(1, min(self.cfg.max_lead, transit + worth))
+
+
+@dataclass
+class UplinkBackoff:
+    """Whether to draft and upload now. While the cloud verifies none of this edge's drafts, step after
+    step (its pricer finds them not worth a pass, or they are stale when they land), every upload only
+    costs the cloud a frame to decode and the edge its drafter: after `idle_after` such steps the edge
+    sends one short draft per `gap` steps, the gap doubling up to `gap_max`, and goes back to drafting
+    freely the first step the cloud verifies one (the cloud's occasional probe of a draft is what
+    brings it back). Shared by the edge (`FollowLoop`) and the benchmarks' replay edges."""
+
+    idle_after: int = 16
+    gap_max: int = 64
+    ignored: int = 0  # steps in a row, since a draft went up, with none verified
+    gap: int = 0  # steps between uploads while backing off (0: upload freely)
+    since: int = 0  # steps since the last upload
+    sent_any: bool = False
+
+    def step(self, drafted: int) -> None:
+        """One step of the stream; `drafted`: draft tokens of ours it verified."""
+        self.since += 1
+        if drafted:
+            self.ignored, self.gap = 0, 0
+        elif self.sent_any:
+            self.ignored += 1
+            if self.ignored >= self.idle_after and not self.gap:
+                self.gap, self.since = self.idle_after, 0
+
+    def may_send(self) -> bool:
+        return not self.gap or self.since >= self.gap
+
+    def sent(self) -> None:
+        if self.gap:  # an upload the backoff let through: the next one waits twice as long, unless it is used
+            self.gap = min(2 * self.gap, self.gap_max)
+        self.sent_any, self.since = True, 0
 
 
 @dataclass
@@ -151,6 +188,7 @@ class FollowLoop:
         self.should_stop = should_stop
         self.clock = clock
         self.depth = LeadDepth(config)
+        self.uplink = UplinkBackoff(config.idle_after, config.idle_gap_max)
         self.needs_q = drafter.rule.info.needs_q
         self.stats = RunStats()
         self.committed = list(self.prompt)
@@ -194,8 +232,8 @@ class FollowLoop:
                 self._draft(max(min(want, self.cfg.chunk), min(want, self.drafter.free_ahead(self.committed + self.chain))))
             elif self._can_branch():
                 self._draft_branch()
-            if self.chain and (self._sent_gen != self._gen or
-                               len(self.committed) + len(self.chain) >= self._sent_end + self.cfg.resend):
+            if self.chain and self.uplink.may_send() and (self._sent_gen != self._gen or
+                                                          len(self.committed) + len(self.chain) >= self._sent_end + self.cfg.resend):
                 self._upload()
         self.stats.wall_s = self.clock() - t0
         self.stats.cache.update({"drafts_sent": self.drafts_sent, "chain_breaks": self.chain_breaks,
@@ -206,6 +244,8 @@ class FollowLoop:
     def _want(self) -> int:
         """Tokens to draft now: up to the lead depth, never past the generation budget (a chain that
         long is of no use, and polling for it would spin)."""
+        if not self.uplink.may_send():
+            return 0  # the cloud has been verifying none of our drafts: the drafter rests (UplinkBackoff)
         left = self.cfg.max_tokens - (len(self.committed) - len(self.prompt))
         return min(self.depth.target(self.link.rtt_s()), left) - len(self.chain)
 
@@ -220,7 +260,8 @@ class FollowLoop:
         self.stats.draft_tokens += len(blk.tokens)
 
     def _can_branch(self) -> bool:
-        return self.branching and bool(self._free) and bool(self.chain) and self._nomore < len(self.committed) + len(self.chain)
+        return (self.branching and bool(self._free) and bool(self.chain) and self._nomore < len(self.committed) + len(self.chain)
+                and self.uplink.may_send())
 
     def _draft_branch(self) -> None:
         """Pre-draft the likeliest nameable miss: at chain position j, weight = reach(j) x q(second
@@ -273,6 +314,7 @@ class FollowLoop:
         self.link.send_draft(len(self.committed), tokens, q, parents)
         self._sent_gen, self._sent_end = self._gen, len(self.committed) + n
         self.drafts_sent += 1
+        self.uplink.sent()
 
     # -- the stream --------------------------------------------------------------------------------
     def _apply(self, c: StepChunk) -> bool:
@@ -290,6 +332,7 @@ class FollowLoop:
         for t in new:
             self._take(t)
         self.stats.observe_block(c.drafted, c.accepted)
+        self.uplink.step(c.drafted)
         self.stats.k_chosen.append(c.drafted)
         self.stats.emitted += len(new)
         self.stats.observe_pass(c.drafted, c.verify_s)
