@@ -573,7 +573,9 @@ def cmd_tenants(args) -> int:
             for rtt in rtts:
                 for n in cell_ns:
                     for rep in range(args.repeats):
-                        for mode in cell_modes:
+                        # odd repeats run the modes in reverse: a mode always run first (on a fresh
+                        # engine, after another cell) would carry whatever that costs into every ratio
+                        for mode in (cell_modes if rep % 2 == 0 else cell_modes[::-1]):
                             r = run_cell(engine(), traces, mode, n, max_tokens=args.max_tokens, rtt_ms=rtt, lead_memory=memory,
                                          **edge_kw)
                             r["repeat"] = rep

@@ -35,7 +35,7 @@ def never_slower(rows: list[dict]) -> list[str]:
         return []
     runs = max(len(led) for _, led, _ in grid)
     out = ["never slower: cloud-led per-session tok/s / cloud-only's (same engine, RTT and N"
-           + (f"; means over {runs} interleaved runs" if runs > 1 else "") + "), and its text against cloud-only's"]
+           + (f"; means over {runs} interleaved runs, the modes in turn first" if runs > 1 else "") + "), and its text against cloud-only's"]
     worst, differ, total, texts_differ, texts = None, 0, 0, 0, 0
     for (engine, rtt, n), led, plain in grid:
         ratio = statistics.mean(r["per_session_tok_s"] for r in led) / max(statistics.mean(r["per_session_tok_s"] for r in plain), 1e-9)

@@ -146,7 +146,7 @@ def cmd_tenants_vllm(args) -> int:
                     port = wan_port(stack, srv.port, rtt)
                     for n in ns:
                         for rep in range(args.repeats):
-                            for mode in modes:
+                            for mode in (modes if rep % 2 == 0 else modes[::-1]):  # as bench tenants: no mode always first
                                 row = run_edges(port, traces, mode, n, rtt_s=rtt / 1e3, **common)
                                 row.update(engine="vllm", rtt_ms=rtt, repeat=rep)
                                 row["tokens_differ"] = sum(
