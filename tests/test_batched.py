@@ -371,18 +371,23 @@ def row_log(monkeypatch):
     return log
 
 
-@pytest.mark.real
-def test_real_batched_verdicts_equal_solo_verdicts_and_survive_a_swap(row_log):
-    """The real target in one llama.cpp context with one KV stream per session, greedy and coupled:
-    (1) three sessions at once get every verdict they get alone; (2) with a single KV slot, a session
-    whose KV is swapped out for another's and rebuilt still gets exactly its solo verdicts."""
+def _real_target(n_slots: int):
+    """The default GGUF target with one exact KV stream per slot, as the batched engine runs it (or a skip)."""
     from acespec.models.llama import LlamaCppModel
     from acespec.models.registry import DEFAULT_TARGET, installed_path
 
     path = installed_path(DEFAULT_TARGET)
     if path is None:
         pytest.skip("the default target is not installed")
-    m = LlamaCppModel(path, n_ctx=256, n_slots=3, batch_invariant=True, name=DEFAULT_TARGET)
+    return LlamaCppModel(path, n_ctx=256, n_slots=n_slots, batch_invariant=True, name=DEFAULT_TARGET)
+
+
+@pytest.mark.real
+def test_real_batched_verdicts_equal_solo_verdicts_and_survive_a_swap(row_log):
+    """The real target in one llama.cpp context with one KV stream per session, greedy and coupled:
+    (1) three sessions at once get every verdict they get alone; (2) with a single KV slot, a session
+    whose KV is swapped out for another's and rebuilt still gets exactly its solo verdicts."""
+    m = _real_target(n_slots=3)
     try:
         tok = m.tokenizer
         prompts = [tok.encode(t) for t in ("def fib(n):", "import numpy as np\n# mean of a list", "class Stack:")]
@@ -486,13 +491,7 @@ def test_real_prefix_reuse_across_sessions_is_bit_identical(row_log):
     a prompt sharing its first 130 tokens the two whole 64-token chunks. Its tokens and every target row
     its rule sees are the same bits as with a fresh slot (rows, not only tokens: a changed row flips a
     token only at a near-tie)."""
-    from acespec.models.llama import LlamaCppModel
-    from acespec.models.registry import DEFAULT_TARGET, installed_path
-
-    path = installed_path(DEFAULT_TARGET)
-    if path is None:
-        pytest.skip("the default target is not installed")
-    m = LlamaCppModel(path, n_ctx=256, n_slots=2, batch_invariant=True, name=DEFAULT_TARGET)
+    m = _real_target(n_slots=2)
     try:
         tok = m.tokenizer
         head = tok.encode("".join(f"def f{i}(x):\n    return x * {i} + {i * i}\n\n" for i in range(12)))[:130]

@@ -283,6 +283,20 @@ async def _native_run(vl, spec: SessionSpec, draft_at) -> tuple[list[int], dict]
         vl.close(s)
 
 
+async def _lead_to_end(vl, spec: SessionSpec, board) -> list[int]:
+    """One native cloud-led session whose drafts were all uploaded before its stream began: publish the
+    board, step to the end; its generated tokens."""
+    s = await vl.open(spec)
+    assert vl.leads_natively(s)
+    vl.lead_publish(s, board)
+    try:
+        while not s.verifier.finished:
+            await vl.lead_step(s, board)
+        return s.verifier.generated
+    finally:
+        vl.close(s)
+
+
 def test_native_cloud_led_greedy_equals_cloud_only_with_right_and_wrong_drafts(engines):
     """Greedy cloud-led sessions whose drafts vLLM's speculative decoding verifies: the text is the one
     cloud-only gives on the same engine, whether the drafts are right (the reference itself) or right
@@ -385,18 +399,10 @@ def test_native_cloud_led_strict_keeps_the_targets_law(engines, temperature):
     async def one(seed: int):
         spec = SessionSpec(prompt, sampling=SamplingParams(temperature=temperature), rule=RuleSpec.parse("strict"),
                            seed=seed, max_tokens=2, cloud_led=True)
-        s = await vl.open(spec)
-        assert vl.leads_natively(s)
         board = DraftBoard()
         for a in firsts:
             board.put(BoardDraft(P, (a, drafts[a])), P)
-        vl.lead_publish(s, board)
-        try:
-            while not s.verifier.finished:
-                await vl.lead_step(s, board)
-            return tuple(s.verifier.generated)
-        finally:
-            vl.close(s)
+        return tuple(await _lead_to_end(vl, spec, board))
 
     async def go():
         before = vl.metrics()
@@ -445,19 +451,11 @@ def test_native_cloud_led_cactus_decides_with_the_q_rows_the_edge_sent(engines):
     async def one(seed: int):
         spec = SessionSpec(prompt, sampling=SamplingParams(temperature=1.0), rule=RuleSpec.parse("cactus"),
                            seed=seed, max_tokens=3, cloud_led=True)
-        s = await vl.open(spec)
-        assert vl.leads_natively(s)
         board = DraftBoard(max_drafts=16)
         for a in firsts:  # after each likely first token, a draft of two tokens with the edge's sparse rows
             b, c = (a * 7 + 1) % V, (a * 13 + 5) % V
             board.put(BoardDraft(P, (a, b, c), q=(((a, 1.0),), ((b, 0.6), ((b + 1) % V, 0.4)), ((c, 0.5), ((c + 2) % V, 0.5)))), P)
-        vl.lead_publish(s, board)
-        try:
-            while not s.verifier.finished:
-                await vl.lead_step(s, board)
-            return len(s.verifier.generated)
-        finally:
-            vl.close(s)
+        return len(await _lead_to_end(vl, spec, board))
 
     async def go():
         before = vl.metrics()

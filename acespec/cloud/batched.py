@@ -362,12 +362,7 @@ class BatchedEngine(VerifyEngine):
         if old is None or keep <= 0:
             self.target.open_slot(slot)
             return
-        m, prev = self.target, self.target.slot
-        try:
-            m.activate(slot)
-            m.rollback(keep)
-        finally:
-            m.activate(prev)
+        self._trim(slot, keep)
         s.history = {k: list(v) for k, v in old[0].items() if k < keep}
         log.debug("session %d keeps %d prompt tokens of slot %d", s.id, keep, slot)
         self.prefix_reuses += 1
@@ -426,6 +421,10 @@ class BatchedEngine(VerifyEngine):
             del self._retained[slot]
             self.target.open_slot(slot)
             return
+        self._trim(slot, keep)
+
+    def _trim(self, slot: int, keep: int) -> None:
+        """Keep the first `keep` tokens of `slot`'s KV, leaving the model's active slot as it was."""
         m, prev = self.target, self.target.slot
         try:
             m.activate(slot)
