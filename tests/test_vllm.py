@@ -25,6 +25,7 @@ if os.environ.get("ACESPEC_REQUIRE_VLLM") != "1":
     pytest.importorskip("vllm", reason="vLLM is not installed here (scripts/setup.sh vllm makes .venv-vllm)")
 pytest.importorskip("transformers")
 
+from acespec import wire  # noqa: E402
 from acespec.cloud.engine import EngineRefused, SerialEngine, SessionSpec, make_engine  # noqa: E402
 from acespec.models.hf import HFModel  # noqa: E402
 from acespec.models.synthetic import random_qwen2, save_random_qwen2  # noqa: E402
@@ -480,6 +481,31 @@ def _noisy_drafter(seed: int = 0):
     return HFModel(m, None, name="tiny-drafter", device="cpu")
 
 
+def _over_long_q_row(port: int, model_id: str, prompt: list[int]):
+    """Open a cloud-led cactus session at T = 1 on raw frames and send one DRAFT whose q row has 33
+    entries: the ERROR frame the server answers with."""
+    import socket
+
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as s:
+        s.sendall(wire.encode(wire.Hello(model_id=model_id, max_tokens=64, prompt=tuple(prompt), temperature=1.0,
+                                         rule="cactus", mode=wire.Mode.CLOUD_LED)))
+        dec, frames = wire.FrameDecoder(), []
+        while not frames:
+            data = s.recv(65536)
+            assert data, "closed before WELCOME"
+            frames = dec.feed(data)
+        welcome = frames[0]
+        assert isinstance(welcome, wire.Welcome), welcome
+        row = tuple((t, 1.0 / 33) for t in range(33))
+        s.sendall(wire.encode(wire.Draft(session=welcome.session, seq=1, base=welcome.committed, tokens=(0,), q=(row,))))
+        while True:
+            data = s.recv(65536)
+            assert data, "closed without an ERROR"
+            for f in dec.feed(data):
+                if isinstance(f, wire.Error):
+                    return f
+
+
 def test_edge_through_acespec_serve_vllm_equals_cloud_only(tiny, tmp_path):
     from prometheus_client.parser import text_string_to_metric_families
 
@@ -515,6 +541,10 @@ def test_edge_through_acespec_serve_vllm_equals_cloud_only(tiny, tmp_path):
                 cfg = EdgeConfig(mode=mode, rule=rule, k=3, max_tokens=40, seed=11, connect=ConnectConfig(port=port), **sp)
                 res = run_edge(drafter if mode != "cloud-only" else None, prompt, cfg, model_id=drafter.tokenizer.fingerprint)
                 out[rule, mode] = (res.tokens, res.stats)
+        # a cloud-led cactus session whose q row is longer than the board keeps (serve's --lead-q-topn 32):
+        # refused with OVER_LIMIT and a message that says what to send, and the server goes on serving
+        err = _over_long_q_row(port, drafter.tokenizer.fingerprint, prompt)
+        assert err.code == wire.ErrorCode.OVER_LIMIT and "top 32" in err.message, err
         cfg = EdgeConfig(mode="cloud-led", rule="strict", temperature=1.0, max_tokens=40, seed=11, connect=ConnectConfig(port=port))
         strict = run_edge(drafter, prompt, cfg, model_id=drafter.tokenizer.fingerprint)
         for rule in ("greedy", "coupled"):
