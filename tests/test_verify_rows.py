@@ -4,7 +4,8 @@ vLLM plugin). Here both run on the same rows, hand-built and random, for every r
 the acceptance probability of each row's draft and the law of its recovered token must agree, exactly
 (up to float64 rounding) in float64 and to float32 rounding in float32, the plugin's dtype. `jsd` is also
 checked against its definition on hand-built rows (it sums over the drafter's support only where that is
-sparse), and r_fuzzy's acceptance (built on the draft's column only) against the template's, bit for bit.
+sparse), as is casc_tok's eta (read from a one-hot q's token), and r_fuzzy's and casc_tok's acceptance (built on the draft's column
+only) against the template's, bit for bit.
 The tests that need no torch run without it."""
 
 from __future__ import annotations
@@ -222,11 +223,12 @@ def test_jsd_sums_over_qs_support_only_where_q_is_sparse(monkeypatch):
 
 @pytest.mark.parametrize("lib,dtype", [("numpy", "float64"), pytest.param("torch", "float64", marks=needs_torch),
                                        pytest.param("torch", "float32", marks=needs_torch)])
-def test_r_fuzzy_accept_is_the_templates(lib, dtype):
-    """r_fuzzy's RowLaw accepts with template_accept on the draft's column of pi only: the same numbers as
-    the template law built from r_fuzzy_targets, which builds pi over whole rows."""
-    template, law = relaxed._template_law(relaxed.r_fuzzy_targets), ROW_LAWS["r_fuzzy"]
-    for params in settings("r_fuzzy"):
+@pytest.mark.parametrize("rule", ["r_fuzzy", "casc_tok"])
+def test_column_accept_is_the_templates(lib, dtype, rule):
+    """r_fuzzy's and casc_tok's RowLaws accept with template_accept on the draft's column of pi only: the
+    same numbers as the template law built from their targets, which build pi over whole rows."""
+    template, law = relaxed._template_law(getattr(relaxed, f"{rule}_targets")), ROW_LAWS[rule]
+    for params in settings(rule):
         for name, x, q, p in ROWS:
             if lib == "torch":
                 tdt = getattr(torch, dtype)
@@ -236,3 +238,46 @@ def test_r_fuzzy_accept_is_the_templates(lib, dtype):
                 if lib == "torch":
                     got, want = got.double().numpy(), want.double().numpy()
                 np.testing.assert_array_equal(got, want, err_msg=f"{part} {params} {name}")
+
+
+@pytest.mark.parametrize("V", [5, 64, 151936])
+@pytest.mark.parametrize("lib,dtype,tol", BACKENDS)
+def test_casc_tok_is_its_definition_and_one_hot_rows_take_no_other_numbers(lib, dtype, tol, V, monkeypatch):
+    """casc_tok's eta is 1 - (q's mass where p >= the bar), written out, on one-hot, sparse, dense and top-3
+    rows; for one-hot q (read from the row's one token, with no pass over the rows) its eta, pi and
+    acceptance are bit for bit those of the whole-row way."""
+    rng = np.random.default_rng(V)
+    n = 6
+    rows = dict(jsd_rows(V))
+    top3 = np.zeros((n, V))  # every row three tokens, one of them p's favourite: an edge's top-n rows
+    for i, p in enumerate(rows["one-hot q"][0]):
+        ids = np.concatenate([[np.argmax(p)], rng.choice(np.delete(np.arange(V), np.argmax(p)), min(2, V - 1), replace=False)])
+        top3[i, ids] = rng.dirichlet(np.ones(len(ids)))
+    rows["top-3 q"] = (rows["one-hot q"][0], top3)
+    whole_rows = lambda q: None  # noqa: E731
+
+    def run(p, q, x, alpha):
+        top = relaxed.casc_tok_top(p, alpha=alpha)
+        eta = relaxed.casc_tok_eta(q, p, top, relaxed.casc_tok_in_a(q, p, top))
+        got = (eta[:, 0], relaxed.casc_tok_targets(x, q, p, alpha=alpha)[0], ROW_LAWS["casc_tok"].accept(x, q, p, alpha=alpha))
+        return [g.double().numpy() for g in got] if lib == "torch" else list(got), top
+
+    for name, (p, q) in rows.items():
+        x = q.argmax(-1)
+        truly = bool(((q == 1.0).sum(-1) == 1).all() and (np.count_nonzero(q, axis=-1) == 1).all())
+        if lib == "torch":
+            tdt = getattr(torch, dtype)
+            p, q, x = torch.from_numpy(p).to(tdt), torch.from_numpy(q).to(tdt), torch.from_numpy(x)
+        one_hot = relaxed.one_hot_ids(q) is not None
+        assert one_hot == truly, name
+        for alpha in (-1e9, 0.0, 0.3, 0.9, 1.0):
+            (eta, pi, acc), top = run(p, q, x, alpha)
+            p64, q64, top64 = (a.double().numpy() if lib == "torch" else a for a in (p, q, top))
+            want = np.clip(1.0 - (q64 * (p64 >= top64)).sum(-1), 0.0, None)
+            np.testing.assert_allclose(eta, want, rtol=0, atol=tol, err_msg=f"{name}, alpha = {alpha}")
+            np.testing.assert_allclose(pi.sum(-1), 1.0, rtol=0, atol=1e3 * tol, err_msg=f"{name}, alpha = {alpha}")
+            if one_hot:
+                with monkeypatch.context() as m:
+                    m.setattr(relaxed, "one_hot_ids", whole_rows)
+                    for got, ref in zip((eta, pi, acc), run(p, q, x, alpha)[0]):
+                        np.testing.assert_array_equal(got, ref, err_msg=f"{name}, alpha = {alpha}")

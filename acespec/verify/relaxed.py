@@ -382,19 +382,71 @@ def casc_opt(draft, q, p, rng, *, alpha: float, **_):
 ROW_LAWS["casc_opt"] = _template_law(casc_opt_targets)
 
 
+def casc_tok_top(p, *, alpha: float):  # p: [n, V] -> [n, 1]
+    """The bar of the kept set A = {v : p(v) >= (1 - alpha) max p}."""
+    xp = namespace(p)
+    return (1.0 - alpha) * xp.max(p, axis=-1, keepdims=True)
+
+
+def one_hot_ids(q):  # q: [n, V] -> int[n] or None
+    """Each row's token where every row of q is one-hot (a token-only draft's row), else None.
+
+    q is a probability row, so a largest entry of 1 leaves 0 everywhere else: a max over the rows tells,
+    where a test of q's zeros would cost a comparison pass over them (on CPU, torch's comparisons over
+    whole rows cost several times a max or a multiply)."""
+    xp = namespace(q)
+    if q.shape[0] and bool(xp.all(xp.max(q, axis=-1) == 1.0)):
+        return xp.argmax(q, axis=-1)
+    return None
+
+
+def casc_tok_in_a(q, p, top):  # q, p: [n, V]; top: [n, 1] -> [n, 1] or None
+    """For one-hot q rows (`one_hot_ids`): 1.0 where the row's token is in A = {v : p(v) >= top}, else 0.0,
+    which is then q's whole mass on A (None for other rows)."""
+    j = one_hot_ids(q)
+    if j is None:
+        return None
+    xp = namespace(q, p)
+    return xp.astype(p[rows_of(xp, p), j] >= top[:, 0], p.dtype)[:, None]
+
+
+def casc_tok_eta(q, p, top, in_a=None):  # q, p: [n, V]; top, in_a: [n, 1] -> [n, 1]
+    """eta = 1 - sum_{v in A} q(v), A = {v : p(v) >= top}: the drafter's mass outside A, clipped at 0
+    (rounding must not make it negative). For one-hot rows the sum is `casc_tok_in_a`, its only term:
+    the very same number."""
+    xp = namespace(q, p)
+    mass = in_a if in_a is not None else xp.sum(xp.where(p >= top, q, 0.0), axis=-1, keepdims=True)
+    return xp.clip(1.0 - mass, min=0.0)
+
+
 def casc_tok_targets(x, q, p, *, alpha: float, **_):  # q, p: [n, V] -> ([n, V], [n, V]); x unused
     """Token-level cascade: keep the drafter on the tokens the target also rates highly.
 
-    A   = {v : p(v) >= (1 - alpha) max p}          (alpha < 0: A is empty)
-    eta = 1 - sum_{v in A} q(v)                     (drafter mass outside A, handed to the target)
+    A   = {v : p(v) >= (1 - alpha) max p}          (alpha < 0: A is empty)    `casc_tok_top`
+    eta = 1 - sum_{v in A} q(v)                     (drafter mass outside A, handed to the target)    `casc_tok_eta`
     pi  = q * 1[v in A] + eta * p                   (sums to 1)
     """
     q, p = as_float(q), as_float(p)
     xp = namespace(q, p)
-    kept = xp.where(p >= (1.0 - alpha) * xp.max(p, axis=-1, keepdims=True), q, 0.0)  # [n, V]: q on A
-    eta = xp.clip(1.0 - xp.sum(kept, axis=-1, keepdims=True), min=0.0)  # [n, 1]; rounding must not make it negative
-    pi = kept + eta * p
+    top = casc_tok_top(p, alpha=alpha)
+    in_a = casc_tok_in_a(q, p, top)  # one-hot rows: q on A is q times 1 or 0, with no comparison over the rows
+    kept = xp.where(p >= top, q, 0.0) if in_a is None else q * in_a  # [n, V]: q on A
+    pi = kept + casc_tok_eta(q, p, top, in_a) * p
     return pi, pi
+
+
+def casc_tok_accept(x, q, p, *, alpha: float, **_):  # x: int[n]; q, p: [n, V] -> [n]
+    """The template's acceptance for `casc_tok_targets`, template_accept(x, q, pi), with pi built on
+    column x only (the same elementwise steps as `casc_tok_targets`, so the same numbers: checked bit
+    for bit in tests/test_verify_rows.py)."""
+    q, p = as_float(q), as_float(p)
+    xp = namespace(q, p)
+    r = rows_of(xp, p)
+    top = casc_tok_top(p, alpha=alpha)  # [n, 1]
+    qx, px = q[r, x][:, None], p[r, x][:, None]  # [n, 1]: column x
+    pix = xp.where(px >= top, qx, 0.0) + casc_tok_eta(q, p, top, casc_tok_in_a(q, p, top)) * px
+    at = xp.zeros(p.shape[0], dtype=xp.int64, device=device(p))  # x's column in these [n, 1] rows
+    return template_accept(at, qx, pix)
 
 
 @register("casc_tok", needs_q=True, defaults={"alpha": 0.3})  # default: A = tokens within 70% of max p
@@ -409,7 +461,8 @@ def casc_tok(draft, q, p, rng, *, alpha: float, **_):
     return _template(casc_tok_targets, draft, q, p, rng, alpha=alpha)
 
 
-ROW_LAWS["casc_tok"] = _template_law(casc_tok_targets)
+# accept: the template's, on column x only (`casc_tok_accept`); recovered: the template's
+ROW_LAWS["casc_tok"] = RowLaw(casc_tok_accept, _template_law(casc_tok_targets).recovered)
 
 # The lossless rules' row laws, so that sweeps can compare against them with the same function
 # (`lossless.strict` is the template with pi = p; `lossless.greedy` keeps the argmax).

@@ -164,7 +164,10 @@ def residual(pi_res, q):  # pi_res, q: [n, V] -> [n, V], unnormalised
     xp = namespace(pi_res, q)
     r = xp.clip(pi_res - q, min=0.0)
     mass = xp.sum(r, axis=-1, keepdims=True)  # [n, 1]
-    return xp.where(mass > max(RESIDUAL_FLOOR, 256 * float(xp.finfo(r.dtype).eps)), r, pi_res)
+    live = mass > max(RESIDUAL_FLOOR, 256 * float(xp.finfo(r.dtype).eps))  # [n, 1]
+    if bool(xp.all(live)):  # the usual case: r itself, without a pass over the rows to pick it
+        return r
+    return xp.where(live, r, pi_res)
 
 
 def template_verify(
