@@ -17,6 +17,6 @@ xdist=(); [ "$workers" = 0 ] || xdist=(-n "$workers")
 [ "${ACESPEC_SKIP_VLLM:-0}" = 1 ] && exit 0
 scripts/setup.sh vllm
 rc=0
-ACESPEC_REQUIRE_VLLM=1 .venv-vllm/bin/python -m pytest -q -p no:cacheprovider tests/test_vllm.py tests/test_vllm_board.py tests/test_vllm_eval.py tests/test_vllm_plugin_off.py "$@" || rc=$?
+ACESPEC_REQUIRE_VLLM=1 .venv-vllm/bin/python -m pytest -q -p no:cacheprovider tests/test_vllm.py tests/test_vllm_board.py tests/test_vllm_eval.py tests/test_vllm_plugin_off.py tests/test_gpu_profile.py "$@" || rc=$?
 [ "$rc" = 5 ] && rc=0  # arguments that select none of the vLLM tests (e.g. -k wire)
 exit "$rc"
