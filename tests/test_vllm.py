@@ -650,6 +650,71 @@ def _blocks(seed: int, B: int, V: int, scale: float):
     return rng, counts, N, P
 
 
+def test_plugin_net_win_guard_picks_each_requests_arm_and_learns_from_its_finished_requests():
+    """Requests asking for cactus under the net-win guard (extra_args acespec_net_win = a task type), fed through
+    the tracker as vLLM's batch updates and decided by the plugin's sampler: the worker's guard alternates
+    cactus and strict while it warms up; a request vLLM takes out of the batch unfinished and puts back keeps
+    its arm; once finished requests show cactus making the model write 4x as many tokens (more than its
+    gain in drafts kept per round can repay), new requests of that task type run strict; another task type
+    warms up on its own; and a guard over strict itself is refused."""
+    import torch
+    from vllm import SamplingParams as VSP
+    from vllm.v1.sample.logits_processor import BatchUpdate
+
+    from acespec.cloud import vllm_plugin as vp
+
+    rs = _plugin_sampler()
+    vp.GUARDS.clear()
+    meta = _metadata(1, {})
+    tracker = vp._tracker(meta)
+    V, stop = 16, 7
+    P = np.full((2, V), 0.2 / (V - 1))
+    P[:, 3] = 0.8
+    before = dict(vp.GUARD_COUNTS)
+
+    def join(task: str, out: list, params=None):
+        params = params or VSP(temperature=1.0, max_tokens=100, stop_token_ids=[stop],
+                               extra_args={"acespec_rule": "cactus", "acespec_net_win": task})
+        tracker.update_state(BatchUpdate(1, removed=[], added=[(0, params, [1, 2, 3], out)], moved=[]))
+        return params, tracker.rows[0].name
+
+    def leave():
+        tracker.update_state(BatchUpdate(0, removed=[0], added=[], moved=[]))
+
+    arms = []
+    for _ in range(26):
+        out: list[int] = []
+        _, arm = join("code", out)
+        _step(rs, [3, 3], [2], P, [5], meta)  # one verify step of two drafts, decided under the request's arm
+        assert tracker.guarded[0].rounds == 1 and 0 <= tracker.guarded[0].accepted <= 2
+        out.extend([5] * (39 if arm == "cactus" else 9) + [stop])  # cactus's texts 40 tokens, strict's 10
+        leave()
+        arms.append(arm)
+    assert arms[:16] == ["cactus", "strict"] * 8  # warm-up: each arm n_min = 8 times, relaxed first
+    assert arms[16:].count("strict") >= 8  # lambda 4 > gain (at most 3 with two drafts): strict from then on
+    assert vp.GUARD_COUNTS["observed"] - before["observed"] == 26
+    est = vp.net_win_guard(RuleSpec.parse("cactus")).estimate("code")
+    assert est.lam == pytest.approx(4.0) and not est.net_win
+
+    # taken out unfinished and put back: the same arm, and no new decision
+    out = []
+    params, arm = join("chat", out)
+    assert arm == "cactus"  # a new task type warms up on its own, relaxed first
+    out.extend([5, 5])
+    leave()
+    chosen = vp.GUARD_COUNTS["relaxed"] + vp.GUARD_COUNTS["strict"]
+    assert join("chat", out, params)[1] == "cactus"
+    assert vp.GUARD_COUNTS["relaxed"] + vp.GUARD_COUNTS["strict"] == chosen
+    leave()
+    assert join("chat", [])[1] == "strict"  # the next chat request: the warm-up's second arm
+
+    with pytest.raises(ValueError, match="acespec_net_win"):
+        vp.AceSpecRules.validate_params(VSP(temperature=1.0, extra_args={"acespec_rule": "strict", "acespec_net_win": "code"}))
+    with pytest.raises(ValueError, match="acespec_net_win"):
+        vp.AceSpecRules.validate_params(VSP(temperature=1.0, extra_args={"acespec_net_win": "code"}))
+    vp.AceSpecRules.validate_params(VSP(temperature=1.0, extra_args={"acespec_rule": "cactus", "acespec_net_win": "code"}))
+
+
 def test_plugin_decides_each_block_as_the_rules_numpy_definition_does():
     """typical (deterministic: no u drawn) on blocks of 0-3 drafts, every other request with no rule: each
     rule request's output row is exactly what `verify_block` gives on the same rows (the target's float32
@@ -916,7 +981,9 @@ def test_plugin_rule_asked_for_per_request_decides_inside_a_running_engine(engin
     """Through the entry points, in vLLM's own worker: requests drafted by the proposer (a board slot for
     their prompt) that ask for `mentored` with alpha near 1 keep nearly every draft; the same requests
     without a rule (vLLM's strict sampler) keep a second-choice draft only about as often as the target
-    gives it; and a malformed rule is refused at submission."""
+    gives it; the same requests under the net-win guard keep fewer than under mentored alone (the guard
+    ran some of them strict) and far more than without a rule; and a malformed rule is refused at
+    submission."""
     from vllm import SamplingParams as VSP
 
     from acespec.engine.board import BoardDraft
@@ -951,12 +1018,17 @@ def test_plugin_rule_asked_for_per_request_decides_inside_a_running_engine(engin
     try:
         relaxed = lt.run(kept({"acespec_rule": "mentored:alpha=0.999999"}))
         plain = lt.run(kept(None))
+        # under the net-win guard, in the engine's worker: it decides each request's arm
+        guarded = lt.run(kept({"acespec_rule": "mentored:alpha=0.999999", "acespec_net_win": "engine-test"}))
         with pytest.raises(Exception, match="unknown rule"):
             lt.run(kept({"acespec_rule": "nope"}, n=1))
     finally:
         vl._board.release(slot)
     assert relaxed > 0.95
     assert plain < 0.6
+    # the guard's warm-up ran some requests strict (its 8 of the first 16, and its explorations), which
+    # reject most drafts; the rest ran mentored, which kept them (read 1.000 / 0.098 / 0.895 here)
+    assert plain + 0.3 < guarded < relaxed
 
 
 def test_typical_cloud_led_runs_natively_with_the_plugin(engines):
