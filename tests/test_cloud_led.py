@@ -31,6 +31,7 @@ from acespec.engine.verifier import TargetVerifier
 from acespec.models.toy import ToyModel
 from acespec.verify import RuleSpec, SamplingParams
 
+from raw_wire import open_session, read_until_error
 from test_lossless import BAD_DRAFT, GOOD_DRAFT, LENGTH, PROMPT, TARGET, assert_matches_target, exact_sequences
 
 
@@ -457,27 +458,9 @@ def test_cloud_led_strict_with_q_rows_and_a_relaxed_rule_run_over_sockets(cloud)
 
 
 def _raw_session(port: int, rule: str = "greedy"):
-    import socket
-
-    s = socket.create_connection(("127.0.0.1", port), timeout=5)
     hello = wire.Hello(model_id=ToyModel(vocab=V, seed=1).tokenizer.fingerprint, max_tokens=200, prompt=WIRE_PROMPT,
                        temperature=0.0, rule=rule, mode=wire.Mode.CLOUD_LED)
-    s.sendall(wire.encode(hello))
-    dec = wire.FrameDecoder()
-    frames = []
-    while not frames:
-        frames = dec.feed(s.recv(65536))
-    assert isinstance(frames[0], wire.Welcome)
-    return s, dec, frames[0]
-
-
-def _read_until_error(s, dec) -> wire.Error:
-    while True:
-        data = s.recv(65536)
-        assert data, "closed without an ERROR"
-        for f in dec.feed(data):
-            if isinstance(f, wire.Error):
-                return f
+    return open_session(port, hello)
 
 
 @pytest.mark.parametrize("make,code", [
@@ -489,7 +472,7 @@ def test_a_bad_frame_in_a_cloud_led_session_gets_its_typed_error_and_the_server_
     s, dec, w = _raw_session(cloud.port)
     try:
         s.sendall(wire.encode(make(w)))
-        assert _read_until_error(s, dec).code == code
+        assert read_until_error(s, dec).code == code
     finally:
         s.close()
     assert _edge(cloud.port, "cloud-led", rule="greedy", max_tokens=8).finished
@@ -499,7 +482,7 @@ def test_a_relaxed_rule_without_q_rows_is_refused_in_cloud_led_mode(cloud):
     s, dec, w = _raw_session(cloud.port, rule="cactus:delta=0.35")
     try:
         s.sendall(wire.encode(wire.Draft(session=w.session, seq=1, base=8, tokens=(1, 2))))
-        err = _read_until_error(s, dec)
+        err = read_until_error(s, dec)
         assert err.code == wire.ErrorCode.BAD_REQUEST and "needs q rows" in err.message
     finally:
         s.close()

@@ -30,6 +30,7 @@ from acespec.cloud.engine import EngineRefused, SerialEngine, SessionSpec, make_
 from acespec.models.hf import HFModel  # noqa: E402
 from acespec.models.synthetic import random_qwen2, save_random_qwen2  # noqa: E402
 from acespec.verify import RuleSpec, SamplingParams, coupled_sample  # noqa: E402
+from raw_wire import open_session, read_until_error  # noqa: E402
 from relaxed_laws import CASES, rand_dist  # noqa: E402
 
 pytestmark = pytest.mark.vllm
@@ -484,26 +485,13 @@ def _noisy_drafter(seed: int = 0):
 def _over_long_q_row(port: int, model_id: str, prompt: list[int]):
     """Open a cloud-led cactus session at T = 1 on raw frames and send one DRAFT whose q row has 33
     entries: the ERROR frame the server answers with."""
-    import socket
-
-    with socket.create_connection(("127.0.0.1", port), timeout=60) as s:
-        s.sendall(wire.encode(wire.Hello(model_id=model_id, max_tokens=64, prompt=tuple(prompt), temperature=1.0,
-                                         rule="cactus", mode=wire.Mode.CLOUD_LED)))
-        dec, frames = wire.FrameDecoder(), []
-        while not frames:
-            data = s.recv(65536)
-            assert data, "closed before WELCOME"
-            frames = dec.feed(data)
-        welcome = frames[0]
-        assert isinstance(welcome, wire.Welcome), welcome
+    hello = wire.Hello(model_id=model_id, max_tokens=64, prompt=tuple(prompt), temperature=1.0, rule="cactus",
+                       mode=wire.Mode.CLOUD_LED)
+    s, dec, welcome = open_session(port, hello, timeout=60)
+    with s:
         row = tuple((t, 1.0 / 33) for t in range(33))
         s.sendall(wire.encode(wire.Draft(session=welcome.session, seq=1, base=welcome.committed, tokens=(0,), q=(row,))))
-        while True:
-            data = s.recv(65536)
-            assert data, "closed without an ERROR"
-            for f in dec.feed(data):
-                if isinstance(f, wire.Error):
-                    return f
+        return read_until_error(s, dec)
 
 
 def test_edge_through_acespec_serve_vllm_equals_cloud_only(tiny, tmp_path):
