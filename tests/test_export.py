@@ -3,6 +3,7 @@ tokenizer whose fingerprint equals the GGUF drafter's (or no edge could pair wit
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -46,3 +47,20 @@ def test_export_hf_refuses_bad_arguments(tmp_path):
     assert (full / "x").read_text() == "keep me"
     r = run("toy:vocab=8", str(tmp_path / "t"))
     assert r.returncode != 0 and "not a GGUF model" in r.stderr
+
+
+def test_export_hf_without_accelerate_says_which_profile_has_it(tmp_path, monkeypatch):
+    """Where accelerate is missing (the vLLM profile), export-hf stops before reading anything, naming what is
+    missing and the profile to export from, and writes no directory."""
+    from acespec.models.base import ModelError
+    from acespec.models.export import export_hf
+    from acespec.models.registry import DEFAULT_TARGET, resolve
+
+    path = resolve(DEFAULT_TARGET).path
+    if not path or not os.path.exists(path):
+        pytest.skip("the default target is not installed here")
+    monkeypatch.setitem(sys.modules, "accelerate", None)  # import accelerate -> ImportError
+    said = []
+    with pytest.raises(ModelError, match=r"accelerate is missing here.*scripts/setup.sh dev"):
+        export_hf(DEFAULT_TARGET, tmp_path / "out", say=said.append)
+    assert said == [] and not (tmp_path / "out").exists()

@@ -61,8 +61,13 @@ def export_hf(spec: str, out_dir: str | Path, *, dtype: str = "bfloat16", weight
     try:
         import torch
         import transformers
+
+        if weights:  # transformers needs both to read GGUF weights, and says so only after the tokenizer has loaded
+            import accelerate  # noqa: F401
+            import gguf  # noqa: F401
     except ImportError as e:
-        raise ModelError("export-hf needs torch, transformers and gguf: run `scripts/setup.sh dev`") from e
+        raise ModelError(f"export-hf needs torch, transformers, gguf and accelerate ({e.name or e} is missing here): run "
+                         "`bash scripts/setup.sh dev` and export with .venv/bin/acespec (the vLLM profile has no accelerate)") from e
     src = Path(r.path)
     say(f"export-hf: reading {src.name} with transformers (dequantizing to {dtype})")
     try:
