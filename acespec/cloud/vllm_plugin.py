@@ -170,11 +170,12 @@ def _net_win_of(params) -> str | None:
     return text
 
 
-GUARDS: dict[str, "object"] = {}  # relaxed rule (as written) -> this worker's NetWinGuard for it
+GUARDS: dict[str, object] = {}  # relaxed rule (as written) -> this worker's NetWinGuard for it
 GUARD_COUNTS = {"relaxed": 0, "strict": 0, "observed": 0}  # this worker's guarded requests: arms chosen, finishes told
 
 
 def net_win_guard(rule: RuleSpec):
+    """This worker's NetWinGuard between `rule` and strict, made on first use."""
     from acespec.control.guards import NetWinGuard
 
     g = GUARDS.get(str(rule))
@@ -315,7 +316,6 @@ class AceSpecRules(_Base):  # type: ignore[misc,valid-type]
                 if how == MoveDirectionality.SWAP and rb is not None:
                     table[a] = rb
 
-
     PARKED_MAX = 4096  # guarded requests out of the batch kept for their return; past it the oldest (aborted) go
 
     def _guard_joins(self, i: int, task: str, relaxed: RuleSpec, params, output) -> RuleSpec:
@@ -337,9 +337,8 @@ class AceSpecRules(_Base):  # type: ignore[misc,valid-type]
         """A guarded request left the batch: finished, the guard learns its length and acceptance; else
         it is kept, with its arm, for its return."""
         if g.finished():
-            rule = g.relaxed if arm is not None and arm.name != "strict" else RuleSpec.parse("strict")
-            net_win_guard(g.relaxed).observe(g.task, "strict" if rule.name == "strict" else str(g.relaxed), len(g.output),
-                                             g.accepted / g.rounds if g.rounds else 0.0)
+            ran = "strict" if arm is None or arm.name == "strict" else str(g.relaxed)
+            net_win_guard(g.relaxed).observe(g.task, ran, len(g.output), g.accepted / g.rounds if g.rounds else 0.0)
             GUARD_COUNTS["observed"] += 1
             return
         self._parked[id(g.params)] = (g, arm or RuleSpec.parse("strict"))
