@@ -649,16 +649,17 @@ def test_plugin_net_win_guard_picks_each_requests_arm_and_learns_from_its_finish
     from vllm import SamplingParams as VSP
     from vllm.v1.sample.logits_processor import BatchUpdate
 
+    from acespec.cloud import vllm_guard as vg
     from acespec.cloud import vllm_plugin as vp
 
     rs = _plugin_sampler()
-    vp.GUARDS.clear()
+    vg.GUARDS.clear()
     meta = _metadata(1, {})
     tracker = vp._tracker(meta)
     V, stop = 16, 7
     P = np.full((2, V), 0.2 / (V - 1))
     P[:, 3] = 0.8
-    before = dict(vp.GUARD_COUNTS)
+    before = dict(vg.GUARD_COUNTS)
 
     def join(task: str, out: list, params=None):
         params = params or VSP(temperature=1.0, max_tokens=100, stop_token_ids=[stop],
@@ -674,14 +675,14 @@ def test_plugin_net_win_guard_picks_each_requests_arm_and_learns_from_its_finish
         out: list[int] = []
         _, arm = join("code", out)
         _step(rs, [3, 3], [2], P, [5], meta)  # one verify step of two drafts, decided under the request's arm
-        assert tracker.guarded[0].rounds == 1 and 0 <= tracker.guarded[0].accepted <= 2
+        assert tracker.guard.rows[0].rounds == 1 and 0 <= tracker.guard.rows[0].accepted <= 2
         out.extend([5] * (39 if arm == "cactus" else 9) + [stop])  # cactus's texts 40 tokens, strict's 10
         leave()
         arms.append(arm)
     assert arms[:16] == ["cactus", "strict"] * 8  # warm-up: each arm n_min = 8 times, relaxed first
     assert arms[16:].count("strict") >= 8  # lambda 4 > gain (at most 3 with two drafts): strict from then on
-    assert vp.GUARD_COUNTS["observed"] - before["observed"] == 26
-    est = vp.net_win_guard(RuleSpec.parse("cactus")).estimate("code")
+    assert vg.GUARD_COUNTS["observed"] - before["observed"] == 26
+    est = vg.net_win_guard(RuleSpec.parse("cactus")).estimate("code")
     assert est.lam == pytest.approx(4.0) and not est.net_win
 
     # taken out unfinished and put back: the same arm, and no new decision
@@ -690,9 +691,9 @@ def test_plugin_net_win_guard_picks_each_requests_arm_and_learns_from_its_finish
     assert arm == "cactus"  # a new task type warms up on its own, relaxed first
     out.extend([5, 5])
     leave()
-    chosen = vp.GUARD_COUNTS["relaxed"] + vp.GUARD_COUNTS["strict"]
+    chosen = vg.GUARD_COUNTS["relaxed"] + vg.GUARD_COUNTS["strict"]
     assert join("chat", out, params)[1] == "cactus"
-    assert vp.GUARD_COUNTS["relaxed"] + vp.GUARD_COUNTS["strict"] == chosen
+    assert vg.GUARD_COUNTS["relaxed"] + vg.GUARD_COUNTS["strict"] == chosen
     leave()
     assert join("chat", [])[1] == "strict"  # the next chat request: the warm-up's second arm
 

@@ -37,6 +37,14 @@ BATCHES = (1, 2, 4, 8, 16, 32, 64)  # sessions in one pass
 NEW_TOKENS = (1, 2, 3, 5, 9)  # T = K + 1 for K = 0, 1, 2, 4, 8
 
 
+def _cache_kw(model) -> str:
+    """The forward argument that takes the KV cache: transformers 5 renamed `past_key_values` to `cache`,
+    and the GPU image may have either."""
+    import inspect
+
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
 def measure(shape: str, *, device: str, dtype: str, prefix: int = 256, reps: int = 10,
             batches=BATCHES, new_tokens=NEW_TOKENS, say=print) -> dict:
     import torch
@@ -47,10 +55,7 @@ def measure(shape: str, *, device: str, dtype: str, prefix: int = 256, reps: int
     model = random_qwen2(shape, dtype=dtype, device=device, head_scale=1.0)
     V = model.config.vocab_size
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
-    import inspect
-
-    # transformers 5 renamed the KV argument (`past_key_values` -> `cache`); the GPU image may have either
-    kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    kw = _cache_kw(model)
     rows = []
     g = torch.Generator(device="cpu").manual_seed(0)
     for B in batches:
@@ -109,13 +114,11 @@ def study_cell(shape: str, *, device: str, dtype: str, rules: list[str], batch: 
     from acespec.models.synthetic import random_qwen2
     from acespec.verify import RuleSpec
 
-    specs = {r: RuleSpec.parse(r) for r in rules}
+    specs = {r: RuleSpec.parse(r) for r in ["strict", *rules]}
     model = random_qwen2(shape, dtype=dtype, device=device)  # a peaked head, as a trained model's rows
     V = model.config.vocab_size
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
-    import inspect
-
-    kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    kw = _cache_kw(model)
     g = torch.Generator(device="cpu").manual_seed(1)
     with torch.no_grad():
         cache = DynamicCache()
@@ -140,6 +143,8 @@ def study_cell(shape: str, *, device: str, dtype: str, rules: list[str], batch: 
     vllm = _vllm_strict() if device == "cpu" else None
     reference = "vLLM's rejection_sample (strict)" if vllm else "the plugin's strict (vLLM is not installed here)"
 
+    every = {r: {i: spec for i in range(batch)} for r, spec in specs.items()}  # each request of the step under r
+
     def sample(rule):
         if rule is None:
             if vllm:
@@ -147,8 +152,7 @@ def study_cell(shape: str, *, device: str, dtype: str, rules: list[str], batch: 
                 cu = torch.arange(k, batch * k + 1, k, dtype=torch.int32, device=device)
                 return fn(draft, counts, k, cu, None, target.clone(), bonus, make(batch, {}))
             rule = "strict"
-        return apply_rules({i: specs.get(rule) or RuleSpec.parse(rule) for i in range(batch)}, list(range(batch)), draft,
-                           counts, k, None, target, bonus, meta)
+        return apply_rules(every[rule], list(range(batch)), draft, counts, k, None, target, bonus, meta)
 
     names = ["reference"] + rules
     times: dict[str, list[float]] = {n: [] for n in ["pass", *names]}

@@ -32,14 +32,7 @@ min_p, or ranks below max_rank, stops its block whatever the rule says, and the 
 drawn from the target's row restricted to the filter's support.
 
 `extra_args={"acespec_net_win": "math"}` next to a relaxed rule puts the request under the net-win guard
-(`acespec.control.guards.NetWinGuard`, one per relaxed rule in each worker that samples): when the request
-joins the batch, the guard of its task type ("math" here) decides whether it runs the rule or `strict`,
-and when it finishes (its max_tokens or a stop token id; one ended by a stop string is not counted) the
-worker tells the guard its length and its accepted drafts per round, so a rule that makes the model
-write more than it saves falls back to strict for that task type. A request keeps its arm when vLLM
-takes it out of the batch and puts it back (preemption, or a step that did not schedule it). The guard is
-deterministic in the batch updates and steps it sees, and every rank sees the same ones, so under tensor
-parallelism the ranks' guards choose alike.
+of its task type ("math"), which picks whether it runs the rule or strict (`acespec.cloud.vllm_guard`).
 
 With speculative decoding on a CPU, the tracker also checks vLLM 0.32's CPU expand kernel in the worker,
 when the first request that asks for a rule arrives, and repairs it
@@ -60,6 +53,7 @@ from typing import Sequence
 
 import numpy as np
 
+from acespec.cloud.vllm_guard import NET_WIN_ARG, PLACEHOLDER, GuardedRequests, net_win_of
 from acespec.verify import RULES, RuleSpec
 from acespec.verify.relaxed import ROW_LAWS
 from acespec.verify.rules import RuleSpecError
@@ -70,8 +64,6 @@ VLLM_VERSION = "0.32.0"  # the vLLM whose rejection_sample this replaces (its si
 RULE_ARG = "acespec_rule"  # SamplingParams.extra_args key
 SUPPORT_ARG = "acespec_support"  # extra_args key: the support filter around the rule, "min_p=0.1,max_rank=10"
 ENV_RULE = "ACESPEC_VLLM_RULE"  # every sampled request's rule unless it names its own
-NET_WIN_ARG = "acespec_net_win"  # extra_args key: the task type under which the net-win guard decides this request's arm
-PLACEHOLDER = -1  # vLLM's PLACEHOLDER_TOKEN_ID: no token at this position
 
 _state = {"patched": False, "original": None}
 
@@ -159,53 +151,6 @@ def _support_of(params) -> tuple[float, int] | None:
     return min_p, max_rank
 
 
-def _net_win_of(params) -> str | None:
-    """The task type a request asked the net-win guard to decide under, or None."""
-    text = (getattr(params, "extra_args", None) or {}).get(NET_WIN_ARG)
-    if text is None or text == "":
-        return None
-    text = str(text)
-    if len(text) > 200:
-        raise ValueError(f"extra_args[{NET_WIN_ARG!r}]: a task type of at most 200 characters")
-    return text
-
-
-GUARDS: dict[str, object] = {}  # relaxed rule (as written) -> this worker's NetWinGuard for it
-GUARD_COUNTS = {"relaxed": 0, "strict": 0, "observed": 0}  # this worker's guarded requests: arms chosen, finishes told
-
-
-def net_win_guard(rule: RuleSpec):
-    """This worker's NetWinGuard between `rule` and strict, made on first use."""
-    from acespec.control.guards import NetWinGuard
-
-    g = GUARDS.get(str(rule))
-    if g is None:
-        g = GUARDS[str(rule)] = NetWinGuard(str(rule))
-    return g
-
-
-class _Guarded:
-    """A request under the net-win guard: its task type, the arm it runs, and what it did so far."""
-
-    __slots__ = ("task", "relaxed", "params", "output", "accepted", "rounds")
-
-    def __init__(self, task: str, relaxed: RuleSpec, params, output) -> None:
-        self.task, self.relaxed, self.params, self.output = task, relaxed, params, output
-        self.accepted = self.rounds = 0
-
-    def arm(self, use_relaxed: bool) -> RuleSpec:
-        return self.relaxed if use_relaxed else RuleSpec.parse("strict")
-
-    def finished(self) -> bool:
-        out, sp = self.output, self.params
-        if out is None:
-            return False
-        if getattr(sp, "max_tokens", None) is not None and len(out) >= sp.max_tokens:
-            return True
-        stops = set(getattr(sp, "all_stop_token_ids", None) or ()) | set(getattr(sp, "stop_token_ids", None) or ())
-        return bool(out) and out[-1] in stops
-
-
 try:  # the logits processor needs vLLM's base class; without vLLM this module still imports (docs, tests)
     from vllm.v1.sample.logits_processor import LogitsProcessor as _Base
 except ImportError:  # pragma: no cover - exercised only where vLLM is absent
@@ -227,7 +172,7 @@ class AceSpecRules(_Base):  # type: ignore[misc,valid-type]
                              "coupled's shared-seed draw needs AceSpec's own engines): ask for strict or a relaxed rule")
         if rule is not None and not _version_ok():
             raise ValueError(f"extra_args[{RULE_ARG!r}] needs vLLM {VLLM_VERSION}, which acespec's plugin patches")
-        task = _net_win_of(sampling_params)
+        task = net_win_of(sampling_params)
         if task is not None and (rule is None or rule.name == "strict"):
             raise ValueError(f"extra_args[{NET_WIN_ARG!r}] chooses between a relaxed rule and strict: name the relaxed rule "
                              f"in extra_args[{RULE_ARG!r}]")
@@ -239,8 +184,7 @@ class AceSpecRules(_Base):  # type: ignore[misc,valid-type]
         self.support: dict[int, tuple[float, int]] = {}  # row -> (min_p, max_rank): the support filter it asked for
         self.prompts: dict[int, Sequence[int]] = {}  # row -> its prompt, for rules that need q (see `key`)
         self._keys: dict[tuple[int, int], int] = {}  # (row, length) -> board key of the prompt's first length tokens
-        self.guarded: dict[int, _Guarded] = {}  # row -> its request under the net-win guard
-        self._parked: dict[int, tuple[_Guarded, RuleSpec]] = {}  # id(params) -> a guarded request out of the batch, unfinished
+        self.guard = GuardedRequests()  # the rows whose requests are under the net-win guard
         self.default = engine_rule()
         # in a CPU worker: vLLM 0.32's CPU expand kernel is to be checked (and repaired) before a rule decides
         self._check_expand = vllm_config is not None and getattr(device, "type", str(device)) == "cpu"
@@ -268,12 +212,9 @@ class AceSpecRules(_Base):  # type: ignore[misc,valid-type]
         if batch_update is None:
             return
         for i in batch_update.removed:
-            rule = self.rows.pop(i, None)
+            self.guard.leave(i, self.rows.pop(i, None))
             self.support.pop(i, None)
             self.prompts.pop(i, None)
-            g = self.guarded.pop(i, None)
-            if g is not None:
-                self._guard_left(g, rule)
         if batch_update.removed or batch_update.added or batch_update.moved:
             self._keys.clear()
         for i, params, prompt, output in batch_update.added:
@@ -282,10 +223,10 @@ class AceSpecRules(_Base):  # type: ignore[misc,valid-type]
             self.rows.pop(i, None)
             self.support.pop(i, None)
             self.prompts.pop(i, None)
-            self.guarded.pop(i, None)
-            task = _net_win_of(params) if own is not None and own.name != "strict" else None
+            self.guard.rows.pop(i, None)
+            task = net_win_of(params) if own is not None and own.name != "strict" else None
             if task is not None and getattr(params, "temperature", 0.0) != 0.0:
-                rule = self._guard_joins(i, task, own, params, output)
+                rule = self.guard.join(i, task, own, params, output)
             # greedy requests keep vLLM's argmax; the engine's default strict is what vLLM does itself, but
             # a request that names strict is decided here too, so it draws its randomness as every other
             # rule request does (and can have the support filter)
@@ -308,49 +249,13 @@ class AceSpecRules(_Base):  # type: ignore[misc,valid-type]
             self._check_expand = False
         from vllm.v1.sample.logits_processor import MoveDirectionality
 
-        for table in (self.rows, self.support, self.prompts, self.guarded):
+        for table in (self.rows, self.support, self.prompts, self.guard.rows):
             for a, b, how in batch_update.moved:
                 ra, rb = table.pop(a, None), table.pop(b, None)
                 if ra is not None:
                     table[b] = ra
                 if how == MoveDirectionality.SWAP and rb is not None:
                     table[a] = rb
-
-    PARKED_MAX = 4096  # guarded requests out of the batch kept for their return; past it the oldest (aborted) go
-
-    def _guard_joins(self, i: int, task: str, relaxed: RuleSpec, params, output) -> RuleSpec:
-        """The arm of a guarded request joining the batch at row i: the one it had, if vLLM is putting it
-        back; else the guard's choice for its task type."""
-        back = self._parked.pop(id(params), None)
-        if back is not None and back[0].params is params:
-            g, arm = back
-            g.output = output
-        else:
-            g = _Guarded(task, relaxed, params, output)
-            use = net_win_guard(relaxed).use_relaxed(task)
-            arm = g.arm(use)
-            GUARD_COUNTS["relaxed" if use else "strict"] += 1
-        self.guarded[i] = g
-        return arm
-
-    def _guard_left(self, g: _Guarded, arm: RuleSpec | None) -> None:
-        """A guarded request left the batch: finished, the guard learns its length and acceptance; else
-        it is kept, with its arm, for its return."""
-        if g.finished():
-            ran = "strict" if arm is None or arm.name == "strict" else str(g.relaxed)
-            net_win_guard(g.relaxed).observe(g.task, ran, len(g.output), g.accepted / g.rounds if g.rounds else 0.0)
-            GUARD_COUNTS["observed"] += 1
-            return
-        self._parked[id(g.params)] = (g, arm or RuleSpec.parse("strict"))
-        while len(self._parked) > self.PARKED_MAX:
-            self._parked.pop(next(iter(self._parked)))
-
-    def guard_step(self, out, num_draft_tokens) -> None:
-        """After a step: each guarded request's drafts kept (`out` [B, K + 1], PLACEHOLDER past its end)."""
-        for i, g in self.guarded.items():
-            if i < len(num_draft_tokens) and num_draft_tokens[i] > 0:
-                g.rounds += 1
-                g.accepted += int((out[i] != PLACEHOLDER).sum()) - 1
 
 
 def _tracker(sampling_metadata) -> AceSpecRules | None:
@@ -612,8 +517,8 @@ def rejection_sample(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_dra
             draft_token_ids[rows], sub, max_spec_len, torch.as_tensor(np.cumsum(sub), dtype=cu_num_draft_tokens.dtype, device=device),
             None if draft_probs is None else draft_probs[rows], target_logits[rows], bonus_token_ids[at],
             _metadata_for(sampling_metadata, others), **kw)
-    if tracker.guarded:
-        tracker.guard_step(out.cpu(), num_draft_tokens)
+    if tracker.guard.rows:
+        tracker.guard.step(out.cpu(), num_draft_tokens)
     return out
 
 
