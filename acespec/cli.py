@@ -182,7 +182,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     add_model_args(g)
     g.add_argument("--k", type=_positive_int, default=4, help="draft depth")
-    g.add_argument("--policy", choices=["fixed", "adaptive", "controller"], default="fixed", help="draft-depth policy")
+    g.add_argument("--policy", choices=["fixed", "adaptive", "controller"], default="fixed",
+                   help="draft-depth policy; controller prices K every round, down to plain steps where no block pays")
     add_sampling_args(g)
     g.add_argument("--no-spec", action="store_true", help="plain autoregressive decoding with the target (baseline)")
     g.add_argument("--json", action="store_true", help="print one JSON object (text, tokens, stats) instead of streaming")

@@ -542,3 +542,94 @@ def test_k_follows_a_link_that_switches_between_good_and_bad():
     k_slow = int(np.median(simulate(slow, accept=0.9, rounds=60, bytes_per_token=193.0, rtt=0.08, up_bps=64e3)[-20:]))
     assert k_slow <= k_fast - 2, (k_fast, k_slow)
     assert slow.snapshot()["up_bps"] == pytest.approx(64e3) and fast.snapshot()["up_bps"] == pytest.approx(5e6)
+
+
+# ------------------------------------------------------------------------------------------ plain steps (k_min = 0)
+
+STEP = 0.06  # a CPU target: every row of a pass costs about a step
+
+
+def _plain_capable(**kw):
+    return AdaptiveController(k_min=0, pass_budget=math.inf, prior_rtt_s=0.0, **kw)
+
+
+def test_plain_steps_where_no_block_pays_and_drafting_stays_rare():
+    """Rows that cost a step each: even at 0.9 acceptance a block emits fewer tokens per second than
+    plain steps, so the controller settles at K = 0. Short blocks still come back now and then (a
+    probe, or the verify fit forgetting its slope over ~50 plain steps), few enough that the run
+    keeps 98% of plain decoding's rate (99.0% here)."""
+    ctrl = _plain_capable()
+    drafted, seconds, tokens = [], 0.0, 0
+    rng = np.random.default_rng(0)
+    for r in range(4000):
+        k = ctrl.next_k()
+        acc = 0
+        while acc < k and rng.random() < 0.9:
+            acc += 1
+        ctrl.update(k, acc, verify_s=STEP * (1 + k), rtt_s=0.0, draft_s_per_token=0.02)
+        drafted.append(k)
+        if r >= 500:  # past the first blocks, priced on the priors
+            seconds += STEP * (1 + k) + 0.02 * k
+            tokens += acc + 1
+    assert ctrl.k == 0
+    assert 0 < sum(k > 0 for k in drafted[500:]) / len(drafted[500:]) < 0.02
+    assert tokens / seconds > 0.98 / STEP
+
+
+def test_a_probe_is_one_block_and_does_not_become_the_decision():
+    ctrl = _plain_capable(probe_every=4)
+    for _ in range(40):  # settle at K = 0
+        k = ctrl.next_k()
+        ctrl.update(k, k, verify_s=STEP * (1 + k), rtt_s=0.0, draft_s_per_token=0.02)
+    assert ctrl.k == 0
+    seen = []
+    for _ in range(200):
+        k = ctrl.next_k()
+        seen.append(k)
+        ctrl.update(k, k, verify_s=STEP * (1 + k), rtt_s=0.0, draft_s_per_token=0.02)
+        if k:
+            assert ctrl.next_k() == 0  # hysteresis holds the decision (0), not the probe's depth
+    assert 0 < sum(k > 0 for k in seen) < 10
+
+
+def test_plain_steps_end_when_blocks_pay_again():
+    """The target turns GPU-like (a row costs 3% of a step): the next probe measures it and the
+    controller drafts again, and its probes start again from the short gap."""
+    ctrl = _plain_capable(probe_gap_max=128)
+    switch = 600
+    cheap = lambda k: STEP * (1 + 0.03 * k)  # noqa: E731
+    dear = lambda k: STEP * (1 + k)  # noqa: E731
+    ks = simulate(ctrl, accept=0.9, rtt=0.0, rounds=switch, verify=dear)
+    assert ks[-1] == 0
+    ks = simulate(ctrl, accept=0.9, rtt=0.0, rounds=400, verify=cheap, seed=1)
+    first = next(i for i, k in enumerate(ks) if k >= 3)
+    assert first <= 128 + 20, ks[:200]
+    assert min(ks[first:]) >= 2
+
+
+def test_k_min_one_never_takes_a_plain_step():
+    """The edge's controller (k_min = 1): over a WAN a one-token round trip loses to cloud streaming,
+    so however dear its rows, it drafts."""
+    ctrl = AdaptiveController(pass_budget=math.inf)
+    ks = simulate(ctrl, accept=0.9, rtt=0.1, rounds=300, verify=lambda k: STEP * (1 + k))
+    assert min(ks) >= 1
+    assert make_policy("controller", 4).cfg.k_min == 1
+
+
+def test_probe_settings_are_validated():
+    for bad in ({"probe_every": 0}, {"probe_gap_max": 0}, {"probe_k": 0}):
+        with pytest.raises(ValueError, match="probe"):
+            AdaptiveConfig(**bad)
+
+
+@pytest.mark.parametrize("row_cost, drafts", [(1.0, False), (0.03, True)])
+def test_a_plain_step_pins_the_verify_line_before_depths_are_priced(row_cost, drafts):
+    """One block length cannot tell a step's cost from a row's, so the round after the first block
+    is a plain step; from then on the line is right, on a CPU-like target (no blocks) and a GPU-like
+    one (deep blocks) alike."""
+    ctrl = _plain_capable()
+    ks = simulate(ctrl, accept=0.9, rtt=0.0, rounds=30, verify=lambda k: STEP * (1 + row_cost * k))
+    assert ks[0] == 0
+    assert ctrl.verify.c0 == pytest.approx(STEP, rel=0.05)
+    assert ctrl.verify.c1 == pytest.approx(STEP * row_cost, rel=0.1)
+    assert (min(ks[1:]) >= 2 and ks[-1] >= 4) if drafts else (max(ks[1:]) == 0)

@@ -485,3 +485,51 @@ def test_a_dropped_block_does_not_doom_the_next_one_that_still_extends_the_commi
         loop._apply(loop.transport.recv(0.0))
     assert verifier.stats.dropped == 1  # N and the block after it were both verified
     assert loop.committed == PROMPT + t[: len(loop.committed) - n0]
+
+
+class _TimedToy(ToyModel):
+    """A toy drafter on a virtual clock: every row it evaluates costs one second."""
+
+    def __init__(self, **kw) -> None:
+        super().__init__(**kw)
+        self.now = 0.0
+
+    def _eval(self, new: list[int], want: int) -> np.ndarray:
+        self.now += len(new)
+        return super()._eval(new, want)
+
+
+def test_a_drafter_that_sat_out_plain_steps_reports_its_catching_up_apart():
+    """After K = 0 rounds the drafter reads the tokens committed meanwhile before it drafts; that
+    reading is `catchup_s`, and the loop's per-token drafting cost (what the depth controller prices)
+    leaves it out, so one return to drafting does not make every later draft token look dear."""
+    from acespec.draft.chain import ChainDrafter
+    from acespec.engine.records import InFlight
+    from acespec.engine.schedule import Scheduler
+    from acespec.verify import RuleSpec
+
+    model = _TimedToy(vocab=V, seed=3)
+    drafter = ChainDrafter(model, sampling=SamplingParams(0.0), rule=RuleSpec.parse("greedy"), clock=lambda: model.now)
+    ctx = list(PROMPT) * 4  # 12 tokens
+    d = drafter.draft(ctx, 3)  # reads 12 (the prompt), then two more rows for tokens 2 and 3
+    assert d.seconds == 14 and d.catchup_s == pytest.approx(11)
+    ctx = ctx + d.tokens + [5]  # all kept, plus the bonus: a drafter that kept up reads 2 tokens
+    d2 = drafter.draft(ctx, 3)
+    assert d2.seconds == 4 and d2.catchup_s == 0
+    ctx = ctx + d2.tokens + [7] + [1, 2, 3, 4, 5, 6, 7, 8]  # then 8 plain steps
+    d3 = drafter.draft(ctx, 3)
+    assert d3.seconds == 12 and d3.catchup_s == pytest.approx(10 * 9 / 10)
+
+    sched = Scheduler(LoopConfig(mode="sync"), LocalTransport(_verifier()), RunStats(), InFlight(), lambda: 0.0)
+    for blk in (d, d2, d3):
+        sched.drafted(len(blk.tokens), blk.seconds, blk.catchup_s)
+    assert sched.stats.draft_s == 30  # the run's drafting time keeps everything
+    assert sched.draft_s_per_token() == pytest.approx((30 - 11 - 9) / 9)
+
+
+def test_generate_with_the_controller_is_plain_greedy_text():
+    """`generate --policy controller` may take plain steps (k_min = 0) as well as blocks; the text is
+    plain greedy decoding's either way."""
+    ref = generate(TARGET, PROMPT, SpecConfig(rule="greedy", max_tokens=48, spec=False)).tokens
+    res = generate(TARGET, PROMPT, SpecConfig(rule="greedy", max_tokens=48, policy="controller"), draft=NEAR)
+    assert res.tokens == ref

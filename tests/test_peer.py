@@ -138,3 +138,30 @@ def test_summary_judges_equality_and_each_sides_best_k():
     assert res["plain_texts_equal"] == "1/1"
     report = peer.format_report(res)
     assert "NOT met" not in report and "[met: bar 1.3x]" in report
+
+
+def test_the_controller_row_is_reported_apart_from_the_best_fixed_k():
+    """`auto` (the depth controller, which may take plain steps) never counts as a side's best K: it
+    gets its own ratio and says how many of its passes verified drafts."""
+    cfg = peer.PeerConfig(ks=(3,), n_prompts=1, repeats=1)
+    plain = "abcdef"
+    auto = _sample("acespec", "auto", "p", plain, 100, 6.5, passes=96, drafted=8, accepted=4)
+    auto.blocks = 4
+    ss = [
+        _sample("llama.cpp", "plain", "p", plain, 100, 6.0),
+        _sample("llama.cpp", "k=3", "p", plain, 100, 9.0, passes=27, drafted=81, accepted=73),
+        _sample("acespec", "plain", "p", plain, 100, 6.2),
+        _sample("acespec", "k=3", "p", plain, 100, 9.1, passes=27, drafted=81, accepted=73),
+        auto,
+    ]
+    peer._mark_equal(ss)
+    res = peer.summarise(ss, cfg, draft_spec="d", target_spec="t")
+    assert res["best"] == {"llama.cpp": "k=3", "acespec": "k=3"}  # auto is faster, but not a fixed K
+    assert res["acespec_over_peer"] == pytest.approx(9.0 / 9.1, abs=1e-3)
+    assert res["auto_over_peer"] == pytest.approx(9.0 / 6.5, abs=1e-3)
+    assert res["rows"]["acespec auto"]["block_share"] == pytest.approx(4 / 96, abs=1e-3)
+    assert res["rows"]["acespec auto"]["equal_to_plain"] == "1/1"
+    report = peer.format_report(res)
+    assert "best K: acespec k=3 over llama.cpp k=3: 0.99x [NOT met: bar 1.3x]" in report
+    assert "acespec auto (the depth controller) over llama.cpp k=3: 1.39x [met: bar 1.3x]," in report
+    assert "drafts verified in 4.2% of its target passes" in report

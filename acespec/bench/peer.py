@@ -24,6 +24,12 @@ timings, AceSpec's `RunStats`; model loading is left out on both), the ratio to 
 decoding, tau (tokens per target pass: n_predict / (n_predict - n_accept) for llama.cpp, whose every
 pass adds one token of its own; emitted / rounds for AceSpec), the acceptance rate, and whether each
 output equals that side's plain greedy text. Then the best K of each side and their ratio.
+
+AceSpec also runs `auto`: `generate --policy controller`, which prices K every round from the passes
+it measures and takes a plain target step where no block pays (on a CPU whose verify rows cost nearly
+a step each, that is most rounds). It is reported on its own line, with the share of its passes that
+verified drafts, and never counts as the best K: it shows what a user of `generate` gets, not how fast
+AceSpec's blocks are.
 """
 
 from __future__ import annotations
@@ -64,6 +70,7 @@ class Sample:
     drafted: int = 0
     accepted: int = 0
     passes: int = 0  # target verify passes (0 for plain)
+    blocks: int = 0  # AceSpec: passes that verified drafts (the rest, under AUTO, were plain steps)
     equal: bool | None = None  # the text equals this side's plain greedy text (None for plain itself)
 
 
@@ -199,7 +206,7 @@ def run_peer(bins, cfg: PeerConfig, paths: tuple[Path, Path], prompt_id: str, pr
     if done.returncode != 0:
         tail = "\n".join(done.stderr.strip().splitlines()[-8:])
         raise PeerError(f"{Path(argv[0]).name} failed with exit status {done.returncode}:\n{tail}")
-    s = Sample("llama.cpp", "plain" if k is None else f"k={k}", prompt_id)
+    s = Sample("llama.cpp", config_name(k), prompt_id)
     if k is None:
         s.text, s.tokens, s.seconds = parse_plain(done.stdout, done.stderr)
     else:
@@ -222,8 +229,16 @@ class PeerConfig:
     timeout_s: float = 600.0  # one llama.cpp run longer than this is an error
 
 
-def configurations(ks) -> list[tuple[str, int | None]]:
-    return [(side, k) for side in ("llama.cpp", "acespec") for k in (None, *ks)]
+AUTO = "auto"  # AceSpec's depth controller (`generate --policy controller`): K priced every round, 0 = a plain step
+
+
+def configurations(ks) -> list[tuple[str, int | str | None]]:
+    """(side, k) per configuration: k None is plain decoding, AUTO the controller (AceSpec only)."""
+    return [(side, k) for side in ("llama.cpp", "acespec") for k in (None, *ks)] + [("acespec", AUTO)]
+
+
+def config_name(k: int | str | None) -> str:
+    return "plain" if k is None else (AUTO if k == AUTO else f"k={k}")
 
 
 def gguf_paths(draft_spec: str, target_spec: str) -> tuple[Path, Path]:
@@ -263,11 +278,14 @@ def run_bench(cfg: PeerConfig, bins, *, draft_spec: str, target_spec: str, progr
                         draft.reset()
                         target.reset()
                         ids = target.tokenizer.encode(text)
-                        sc = SpecConfig(rule="greedy", k=k or 0, max_tokens=cfg.max_tokens, spec=k is not None)
+                        auto = k == AUTO
+                        sc = SpecConfig(rule="greedy", k=4 if auto else (k or 0), max_tokens=cfg.max_tokens, spec=k is not None,
+                                        policy="controller" if auto else "fixed")
                         res = generate(target, ids, sc, draft=draft if k is not None else None)
                         st = res.stats
-                        s = Sample("acespec", "plain" if k is None else f"k={k}", pid, target.tokenizer.decode(res.tokens),
-                                   st.emitted, st.wall_s, st.drafted, st.accepted, st.rounds if k is not None else 0)
+                        s = Sample("acespec", config_name(k), pid, target.tokenizer.decode(res.tokens),
+                                   st.emitted, st.wall_s, st.drafted, st.accepted, st.rounds if k is not None else 0,
+                                   blocks=sum(1 for x in st.k_chosen if x > 0) if k is not None else 0)
                     samples.append(s)
                     if progress is not None:
                         print(f"peer: {len(samples)}/{total} {s.side} {s.config} {pid}: {s.tokens / max(s.seconds, 1e-9):.2f} tok/s "
@@ -292,7 +310,7 @@ def _mark_equal(samples: list[Sample]) -> None:
 def summarise(samples: list[Sample], cfg: PeerConfig, *, draft_spec: str, target_spec: str) -> dict:
     rows = {}
     for side, k in configurations(cfg.ks):
-        name = "plain" if k is None else f"k={k}"
+        name = config_name(k)
         ss = [s for s in samples if s.side == side and s.config == name]
         if not ss:
             continue
@@ -305,25 +323,30 @@ def summarise(samples: list[Sample], cfg: PeerConfig, *, draft_spec: str, target
             "tau": round(tok / passes, 3) if passes else None,
             "acceptance_rate": round(accepted / drafted, 4) if drafted else None,
             "equal_to_plain": f"{sum(eq)}/{len(eq)}" if eq else None,
+            "block_share": round(sum(s.blocks for s in ss) / passes, 3) if side == "acespec" and passes else None,
         }
     for row in rows.values():
         base = rows.get(f"{row['side']} plain")
         row["x_plain"] = round(row["tokens_per_s"] / base["tokens_per_s"], 3) if base and base["tokens_per_s"] else None
     best = {}
     for side in ("llama.cpp", "acespec"):
-        spec = [r for r in rows.values() if r["side"] == side and r["k"] is not None]
+        spec = [r for r in rows.values() if r["side"] == side and isinstance(r["k"], int)]  # fixed depths
         if spec:
             best[side] = max(spec, key=lambda r: r["tokens_per_s"])["config"]
     ratio = None
     if len(best) == 2:
         ratio = round(rows[f"acespec {best['acespec']}"]["tokens_per_s"] / rows[f"llama.cpp {best['llama.cpp']}"]["tokens_per_s"], 3)
+    auto = rows.get(f"acespec {AUTO}")
+    auto_ratio = None
+    if auto and "llama.cpp" in best:
+        auto_ratio = round(auto["tokens_per_s"] / rows[f"llama.cpp {best['llama.cpp']}"]["tokens_per_s"], 3)
     plain_same = None
     pl = {(s.prompt_id, s.side): s.text for s in samples if s.config == "plain"}
     pids = sorted({s.prompt_id for s in samples})
     if all((p, side) in pl for p in pids for side in ("llama.cpp", "acespec")):
         plain_same = f"{sum(pl[(p, 'acespec')] == pl[(p, 'llama.cpp')] for p in pids)}/{len(pids)}"
     return {"config": asdict(cfg), "models": {"draft": draft_spec, "target": target_spec}, "peer_version": peer_version(),
-            "rows": rows, "best": best, "acespec_over_peer": ratio, "plain_texts_equal": plain_same,
+            "rows": rows, "best": best, "acespec_over_peer": ratio, "auto_over_peer": auto_ratio, "plain_texts_equal": plain_same,
             "samples": [asdict(s) for s in samples]}
 
 
@@ -345,8 +368,15 @@ def format_report(res: dict) -> str:
         met = "met" if res["acespec_over_peer"] >= BAR else "NOT met"
         out.append(f"best K: acespec {b['acespec']} over llama.cpp {b['llama.cpp']}: {res['acespec_over_peer']:.2f}x "
                    f"[{met}: bar {BAR}x]")
+    if res.get("auto_over_peer") is not None:
+        r = res["rows"][f"acespec {AUTO}"]
+        met = "met" if res["auto_over_peer"] >= BAR else "NOT met"
+        out.append(f"acespec {AUTO} (the depth controller) over llama.cpp {res['best']['llama.cpp']}: {res['auto_over_peer']:.2f}x "
+                   f"[{met}: bar {BAR}x], {r['x_plain'] or 0:.2f}x its own plain decoding, drafts verified in "
+                   f"{100 * (r['block_share'] or 0):.1f}% of its target passes (the rest plain steps)")
     out.append("tok/s: every generated token over prompt processing + generation, by each side's own clock (model loading "
-               "left out); tau: tokens per target pass")
+               "left out); tau: tokens per target pass; auto: `acespec generate --policy controller`, which prices K every "
+               "round from the passes it measures and takes a plain step where no block pays")
     return "\n".join(out)
 
 

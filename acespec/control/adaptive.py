@@ -115,6 +115,20 @@ costs less than `pass_price` of the peak rate per unit of relative violation; wh
 no K keeps to it (E[K] <= 1 / (1 - a) whatever K is), and the bounded price stops K from running to
 k_max for a sliver fewer passes.
 
+Plain steps (k_min = 0)
+-----------------------
+Where a block costs more than it saves (a CPU target whose rows cost nearly a step each, or poor
+drafts), K = 0 wins: the round is a plain target step and the user is never slower than plain
+decoding. A plain step tests no draft position, so acceptance would freeze at its last estimate; so
+after `probe_every` plain steps one block of `probe_k` is drafted anyway (`next_k` returns it; the
+decision in force stays 0, so hysteresis does not hold the probe's depth). Each probe after which K
+stays at 0 doubles the gap, up to `probe_gap_max`, so on a target where drafting never pays probes
+cost a vanishing share of the run; a decision to draft resets it. (The verify fit also forgets a
+block's slope over ~1 / (1 - verify_forget) plain steps, so a short block comes back about that often
+and re-measures it: on a 2-core CPU about 1% of plain decoding's rate.) The drafter that sat out must
+read the tokens committed meanwhile before it drafts; `ChainDrafter` reports that reading apart
+(`DraftBlock.catchup_s`) and it is not charged to drafting's per-token cost.
+
 Early-stop threshold `min_conf`
 -------------------------------
 The drafter ends a block at a token with q(x) < min_conf. With `AdaptiveConfig.min_conf` set, that
@@ -141,7 +155,7 @@ __all__ = ["AdaptiveConfig", "AdaptiveController", "VerifyTimeFit", "expected_to
 class AdaptiveConfig:
     # -- decision space
     k_init: int = 4  # depth before the first verdict (clamped into [k_min, k_max])
-    k_min: int = 1  # never draft fewer tokens per block
+    k_min: int = 1  # never draft fewer tokens per block (0: a plain target step when no block pays)
     k_max: int = 16  # never draft more tokens per block
     b_max: int = 1  # largest branch fan-out considered; 1 = chains only
     pipelined: bool = False  # True: the round trip overlaps drafting the next block (cycle = max, not sum)
@@ -149,6 +163,9 @@ class AdaptiveConfig:
     auto_window: bool = False  # pipelined with a window covering the round trip: cycle = slowest stage + drains
     max_window: int = 8  # auto_window: most blocks the loop keeps in flight (LoopConfig.max_window)
     hysteresis: float = 0.02  # move off the current (K, B) only for a gain above this fraction of peak rate
+    probe_every: int = 32  # k_min = 0: after this many plain steps, one block of probe_k anyway ...
+    probe_gap_max: int = 1024  # ... each probe that leaves K at 0 doubles that gap, up to this
+    probe_k: int = 2  # how long a probe is
     # -- estimators
     accept_ema: float = 0.1  # weight of a new verdict in the per-position acceptance EMAs
     accept_shrink: float = 2.0  # pseudo-observations pulling a rarely seen position to the pooled acceptance
@@ -189,6 +206,9 @@ class AdaptiveConfig:
             raise ValueError(f"max_window must be >= 1, got {self.max_window}")
         if self.b_max < 1:
             raise ValueError(f"b_max must be >= 1, got {self.b_max}")
+        if self.probe_every < 1 or self.probe_gap_max < 1 or self.probe_k < 1:
+            raise ValueError(f"probe_every, probe_gap_max and probe_k must be >= 1, got "
+                             f"{self.probe_every}, {self.probe_gap_max}, {self.probe_k}")
         for name in ("accept_ema", "timing_ema"):
             if not 0.0 < getattr(self, name) <= 1.0:
                 raise ValueError(f"{name} must be in (0, 1], got {getattr(self, name)}")
@@ -332,10 +352,14 @@ class AdaptiveController(DepthPolicy):
         self.mu_mem = 0.0
         self.min_conf = self._min_conf()
         self._last: dict[str, float] = {}
+        self._probe = 0  # the probe's depth, for the next block only (0: none)
+        self._plain = 0  # plain steps since the last block with drafts
+        self._probe_gap = c.probe_every
+        self._plain_timed = False  # a plain step's time is in the verify fit
 
     # -- the DepthPolicy interface ----------------------------------------------------------------
     def next_k(self) -> int:
-        return self.k
+        return self._probe or self.k
 
     def next_fanout(self) -> int:
         return self.b
@@ -349,6 +373,7 @@ class AdaptiveController(DepthPolicy):
         if vs is not None:
             n = _num(obs.get("verify_tokens"))
             self.verify.add(float(drafted if n is None else n), vs)
+            self._plain_timed |= (drafted if n is None else n) == 0
         self._observe_timings(obs)
         self.rounds += 1
         # dual step at the decision in force, with the refreshed estimates; then re-plan
@@ -357,7 +382,24 @@ class AdaptiveController(DepthPolicy):
         self.mu_bw = min(c.mu_max, max(0.0, self.mu_bw + c.dual_step * g_bw))
         self.mu_mem = min(c.mu_max, max(0.0, self.mu_mem + c.dual_step * g_mem))
         self._plan()
+        self._schedule_probe(drafted)
         self.min_conf = self._min_conf()
+
+    def _schedule_probe(self, drafted: int) -> None:
+        """With K at 0, a short block every so often keeps acceptance measured (see the module doc)."""
+        c = self.cfg
+        if drafted:
+            self._probe = 0
+        if self.k > 0:
+            self._plain, self._probe_gap = 0, c.probe_every
+            return
+        if drafted:
+            return
+        self._plain += 1
+        if self._plain >= self._probe_gap:
+            self._probe = min(c.probe_k, c.k_max)
+            self._plain = 0
+            self._probe_gap = min(2 * self._probe_gap, max(c.probe_every, c.probe_gap_max))
 
     def observe(self, **obs: float) -> None:
         """Timing / network observations that come without a verdict (e.g. a PING's RTT)."""
@@ -480,6 +522,12 @@ class AdaptiveController(DepthPolicy):
         return L
 
     def _plan(self) -> None:
+        if self.cfg.k_min == 0 and not self._plain_timed:
+            # Blocks of one length cannot tell the fit a step's cost from a row's (it drew a flat line
+            # through a 4-token block, and a 13-token block cost 14 steps next). A plain step, which is
+            # the baseline anyway, pins the intercept.
+            self.k, self.b = 0, 1
+            return
         L = self.lagrangian()
         bi, k = np.unravel_index(int(np.argmax(L)), L.shape)  # first maximum: smallest B, then smallest K
         if L[bi, k] > L[self.b - 1, self.k] + self.cfg.hysteresis:
@@ -497,6 +545,7 @@ class AdaptiveController(DepthPolicy):
         k, bi = self.k, self.b - 1
         return {
             "k": self.k,
+            "probe": self._probe,
             "fanout": self.b,
             "min_conf": self.min_conf,
             "rounds": self.rounds,

@@ -60,9 +60,11 @@ DEFAULT_PASS_BUDGET = 0.25  # target verify passes per token the edge's controll
 
 
 def make_policy(spec: str, k: int, *, pipelined: bool = False, auto_window: bool = False,
-                pass_budget: float = DEFAULT_PASS_BUDGET, max_window: int = 8) -> DepthPolicy:
+                pass_budget: float = DEFAULT_PASS_BUDGET, max_window: int = 8, k_min: int = 1) -> DepthPolicy:
     """`fixed` / `adaptive` (the +2/-1 schedule) / `controller` (the cost-model controller; the keyword
-    arguments say how the loop runs and what the cloud grants, see `AdaptiveConfig`)."""
+    arguments say how the loop runs and what the cloud grants, see `AdaptiveConfig`; `k_min` = 0 lets
+    it take plain steps where no block pays, which only a loop with the target at hand should: over a
+    WAN a one-token round trip is slower than the cloud streaming alone)."""
     if spec == "fixed":
         return FixedDepth(k)
     if spec in ("adaptive", "plus2minus1"):
@@ -71,5 +73,5 @@ def make_policy(spec: str, k: int, *, pipelined: bool = False, auto_window: bool
         from acespec.control.adaptive import AdaptiveController  # noqa: PLC0415
 
         return AdaptiveController(k_init=max(1, k), pipelined=pipelined, auto_window=pipelined and auto_window,
-                                  pass_budget=pass_budget, max_window=max_window)
+                                  pass_budget=pass_budget, max_window=max_window, k_min=k_min)
     raise ValueError(f"unknown depth policy {spec!r}; choose fixed, adaptive or controller")

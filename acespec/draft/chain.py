@@ -25,6 +25,7 @@ class DraftBlock:
     conf: list[float] = field(default_factory=list)  # q(x) of each drafted token
     seconds: float = 0.0  # wall time spent drafting
     top: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)  # per position: (ids, q(ids)), best first
+    catchup_s: float = 0.0  # of `seconds`: reading committed tokens the drafter had not seen (after plain steps)
 
 
 class TokenPicker:
@@ -104,7 +105,14 @@ class ChainDrafter:
         if n <= 0:
             return DraftBlock([], None, [], 0.0)
         m = self.model.sync(context[:-1])
-        logits = self.model.eval(list(context[m:]), last=1)[-1]
+        fresh = list(context[m:])
+        t1 = self.clock()
+        logits = self.model.eval(fresh, last=1)[-1]
+        # A drafter that kept up reads at most two new tokens here (the bonus and the last draft). More
+        # means it sat out plain steps (a depth controller at K = 0): that reading is catching up, not
+        # drafting, and is reported apart so it does not price every later draft token (its share per
+        # token is taken as even; the last token's share stays with the draft).
+        catchup = (self.clock() - t1) * (len(fresh) - 1) / len(fresh) if len(fresh) > 2 else 0.0
         pos = len(context)
         while True:
             x, c, q, cand = self._choose(logits, pos, keep_top)
@@ -120,7 +128,7 @@ class ChainDrafter:
             logits = self.model.eval([x])[0]
         self.tokens_drafted += len(tokens)
         qarr = np.stack(rows) if keep_q else None
-        return DraftBlock(tokens, qarr, conf, self.clock() - t0, top=top)
+        return DraftBlock(tokens, qarr, conf, self.clock() - t0, top=top, catchup_s=catchup)
 
     def step_many(
         self, items: Sequence[tuple[int, Sequence[int]]], *, keep_top: int = 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -17,7 +18,7 @@ from acespec.verify import RuleSpec, SamplingParams
 class SpecConfig:
     rule: str = "greedy"  # verification rule spec, e.g. strict, coupled, cactus:delta=0.35
     k: int = 4  # draft depth (the starting depth for adaptive policies)
-    policy: str = "fixed"  # fixed | adaptive (+2/-1) | controller
+    policy: str = "fixed"  # fixed | adaptive (+2/-1) | controller (prices K, down to plain steps)
     temperature: float = 0.0  # 0 = greedy sampling
     top_k: int = 0  # 0 = off
     top_p: float = 1.0  # 1.0 = off
@@ -60,7 +61,10 @@ def generate(
         check_compatible(draft, target)
         drafter = ChainDrafter(draft, sampling=sp, rule=rule, seed=cfg.seed)
     if policy is None:
-        policy = make_policy(cfg.policy, cfg.k if drafter else 0)
+        # In one process there are no cloud passes to ration and no round trip to hide: the controller
+        # maximises tokens/s alone, and where no block pays (rows that cost nearly a step each, as on a
+        # 2-core CPU) it takes plain steps, so speculation never makes `generate` slower than plain.
+        policy = make_policy(cfg.policy, cfg.k if drafter else 0, pass_budget=math.inf, k_min=0)
     loop = SpecLoop(
         LocalTransport(verifier),
         prompt,

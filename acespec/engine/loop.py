@@ -243,7 +243,7 @@ class SpecLoop:
         if len(tokens) < k and self.drafter is not None:
             d = self.drafter.draft(self.spec + tokens, k - len(tokens), min_conf=self.min_conf,
                                    keep_top=self.cache.cfg.alternatives + 1)
-            self.scheduler.drafted(len(d.tokens), d.seconds)
+            self.scheduler.drafted(len(d.tokens), d.seconds, d.catchup_s)
             tokens += d.tokens
             top += d.top
             q = None if q is None or d.q is None else np.concatenate([q, d.q])
@@ -258,7 +258,7 @@ class SpecLoop:
         keep_top = self.cache.cfg.alternatives + 1 if self.cache is not None else 0
         d = self.drafter.draft(self.spec, k + overlap + extra, min_conf=self.min_conf, min_tokens=overlap + 1,
                                keep_top=keep_top)
-        self.scheduler.drafted(len(d.tokens), d.seconds)
+        self.scheduler.drafted(len(d.tokens), d.seconds, d.catchup_s)
         tokens, q, top = d.tokens, d.q, d.top
         if extra and len(tokens) == k + overlap + extra:
             self.planner.guesses[self.seq] = BonusGuess(tokens[-1], top[-1] if top else None)

@@ -39,16 +39,21 @@ class Scheduler:
         self.inflight = inflight
         self.clock = clock
         self.main_drafted = 0  # tokens drafted on the critical path (cache pre-drafts are timed by the cache)
+        self.catchup_s = 0.0  # of stats.draft_s: the drafter reading tokens committed by plain steps
 
     # -- what the edge measured -----------------------------------------------------------------
-    def drafted(self, tokens: int, seconds: float) -> None:
-        """A block (or the rest of a partly pre-drafted one) was drafted on the critical path."""
+    def drafted(self, tokens: int, seconds: float, catchup_s: float = 0.0) -> None:
+        """A block (or the rest of a partly pre-drafted one) was drafted on the critical path;
+        `catchup_s` of `seconds` went to reading tokens committed while it sat out (`DraftBlock`)."""
         self.stats.draft_s += seconds
         self.stats.draft_tokens += tokens
         self.main_drafted += tokens
+        self.catchup_s += catchup_s
 
     def draft_s_per_token(self) -> float | None:
-        return self.stats.draft_s / self.main_drafted if self.main_drafted else None
+        """What drafting one more token costs: catching up after plain steps is paid once per return
+        to drafting, not per token, so it is left out."""
+        return (self.stats.draft_s - self.catchup_s) / self.main_drafted if self.main_drafted else None
 
     def rtt(self) -> float | None:
         """The path's round trip: a verdict's delay minus verify time also holds queueing behind
