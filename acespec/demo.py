@@ -162,7 +162,8 @@ def _run(args: argparse.Namespace, children: ChildProcesses) -> int:
         edge_cpus, cloud_cpus = split_cpus(args.cores)
         print(f"[demo] starting the cloud verifier ({args.target}) ...", file=sys.stderr, flush=True)
         with on_cpus(cloud_cpus):
-            serve = children.start(py + ["serve", "--target", args.target, "--port", "0", "--token-file", str(token_file)], env)
+            serve = children.start(py + ["serve", "--target", args.target, "--port", "0", "--token-file", str(token_file),
+                                           "--no-prefix-reuse"], env)
         stack.enter_context(on_cpus(edge_cpus))
         m = wait_for_line(serve, r"listening on ([\d.]+):(\d+)", 300, "the cloud verifier")
         cloud_port = int(m.group(2))

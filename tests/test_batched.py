@@ -484,6 +484,29 @@ def test_a_closed_sessions_slot_is_kept_for_a_newcomer_with_its_prefix_and_goes_
     assert m["retained"] == 1 and m["retained_kv_tokens"] == 2  # the last session's prompt chunk, trimmed to it
 
 
+def test_with_prefix_reuse_off_every_session_prefills_its_whole_prompt():
+    """`reuse_prefixes=False` (`serve --no-prefix-reuse`, the benches that compare modes on one prompt):
+    a closed session's slot is freed, so the same prompt again prefills from nothing, and the text is
+    the same."""
+    engine = BatchedEngine(toy_target(n_slots=1), BatchConfig(slots=1, tick_tokens=16, prefill_chunk=8, reuse_prefixes=False))
+    base = list(range(1, 22))
+    specs = [spec(base, seed=0, max_tokens=10), spec(base, seed=1, max_tokens=10)]
+    solo = [solo_run(toy_target(), s, make_draft(i), 3, 8) for i, s in enumerate(specs)]
+
+    async def one_by_one():
+        out = []
+        for i, s in enumerate(specs):
+            out.append(await engine_run(engine, s, make_draft(i), 3, 8))
+            await asyncio.sleep(0.05)  # the CLOSE is served
+        return out
+
+    got = asyncio.run(with_engine(engine, one_by_one()))
+    assert got == solo
+    m = engine.metrics()
+    assert (m["prefix_reuses"], m["prefix_reused_tokens"], m["retained"], m["refused"]) == (0, 0, 0, 0)
+    assert engine.evaluated >= 2 * 20  # both prompts' prefills ran in full
+
+
 @pytest.mark.real
 def test_real_prefix_reuse_across_sessions_is_bit_identical(row_log):
     """The real target, one KV stream per slot: a session whose prompt a closed session's slot already

@@ -59,6 +59,7 @@ class BatchConfig:
     prefill_chunk: int | None = None  # prompts are prefilled in chunks this long, at fixed positions (None: min(64, tick_tokens))
     swap_idle_s: float = 2.0  # a session idle this long may lose its KV to a newcomer
     busy_prefill_chunks: int = 1  # prompt chunks a tick may take while blocks wait on it (the rest of the budget otherwise)
+    reuse_prefixes: bool = True  # keep a closed session's prompt KV for a newcomer with that prefix (benchmarks comparing modes on one prompt turn it off)
 
     def __post_init__(self) -> None:
         if self.slots is not None and self.slots < 1:
@@ -415,6 +416,9 @@ class BatchedEngine(VerifyEngine):
             return
         del self._holder[slot]
         s.slot = None
+        if not self.cfg.reuse_prefixes:
+            self.target.open_slot(slot)
+            return
         self._retained[slot] = (s.history, s.verifier.prompt_len)
         keep = self._reusable(slot, self._held_tokens(slot), s.verifier.prompt_len)
         if keep <= 0:

@@ -98,6 +98,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="batched: most tokens one batch evaluates; prompt prefill is chunked to fit (default 256)")
     p.add_argument("--swap-idle", type=float, default=2.0, metavar="S",
                    help="batched: a session idle this long may lose its KV to a newcomer (default 2 s)")
+    p.add_argument("--no-prefix-reuse", action="store_true",
+                   help="batched: every session prefills its whole prompt (by default a newcomer keeps the prompt KV "
+                        "a closed session with the same prefix left; `acespec demo` turns it off so every mode pays its own prefill)")
     p.add_argument("--logprobs", type=_positive_int, default=20,
                    help="vllm: target tokens returned per position, K (1..20; default 20): sampled coupled verdicts are "
                         "drawn over these, within the target mass outside them of the exact law (see docs)")
@@ -174,7 +177,8 @@ def engine_from_args(args: argparse.Namespace, target_spec: str):
     if kind == "toy":  # a toy's context and sequences are plain attributes: give it the budget asked for
         target.n_ctx = n_ctx
         target.n_slots = max(target.n_slots, slots)
-    return make_engine("batched", target, slots=slots, tick_tokens=args.tick_tokens, swap_idle_s=args.swap_idle)
+    return make_engine("batched", target, slots=slots, tick_tokens=args.tick_tokens, swap_idle_s=args.swap_idle,
+                       reuse_prefixes=not args.no_prefix_reuse)
 
 
 def _vllm_engine(args: argparse.Namespace, target_spec: str):
