@@ -118,20 +118,28 @@ k_max for a sliver fewer passes.
 Plain steps (k_min = 0)
 -----------------------
 Where a block costs more than it saves (a CPU target whose rows cost nearly a step each, or poor
-drafts), K = 0 wins: the round is a plain target step and the user is never slower than plain
-decoding. A plain step tests no draft position, so acceptance would freeze at its last estimate; so
-after `probe_every` plain steps one block of `probe_k` is drafted anyway (`next_k` returns it; the
-decision in force stays 0, so hysteresis does not hold the probe's depth). Each probe after which K
-stays at 0 doubles the gap, up to `probe_gap_max`, so on a target where drafting never pays probes
-cost a vanishing share of the run; a decision to draft, or a probe kept whole, resets it. Where even every draft token
-accepted could not make a block beat a plain step (`could_pay`, on the measured verify line and
-drafting cost), there is nothing for a probe to find, and none is sent. The verify fit ages plain
-steps and blocks apart (`VerifyTimeFit`), so a long run of plain steps keeps the row cost its blocks
-measured. A controller kept across generations (`generate(policy=...)`, as a long-running process
-would) starts the next one where the last left off: at K = 0 on such a machine, with no drafter
-prefill at all. The drafter that sat out must
-read the tokens committed meanwhile before it drafts; `ChainDrafter` reports that reading apart
-(`DraftBlock.catchup_s`) and it is not charged to drafting's per-token cost.
+drafts), K = 0 wins: the round is a plain target step, and the user is not slower than plain
+decoding. Only a loop with the target at hand should allow it (`generate`); over a WAN a one-token
+round trip loses to cloud streaming.
+
+* The round after the first block is a plain step: blocks of one length cannot tell the verify fit a
+  step's cost from a row's (it drew a flat line through a 4-token block, and a 13-token block that
+  cost 14 steps came next).
+* A plain step tests no draft position, so acceptance would freeze at its last estimate. After
+  `probe_every` plain steps one block of `probe_k` is drafted anyway: `next_k` returns it, while the
+  decision in force stays 0, so hysteresis does not hold the probe's depth. Each probe after which K
+  stays at 0 doubles the gap, up to `probe_gap_max`; a decision to draft, or a probe kept whole,
+  resets it.
+* No probe is sent where even every draft token accepted could not make a block beat a plain step
+  (`could_pay`: the cost model at acceptance 1, on the measured verify line and drafting cost): there
+  is nothing for it to find.
+* The verify fit ages plain steps and blocks apart (`VerifyTimeFit`), so a long run of plain steps
+  keeps the row cost that its blocks measured.
+* A controller kept across generations (`generate(policy=...)`, as a long-running process would keep
+  it) starts the next one where the last left off: at K = 0 on such a machine, with no drafter prefill.
+* A drafter that sat out plain steps must read the tokens committed meanwhile before it drafts;
+  `ChainDrafter` reports that reading apart (`DraftBlock.catchup_s`), and it is not charged to
+  drafting's per-token cost.
 
 Early-stop threshold `min_conf`
 -------------------------------
@@ -424,16 +432,11 @@ class AdaptiveController(DepthPolicy):
         """Whether some block could beat a plain step if every draft token were accepted (E = K + 1):
         once the verify line is measured at both ends and it says no, no acceptance can change that,
         so probing for acceptance is pure loss (a CPU whose rows cost nearly a step each)."""
-        if not self.verify.has_slope:
-            return True
         c = self.cfg
-        saved = (self._s.copy(), self._m.copy(), self._S, self._M, self._w0)
-        try:  # the same cost model, at acceptance 1 everywhere
-            self._s[:], self._m[:], self._S, self._M, self._w0 = 1.0, 1.0, 1.0, 1.0, 0.0
-            rate = self.evaluate()["rate"][0]
-        finally:
-            self._s, self._m, self._S, self._M, self._w0 = saved
-        return bool(np.max(rate[max(1, c.k_min):]) > rate[0] * (1.0 + c.hysteresis)) if c.k_max >= 1 else False
+        if not self.verify.has_slope or c.k_max < 1:
+            return c.k_max >= 1
+        rate = self.evaluate(accept=np.ones(c.k_max + 1))["rate"][0]
+        return bool(np.max(rate[1:]) > rate[0] * (1.0 + c.hysteresis))
 
     def observe(self, **obs: float) -> None:
         """Timing / network observations that come without a verdict (e.g. a PING's RTT)."""
@@ -489,11 +492,12 @@ class AdaptiveController(DepthPolicy):
         return np.clip(a, 0.0, 1.0)
 
     # -- the cost model -------------------------------------------------------------------------------
-    def evaluate(self) -> dict[str, np.ndarray]:
-        """rate, bw_use, mem_use, E[K], cycle over the grid [b-1, K] for K = 0..k_max, B = 1..b_max."""
+    def evaluate(self, accept: np.ndarray | None = None) -> dict[str, np.ndarray]:
+        """rate, bw_use, mem_use, E[K], cycle over the grid [b-1, K] for K = 0..k_max, B = 1..b_max;
+        `accept`: per-position acceptance to price with instead of the estimates."""
         c = self.cfg
         ks = np.arange(c.k_max + 1, dtype=float)
-        a = self.accept_estimates()
+        a = self.accept_estimates() if accept is None else np.asarray(accept, dtype=float)
         td, rtt, bpt, cbe = self._td.value, self._rtt.value, self._bpt.value, self._cbe.value
         hit = min(1.0, self._hit.value)
         up = self._up.value
@@ -557,10 +561,7 @@ class AdaptiveController(DepthPolicy):
 
     def _plan(self) -> None:
         if self.cfg.k_min == 0 and not self._plain_timed:
-            # Blocks of one length cannot tell the fit a step's cost from a row's (it drew a flat line
-            # through a 4-token block, and a 13-token block cost 14 steps next). A plain step, which is
-            # the baseline anyway, pins the intercept.
-            self.k, self.b = 0, 1
+            self.k, self.b = 0, 1  # a plain step pins the verify line's intercept first (module doc)
             return
         L = self.lagrangian()
         bi, k = np.unravel_index(int(np.argmax(L)), L.shape)  # first maximum: smallest B, then smallest K
