@@ -266,8 +266,7 @@ def run_wan_bench(draft, target, prompts: Sequence[tuple[str, list[int]]], cfg: 
 def _reset_cloud_model(cloud, timeout: float = 30.0) -> None:
     """Wait until the last session has closed: the batching engine (prefix reuse off) frees a closed
     session's KV sequence and clears it before the next session uses it, so every run starts from a
-    cold cache. (With reuse on, the 2026-12-04 validation's live cloud-only runs reached their first
-    token in 0.15 s against a 2.7 s prefill, and the simulator, which prefills, read 0.86x.)"""
+    cold cache (docs/design-notes.md: what reuse did to these comparisons)."""
     deadline = time.monotonic() + timeout
     while cloud.server.sessions and time.monotonic() < deadline:
         time.sleep(0.002)

@@ -123,8 +123,8 @@ decoding. Only a loop with the target at hand should allow it (`generate`); over
 round trip loses to cloud streaming.
 
 * The round after the first block is a plain step: blocks of one length cannot tell the verify fit a
-  step's cost from a row's (it drew a flat line through a 4-token block, and a 13-token block that
-  cost 14 steps came next).
+  step's cost from a row's (a flat line through one 4-token block prices a 13-token block as
+  cheap as a step).
 * A plain step tests no draft position, so acceptance would freeze at its last estimate. After
   `probe_every` plain steps one block of `probe_k` is drafted anyway: `next_k` returns it, while the
   decision in force stays 0, so hysteresis does not hold the probe's depth. Each probe after which K
@@ -287,7 +287,7 @@ class VerifyTimeFit:
     the prior line (p0, p1) as two pseudo-observations at n = 0 and n = N with weight rho. Plain steps
     (n = 0) and blocks (n > 0) each age only with their own kind: a controller taking plain steps
     keeps what its last blocks measured of a row's cost (aged by every step, a run of plain steps
-    forgot it within ~50 and brought back a block to re-measure, about 1% of a CPU run's rate)."""
+    forgot it within ~1 / (1 - forget) steps and brought a block back to re-measure it)."""
 
     def __init__(
         self, c0: float, c1: float, *, forget: float = 0.98, prior_weight: float = 1e-3, n_ref: float = 16.0
@@ -380,7 +380,6 @@ class AdaptiveController(DepthPolicy):
         self._probe = 0  # the probe's depth, for the next block only (0: none)
         self._plain = 0  # plain steps since the last block with drafts
         self._probe_gap = c.probe_every
-        self._plain_timed = False  # a plain step's time is in the verify fit
 
     # -- the DepthPolicy interface ----------------------------------------------------------------
     def next_k(self) -> int:
@@ -398,7 +397,6 @@ class AdaptiveController(DepthPolicy):
         if vs is not None:
             n = _num(obs.get("verify_tokens"))
             self.verify.add(float(drafted if n is None else n), vs)
-            self._plain_timed |= (drafted if n is None else n) == 0
         self._observe_timings(obs)
         self.rounds += 1
         # dual step at the decision in force, with the refreshed estimates; then re-plan
@@ -420,12 +418,14 @@ class AdaptiveController(DepthPolicy):
         if self.k > 0:
             self._plain, self._probe_gap = 0, c.probe_every
             return
-        if drafted or not self.could_pay():
-            return  # a probe would cost its block and the drafter's catching up, and could win nothing
+        if drafted:
+            return
         self._plain += 1
-        if self._plain >= self._probe_gap:
+        if self._plain < self._probe_gap:
+            return
+        self._plain = 0
+        if self.could_pay():  # else a probe would cost its block and the drafter's catching up, and win nothing
             self._probe = min(c.probe_k, c.k_max)
-            self._plain = 0
             self._probe_gap = min(2 * self._probe_gap, max(c.probe_every, c.probe_gap_max))
 
     def could_pay(self) -> bool:
@@ -560,7 +560,7 @@ class AdaptiveController(DepthPolicy):
         return L
 
     def _plan(self) -> None:
-        if self.cfg.k_min == 0 and not self._plain_timed:
+        if self.cfg.k_min == 0 and not self.verify.sw0:
             self.k, self.b = 0, 1  # a plain step pins the verify line's intercept first (module doc)
             return
         L = self.lagrangian()
