@@ -616,6 +616,32 @@ def test_bench_tenants_cells_over_the_wan_emulator_and_sampled_keep_cloud_only_t
     assert any(plain["outputs"][tr.id] != tr.tokens[:30] for tr in toy_traces[:4])  # sampled: not the greedy text
 
 
+@pytest.mark.parametrize("mode", ["acespec", "cloud-led"])
+def test_bench_tenants_replays_coupled_traces_at_their_seeds_with_the_coupled_drafters_acceptance(mode):
+    """Traces recorded coupled (`bench sim --record --temperature T`): each edge runs its trace's seed,
+    so every session commits the trace's sampled text, which is cloud-only's, and the replayed chains
+    are the coupled drafter's, which the target accepts (greedy chains along a sampled stream mostly
+    are not); edge-led modes replay exactly too."""
+    from acespec.bench.tenants import run_cell
+    from acespec.cloud.engine import make_engine
+    from acespec.sim.trace import record_prompt
+
+    rng = random.Random(3)
+    traces = []
+    for i in range(3):
+        prompt = [rng.randrange(V) for _ in range(rng.randint(3, 12))]
+        tr, _ = record_prompt(toy_target(), ToyModel(vocab=V, seed=1, noise=0.4, noise_seed=i), prompt, max_tokens=30,
+                              pid=f"toy/{i}", temperature=1.0, seed=10 + i)
+        traces.append(tr)
+    kw = dict(max_tokens=30, draft_s=0.001, cap_s=30, rule="coupled", temperature=1.0)
+    target = PassCostToy(vocab=V, seed=1) if mode == "cloud-led" else toy_target()  # a pass with a GPU's fixed cost
+    r = run_cell(make_engine("batched", target), traces, mode, 3, **kw)
+    plain = run_cell(make_engine("batched", toy_target()), traces, "cloud-only", 3, **kw)
+    assert not r["errors"] and not plain["errors"]
+    assert r["outputs"] == plain["outputs"] == {tr.id: tr.tokens for tr in traces}
+    assert r["passes_per_token"] < (0.8 if mode == "acespec" else 1.0)
+
+
 def _row(mode, n, rtt, per_s, outputs, passes=1.0):
     return {"engine": "batched", "mode": mode, "n": n, "rtt_ms": rtt, "per_session_tok_s": per_s, "passes_per_token": passes,
             "outputs": outputs}
@@ -643,11 +669,17 @@ def test_the_never_slower_grid_names_the_worst_cell_and_counts_tokens_that_diffe
 
 def test_bench_tenants_cli_refuses_bad_arguments(tmp_path, capsys):
     from acespec.cli import main
+    from acespec.sim.trace import TraceSet, record_prompt
+
+    tr, _ = record_prompt(toy_target(), toy_target(noise=0.4, noise_seed=1), [1, 2, 3], max_tokens=8, temperature=1.0, seed=0)
+    coupled = TraceSet([tr], rule="coupled", temperature=1.0).save(tmp_path / "coupled.json")
 
     for argv, msg in ((["--n", "0"], ">= 1"), (["--n", "x"], "integers"), (["--modes", "warp"], "unknown mode"),
                       (["--traces", str(tmp_path / "none.json")], "no trace file"), (["--cap", "0"], "--cap"),
                       (["--rtt", "fast"], "--rtt"), (["--temperature", "-1"], "--temperature"),
                       (["--temperature", "0.8"], "cloud-led and cloud-only modes only"),
+                      (["--temperature", "0.5", "--traces", str(coupled)], "replay it with --temperature 1"),
+                      (["--traces", str(coupled)], "replay it with --temperature 1"),
                       (["--engine", "vllm", "--temperature", "0.8"], "not yet available with --engine vllm"),
                       (["--engine", "vllm", "--rtt", "slow"], "--rtt")):
         rc = main(["bench", "tenants", *argv])

@@ -472,6 +472,61 @@ def test_recorded_trace_matches_what_the_engine_accepts(noise, k):
     assert sim.stats.accepted == sum(rec.rounds)
 
 
+@pytest.mark.parametrize("k", [4, 2])
+def test_a_coupled_trace_holds_the_sampled_text_and_what_the_engine_accepts_for_its_seed(k, tmp_path):
+    """At T > 0 the trace is the coupled stream of one seed (cloud-only's text for that seed) and the
+    drafter's coupled choices along it: the engine accepts min(a_j, K) every round, and replaying the
+    greedy trace's chain instead would be right far less often along that stream."""
+    from acespec.engine import SpecConfig, generate
+    from acespec.models.toy import ToyModel
+
+    target = lambda: ToyModel(vocab=64, seed=1)  # noqa: E731
+    drafter = lambda: ToyModel(vocab=64, seed=1, noise=0.7, noise_seed=9)  # noqa: E731
+    prompt = [3, 1, 4, 1, 5]
+    tr, _ = record_prompt(target(), drafter(), prompt, max_tokens=80, k=4, temperature=1.0, seed=5)
+    assert tr.seed == 5 and tr.n == 80 and tr.engine_agreement() == 1.0
+    cloud_only = generate(target(), prompt, SpecConfig(rule="coupled", temperature=1.0, seed=5, max_tokens=80, spec=False))
+    assert list(cloud_only.tokens) == tr.tokens
+    greedy, _ = record_prompt(target(), drafter(), prompt, max_tokens=80, k=4)
+    assert tr.tokens != greedy.tokens  # sampled, not the greedy text
+
+    rounds = []
+
+    class Rec:
+        min_conf = None
+
+        def next_k(self):
+            return k
+
+        def update(self, drafted, accepted, **obs):
+            rounds.append(accepted)
+
+    res = generate(target(), prompt, SpecConfig(rule="coupled", temperature=1.0, seed=5, k=k, max_tokens=80),
+                   draft=drafter(), policy=Rec())
+    assert list(res.tokens) == tr.tokens
+    assert rounds == predicted_rounds(tr.accept, tr.n, [k] * len(rounds))
+    assert 0 < sum(rounds) < tr.n
+    # the greedy chain along the sampled stream: right where the drafter's argmax is the sampled token
+    greedy_hits = sum(r == 0 for r in acceptance_from_logits(tr.tokens, _teacher_forced(drafter(), prompt, tr.tokens))[1])
+    assert sum(r == 0 for r in tr.rank) > greedy_hits
+
+    ts = TraceSet([tr], "d", "t", rule="coupled", temperature=1.0)
+    back = TraceSet.load(ts.save(tmp_path / "c.json"))
+    assert back.rule == "coupled" and back.temperature == 1.0 and back.prompts[0].seed == 5
+    bad = ts.to_json()
+    bad["temperature"] = 0.0
+    with pytest.raises(ValueError, match="coupled"):
+        TraceSet.from_json(bad)
+    bad = ts.to_json()
+    bad["prompts"][0]["seed"] = None
+    with pytest.raises(ValueError, match="seed"):
+        TraceSet.from_json(bad)
+
+
+def _teacher_forced(drafter, prompt, y):
+    return drafter.eval(list(prompt) + list(y[:-1]), last=len(y))
+
+
 def test_trace_file_roundtrip(tmp_path):
     tr = random_trace(50, 0.6)
     ts = TraceSet([tr], "d", "t", timings={"draft_s_per_token": 0.03, "verify_s": [0.08, 0.09, 0.1]})

@@ -81,6 +81,10 @@ def add_parser(bench_subparsers: argparse._SubParsersAction) -> argparse.Argumen
                      help="--record: HumanEval problems (default; code, high acceptance) or ShareGPT first user turns "
                           "(chat, low acceptance; the bundled dataset package, seeded shuffle)")
     rec.add_argument("--max-tokens", type=_pos_int, help="tokens per generation (default 96; --validate: 64)")
+    rec.add_argument("--temperature", type=_nonneg, default=0.0,
+                     help="--record: 0 (default) records greedy traces; > 0 records coupled ones at this temperature, "
+                          "prompt i at session seed i (the seed `bench tenants` gives its i-th edge), so replayed edges "
+                          "draft what a coupled drafter would")
     rec.add_argument("--out", help=f"trace file to write (default {DEFAULT_DIR}/DATASET-nN-tT-STAMP.json)")
     rec.add_argument("--prompt-style", choices=["sim", "eval"], default="sim",
                      help="sim: 'Complete this Python function: ...' (default); eval: the eval harness / bench wan "
@@ -149,6 +153,8 @@ def _modes(text: str) -> list[str]:
 
 # ------------------------------------------------------------------------------------------ commands
 def cmd_bench_sim(args: argparse.Namespace) -> int:
+    if args.temperature and not args.record:
+        raise ValueError("--temperature applies to --record (a replay takes the temperature its trace was recorded at)")
     if args.record:
         return _record(args)
     if args.validate:
@@ -166,7 +172,8 @@ def _record(args) -> int:
     if args.dataset == "sharegpt" and args.prompt_style == "eval":
         raise ValueError("--prompt-style eval is HumanEval's template; ShareGPT prompts are chat turns already")
     stamp = time.strftime('%Y%m%d-%H%M%S')
-    out = Path(args.out) if args.out else DEFAULT_DIR / f"{args.dataset}-n{args.n_prompts}-t{args.max_tokens}-{stamp}.json"
+    temp = f"-T{args.temperature:g}" if args.temperature else ""
+    out = Path(args.out) if args.out else DEFAULT_DIR / f"{args.dataset}-n{args.n_prompts}-t{args.max_tokens}{temp}-{stamp}.json"
     texts = dataset_prompts(args.dataset, args.n_prompts)
     t0 = time.perf_counter()
     target = load_model(args.target, n_ctx=args.n_ctx)
@@ -180,7 +187,7 @@ def _record(args) -> int:
             prompts = [(pid, list(target.tokenizer.chat_prompt([{"role": "user", "content": text}])))
                        for pid, text in texts]
         ts = record_traces(target, draft, prompts, max_tokens=args.max_tokens, k=4, timings=not args.no_timings,
-                           progress=lambda s: print(s, file=sys.stderr))
+                           progress=lambda s: print(s, file=sys.stderr), temperature=args.temperature)
     finally:
         draft.close()
         target.close()

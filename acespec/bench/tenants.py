@@ -10,7 +10,9 @@ time before sending it, so the cores go to the cloud as they would with real dev
 Replaying a greedy trace is exact (see `sim/trace.py`): the drafter's greedy chain from committed
 position s is the trace's target output `y` for the first `a_s` positions and wrong after that, so a
 replayed block is accepted exactly as the real drafter's would be; a pipelined block carries its
-guessed bonus as the first token, right iff the chain still holds there.
+guessed bonus as the first token, right iff the chain still holds there. A coupled trace (`bench sim
+--record --temperature T`) is exact the same way for its prompts' seeds: each edge then runs its
+trace's seed, streams the trace's `y`, and its chain is the drafter's coupled choices.
 
 Modes: `acespec` (pipelined, 2 blocks in flight, K = 4), `sync` (stop-and-wait), `cloud-only` (the
 cloud generates and streams). Engines: `batched` (the default `acespec serve`) and `serial` (the old
@@ -20,7 +22,9 @@ between streamed tokens), target passes per token, and the KV memory the engine 
 
 The never-slower grid (the cloud-led bar): `--rtt 0,100,250` runs every cell at each RTT through the
 WAN emulator (`net/wan.py`, the `wan` profile with that RTT), `--temperature T` makes the sessions
-coupled at T (cloud-led and cloud-only only: a replayed edge-led block is exact only for greedy), and
+coupled at T (with greedy traces cloud-led and cloud-only only, whose chain is then the greedy one,
+which the sampled stream leaves; with traces recorded coupled at T every mode, each chain the
+drafter's coupled one), and
 `--repeats R` runs each cell R times with the modes interleaved run by run. The report then ends with
 cloud-led's per-session tok/s against cloud-only's in every (RTT, N) cell, the worst cell, and how many
 texts differ from cloud-only's:
@@ -89,7 +93,8 @@ class ReplayEdge:
     def __init__(self, port: int, trace, mode: str, *, rule: str, temperature: float, seed: int, max_tokens: int,
                  draft_s: float, model_id: str, vocab: int, deadline: float, auth: bytes = b"") -> None:
         self.port, self.tr, self.mode = port, trace, mode
-        self.rule, self.temperature, self.seed = rule, temperature, seed
+        # a coupled trace holds the text and the drafter's choices of one seed: the session runs that one
+        self.rule, self.temperature, self.seed = rule, temperature, seed if trace.seed is None else trace.seed
         self.max_tokens = max_tokens
         self.draft_s = draft_s
         self.model_id, self.vocab = model_id, vocab
@@ -99,7 +104,8 @@ class ReplayEdge:
         self.P = len(trace.prompt_tokens)
         self.run = EdgeRun(trace.id)
 
-    # the drafter's greedy chain from committed position s (absolute): right for a_s tokens, then wrong
+    # the drafter's chain (greedy, or coupled for a coupled trace) from committed position s (absolute):
+    # right for a_s tokens, then wrong
     def chain(self, s: int, q: int) -> int:
         j, i = s - self.P, q - self.P
         if 0 <= j < len(self.y) and 0 <= i < len(self.y) and i - j < self.tr.accept[j]:
@@ -527,9 +533,6 @@ def cmd_tenants(args) -> int:
     if not args.temperature >= 0:
         raise ValueError("--temperature must be >= 0")
     rule = "greedy" if args.temperature == 0 else "coupled"
-    if args.temperature and (set(modes) - {"cloud-led", "cloud-only"} or serial_ns and serial_modes or shared_ns or args.invariance):
-        raise ValueError("--temperature > 0 runs the cloud-led and cloud-only modes only (a replayed edge-led block is "
-                         "exact only for greedy): give --modes cloud-led,cloud-only --serial-modes '' --shared-n '' --invariance 0")
     if args.invariance < 0:
         raise ValueError("--invariance must be >= 0")
     if not args.cap > 0:
@@ -537,6 +540,17 @@ def cmd_tenants(args) -> int:
     path = Path(args.traces)
     ts = bundled_traces(args.traces)
     traces = ts.prompts
+    if ts.rule == "coupled" and args.temperature != ts.temperature:
+        raise ValueError(f"{args.traces} was recorded coupled at T = {ts.temperature:g}, each prompt at its own seed: "
+                         f"replay it with --temperature {ts.temperature:g}")
+    if args.temperature and ts.rule == "greedy" and (
+            set(modes) - {"cloud-led", "cloud-only"} or serial_ns and serial_modes or shared_ns or args.invariance):
+        raise ValueError("--temperature > 0 with greedy traces runs the cloud-led and cloud-only modes only (a replayed "
+                         "edge-led block is exact only for the rule its trace was recorded with): give --modes "
+                         "cloud-led,cloud-only --serial-modes '' --shared-n '' --invariance 0, or traces recorded with "
+                         "`bench sim --record --temperature T`")
+    if ts.rule == "coupled" and args.invariance:
+        raise ValueError("--invariance draws its own seeds; run it with greedy traces (--invariance 0 here)")
     draft_s = args.draft_ms / 1e3 if args.draft_ms is not None else float(ts.timings.get("draft_s_per_token", 0.03))
     if not draft_s >= 0:
         raise ValueError("--draft-ms must be >= 0")
@@ -547,7 +561,7 @@ def cmd_tenants(args) -> int:
     slots = max(ns + shared_ns + [args.invariance])
     result = {"command": "acespec bench tenants " + " ".join(sys.argv[3:]), "traces": str(path), "draft_s_per_token": draft_s,
               "max_tokens": args.max_tokens, "k": K, "window": WINDOW, "tick_tokens": args.tick_tokens, "rtts_ms": rtts,
-              "temperature": args.temperature, "rule": rule, "repeats": args.repeats}
+              "temperature": args.temperature, "rule": rule, "trace_rule": ts.rule, "repeats": args.repeats}
     edge_kw = dict(draft_s=draft_s, cap_s=args.cap, rule=rule, temperature=args.temperature)
 
     def cells(kind: str, cell_ns: list[int], cell_modes: list[str]) -> None:

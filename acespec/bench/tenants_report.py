@@ -72,7 +72,9 @@ def report(result: dict) -> str:
     rows = result["rows"]
     out = [f"=== acespec bench tenants: {len(rows)} cells; {result['max_tokens']} tokens per session, K = {result.get('k', 4)}, "
            f"drafting {1e3 * result['draft_s_per_token']:.1f} ms/token (replayed), tick budget {result['tick_tokens']} tokens, "
-           f"{result.get('rule', 'greedy')}" + (f" at T = {result['temperature']:g}" if result.get("temperature") else "") + " ===",
+           f"{result.get('rule', 'greedy')}" + (f" at T = {result['temperature']:g}" if result.get("temperature") else "")
+           + (f", replaying the drafter's {result['trace_rule']} chains" if result.get("temperature") and result.get("trace_rule") else "")
+           + " ===",
            f"{'engine':8s} {'mode':10s} {'N':>3s} {'RTT ms':>6s} {'agg tok/s':>10s} {'tok/s/sess':>10s} {'first s':>8s} {'p50 s':>7s} {'p99 s':>7s} "
            f"{'passes/tok':>10s} {'KV peak MB':>10s} {'KV alloc MB':>11s} {'capped':>6s} {'sess/ceil':>9s}"]
     for r in rows:

@@ -22,6 +22,14 @@ The recording run's own rounds (drafted, accepted) are stored too, and checked a
 
 A trace file also carries timings measured on this machine through the real code paths (ChainDrafter.draft,
 TargetVerifier.verify), for the `cpu-here` device profile.
+
+Coupled mode (`temperature` > 0) is exact in the same way, for one session seed per prompt: `y` is the
+target's coupled sample (the text cloud-only streams for that seed), and the drafter's choice at
+absolute position P + j is argmax(log q_j + g(seed, P + j)), q_j its teacher-forced row at that
+temperature, which is what a live edge's `ChainDrafter` picks there. A drafted token is accepted iff
+it equals y's, so a_j counts the consecutive positions where the drafter's coupled choice is y's, and
+rank ranks y's token by the same perturbed scores. A replayed edge then drafts what a real coupled
+drafter would have drafted, not the greedy chain, which the sampled stream leaves after a few tokens.
 """
 
 from __future__ import annotations
@@ -45,7 +53,8 @@ TRACE_VERSION = 1
 TOP_Q = 4  # drafter probabilities kept per position (argmax + 3 alternatives, what the cache considers)
 
 __all__ = [
-    "PromptTrace", "TraceSet", "acceptance_from_logits", "record_prompt", "measure_timings", "record_traces", "system_load",
+    "PromptTrace", "TraceSet", "acceptance_from_logits", "coupled_acceptance", "record_prompt", "measure_timings",
+    "record_traces", "system_load",
     "dataset_prompts", "humaneval_prompts", "predicted_rounds", "TRACE_VERSION",
 ]
 
@@ -62,6 +71,7 @@ class PromptTrace:
     engine_k: int = 4  # draft depth of the recording run
     engine_rounds: list[list[int]] = field(default_factory=list)  # (drafted, accepted) per round of that run
     prompt_tokens: list[int] = field(default_factory=list)  # the prompt's ids (for wire sizes)
+    seed: int | None = None  # coupled traces: the session seed of y and of the drafter's choices (None: greedy)
 
     @property
     def n(self) -> int:
@@ -93,14 +103,15 @@ class TraceSet:
     prompts: list[PromptTrace]
     drafter: str = ""
     target: str = ""
-    rule: str = "greedy"
+    rule: str = "greedy"  # greedy, or coupled (each prompt at its own seed)
     timings: dict = field(default_factory=dict)  # measured here: see `measure_timings`
     meta: dict = field(default_factory=dict)  # where / when / how it was recorded
+    temperature: float = 0.0  # the sampling temperature of a coupled trace (0: greedy)
 
     def to_json(self) -> dict:
         return {
             "format": TRACE_FORMAT, "version": TRACE_VERSION, "drafter": self.drafter, "target": self.target,
-            "rule": self.rule, "timings": self.timings, "meta": self.meta,
+            "rule": self.rule, "temperature": self.temperature, "timings": self.timings, "meta": self.meta,
             "prompts": [asdict(p) for p in self.prompts],
         }
 
@@ -121,7 +132,13 @@ class TraceSet:
         prompts = [PromptTrace(**p) for p in d["prompts"]]
         for p in prompts:
             p.validate()
-        return cls(prompts, d.get("drafter", ""), d.get("target", ""), d.get("rule", "greedy"), d.get("timings") or {}, d.get("meta") or {})
+        rule, temperature = d.get("rule", "greedy"), float(d.get("temperature", 0.0))
+        if rule not in ("greedy", "coupled") or (rule == "coupled") != (temperature > 0):
+            raise ValueError(f"trace rule {rule!r} at temperature {temperature}: expected greedy at 0 or coupled above it")
+        if rule == "coupled" and any(p.seed is None for p in prompts):
+            raise ValueError("a coupled trace needs every prompt's seed")
+        return cls(prompts, d.get("drafter", ""), d.get("target", ""), rule, d.get("timings") or {}, d.get("meta") or {},
+                   temperature)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "TraceSet":
@@ -168,6 +185,37 @@ def acceptance_from_logits(y: Sequence[int], logits: np.ndarray, top: int = TOP_
     return accept, [int(r) for r in rank], top_q
 
 
+def coupled_acceptance(y: Sequence[int], logits: np.ndarray, *, temperature: float, seed: int, start_pos: int,
+                       top: int = TOP_Q):
+    """(a_j, rank_j, top-q_j) of a coupled drafter: row j (absolute position start_pos + j) gives q_j at
+    `temperature`, the drafter picks argmax(log q_j + g(seed, start_pos + j)) as a live edge does, and
+    rank_j ranks y[j] by those perturbed scores (0: the drafter's pick is y's token)."""
+    from acespec.verify import SamplingParams, gumbel_noise, probs_from_logits
+
+    y = np.asarray(y, dtype=np.int64)
+    n = len(y)
+    rows = np.asarray(logits, dtype=np.float64)[:n]
+    if rows.shape[0] != n:
+        raise ValueError(f"need {n} logit rows, got {rows.shape[0]}")
+    if n == 0:
+        return [], [], []
+    q = probs_from_logits(rows, SamplingParams(temperature=temperature))  # [n, V]
+    rank = []
+    with np.errstate(divide="ignore"):
+        for j in range(n):
+            score = np.log(q[j]) + gumbel_noise(seed, start_pos + j, q.shape[1])  # [V]
+            rank.append(int((score > score[y[j]]).sum()))
+    accept = [0] * n
+    run = 0
+    for j in range(n - 1, -1, -1):
+        run = run + 1 if rank[j] == 0 else 0
+        accept[j] = run
+    m = min(top, q.shape[1])
+    idx = np.argpartition(-q, m - 1, axis=1)[:, :m]
+    tq = -np.sort(-np.take_along_axis(q, idx, axis=1), axis=1)
+    return accept, rank, [[round(float(v), 6) for v in row] for row in tq]
+
+
 def predicted_rounds(accept: Sequence[int], n: int, drafted: Sequence[int], engine_accepted: Sequence[int] | None = None) -> list[int]:
     """What a sync greedy run accepts round by round, from the trace: min(a_j, K, budget left).
 
@@ -202,17 +250,23 @@ class _RecordingPolicy:
 
 
 def record_prompt(target, drafter, prompt: Sequence[int], *, max_tokens: int, k: int = 4, pid: str = "",
-                  stop_ids: frozenset[int] | None = None) -> tuple[PromptTrace, dict]:
-    """Record one prompt: the engine's greedy output y, then one teacher-forced drafter pass over prompt + y.
+                  stop_ids: frozenset[int] | None = None, temperature: float = 0.0,
+                  seed: int = 0) -> tuple[PromptTrace, dict]:
+    """Record one prompt: the engine's output y (greedy, or coupled at `temperature` > 0 with `seed`), then
+    one teacher-forced drafter pass over prompt + y.
 
     Returns the trace and {'draft_prefill_s_per_token': ..., 'generate_s': ...} timings of this prompt."""
     from acespec.engine import SpecConfig, generate
 
+    if not temperature >= 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    coupled = temperature > 0
     prompt = [int(t) for t in prompt]
     policy = _RecordingPolicy(k)
     t0 = time.perf_counter()
-    res = generate(target, prompt, SpecConfig(rule="greedy", k=k, max_tokens=max_tokens, stop_ids=stop_ids),
-                   draft=drafter, policy=policy)
+    cfg = SpecConfig(rule="coupled" if coupled else "greedy", k=k, max_tokens=max_tokens, stop_ids=stop_ids,
+                     temperature=temperature, seed=seed)
+    res = generate(target, prompt, cfg, draft=drafter, policy=policy)
     gen_s = time.perf_counter() - t0
     y = [int(t) for t in res.tokens]
     # teacher-forced drafter pass: rows for inputs at positions P-1 .. P+n-2 predict y_0 .. y_{n-1}
@@ -221,11 +275,15 @@ def record_prompt(target, drafter, prompt: Sequence[int], *, max_tokens: int, k:
     t1 = time.perf_counter()
     logits = drafter.eval(full[:-1] if y else full, last=len(y)) if y else np.zeros((0, drafter.vocab_size))
     tf_s = time.perf_counter() - t1
-    accept, rank, top_q = acceptance_from_logits(y, logits)
+    if coupled:
+        accept, rank, top_q = coupled_acceptance(y, logits, temperature=temperature, seed=seed, start_pos=len(prompt))
+    else:
+        accept, rank, top_q = acceptance_from_logits(y, logits)
     eos = target.tokenizer.eos_ids if stop_ids is None else stop_ids
     tr = PromptTrace(
         id=pid, prompt_len=len(prompt), tokens=y, accept=accept, rank=rank, top_q=top_q,
         finished=bool(y) and y[-1] in eos, engine_k=k, engine_rounds=policy.rounds, prompt_tokens=prompt,
+        seed=seed if coupled else None,
     )
     tr.validate()
     n_eval = max(1, len(full) - 1)
@@ -389,12 +447,16 @@ def dataset_prompts(dataset: str, n: int) -> list[tuple[str, str]]:
 
 def record_traces(target, drafter, prompts: Sequence[tuple[str, list[int]]], *, max_tokens: int, k: int = 4,
                   timings: bool = True, progress: Callable[[str], None] | None = None,
-                  stop_ids: frozenset[int] | None = None) -> TraceSet:
-    """Record every prompt (id, token ids), then measure this machine's timings at the first one's context."""
+                  stop_ids: frozenset[int] | None = None, temperature: float = 0.0, seed: int = 0) -> TraceSet:
+    """Record every prompt (id, token ids), then measure this machine's timings at the first one's context.
+
+    At `temperature` > 0 the i-th prompt is recorded coupled at seed `seed` + i, the seed `bench tenants`
+    gives its i-th edge, so a replayed session streams the text the trace holds."""
     say = progress or (lambda s: None)
     traces, extra = [], []
-    for pid, ids in prompts:
-        tr, t = record_prompt(target, drafter, ids, max_tokens=max_tokens, k=k, pid=pid, stop_ids=stop_ids)
+    for i, (pid, ids) in enumerate(prompts):
+        tr, t = record_prompt(target, drafter, ids, max_tokens=max_tokens, k=k, pid=pid, stop_ids=stop_ids,
+                              temperature=temperature, seed=seed + i)
         traces.append(tr)
         extra.append(t)
         acc = float(np.mean([min(a, k) for a in tr.accept])) if tr.n else 0.0
@@ -419,4 +481,5 @@ def record_traces(target, drafter, prompts: Sequence[tuple[str, list[int]]], *, 
         "threads": os.environ.get("ACESPEC_THREADS", str(os.cpu_count())), "max_tokens": max_tokens, "k": k,
         "engine_agreement": [round(t.engine_agreement(), 4) for t in traces],
     }
-    return TraceSet(traces, getattr(drafter, "name", ""), getattr(target, "name", ""), "greedy", tim, meta)
+    return TraceSet(traces, getattr(drafter, "name", ""), getattr(target, "name", ""),
+                    "coupled" if temperature > 0 else "greedy", tim, meta, temperature)
