@@ -7,6 +7,8 @@ passes of 5 and 14 rows (every row asked for), medians of a few interleaved repe
     .venv/bin/python scripts/exact_passes_cost.py [--threads 2] [--context 330] [--reps 3]
 
 Settings: `exact` (LlamaCppModel's default: flash attention, asked-for rows in passes of at most 7),
+`exact-auto-steps` (the same with ACESPEC_STEP_THREADS=auto: one-token passes from position 256 on on
+one thread, exact on several threads too; what that costs),
 `loose` (ACESPEC_EXACT_PASSES=0: llama.cpp's own kernels and pass shapes), and the two llama.cpp
 switches that would also give exact rows, for comparison: `tiled-off` (GGML_CPU_TILED_MM=0, exact
 passes on) and `tiled-forced` (GGML_CPU_TILED_MM_FORCE=1, loose: every matmul through the tiled
@@ -23,6 +25,7 @@ import sys
 
 SETTINGS = {
     "exact": {},
+    "exact-auto-steps": {"ACESPEC_STEP_THREADS": "auto"},
     "loose": {"ACESPEC_EXACT_PASSES": "0"},
     "tiled-off": {"GGML_CPU_TILED_MM": "0"},
     "tiled-forced": {"ACESPEC_EXACT_PASSES": "0", "GGML_CPU_TILED_MM_FORCE": "1"},
@@ -85,11 +88,12 @@ def main() -> int:
             return 1
         res[name] = json.loads(out.stdout.strip().splitlines()[-1])
     print(f"the default target, {args.threads} thread(s), {args.context} tokens of context, medians of {args.reps}:")
-    print(f"{'setting':>13} " + " ".join(f"{k:>10}" for k in res[names[0]]))
+    print(f"{'setting':>15} " + " ".join(f"{k:>10}" for k in res[names[0]]))
     for name, r in res.items():
-        print(f"{name:>13} " + " ".join(f"{1e3 * v:8.1f}ms" for v in r.values()))
-    if "exact" in res and "loose" in res:
-        print("exact / loose: " + ", ".join(f"{k} {res['exact'][k] / res['loose'][k]:.2f}x" for k in res["exact"]))
+        print(f"{name:>15} " + " ".join(f"{1e3 * v:8.1f}ms" for v in r.values()))
+    for a, b in (("exact", "loose"), ("exact-auto-steps", "exact")):
+        if a in res and b in res:
+            print(f"{a} / {b}: " + ", ".join(f"{k} {res[a][k] / res[b][k]:.2f}x" for k in res[a]))
     return 0
 
 

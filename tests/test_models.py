@@ -153,24 +153,45 @@ def test_past_256_positions_one_token_passes_on_one_thread_keep_exact_passes_exa
     """From a one-token pass's 257th position on, ggml-cpu splits its attention across threads (a sum
     in an order no multi-row pass uses), so on 2 threads plain steps and verified rows part there;
     `step_threads=1` (ACESPEC_STEP_THREADS=1) computes one-token passes on one thread and they agree
-    again, bit for bit, while passes of several rows keep every thread."""
-    from acespec.models.llama import LlamaCppModel
+    again, bit for bit, while passes of several rows keep every thread. "auto" does so from position
+    256 on only, and keeps both threads for earlier steps."""
+    from acespec.models.llama import SPLIT_KV_FROM, LlamaCppModel
 
     prompt = [int(t) for t in np.random.default_rng(5).integers(200, 20000, 250)]
     cont = [int(t) for t in np.random.default_rng(6).integers(200, 20000, 12)]  # positions 250..261
 
-    def rows(step_threads: int, n: int) -> np.ndarray:
+    def rows(step_threads, n: int, threads_seen: list | None = None) -> np.ndarray:
         m = LlamaCppModel(real_draft.path, n_ctx=512, n_threads=2, step_threads=step_threads)
+        if threads_seen is not None:  # the one-token passes' thread count, position by position
+            decode = m._decode
+
+            def spy(new, want, n_past):
+                out = decode(new, want, n_past)
+                if len(new) == 1:
+                    threads_seen.append((n_past, m.step_threads))
+                return out
+
+            m._decode = spy
         try:
             return _rows_by_pass_shape(m, prompt, cont, n)
         finally:
             m.close()
 
     assert np.array_equal(rows(1, 1), rows(1, 4)), "one-token passes on one thread: every pass shape alike"
+    seen: list = []
+    assert np.array_equal(rows("auto", 1, seen), rows("auto", 4)), "auto: every pass shape alike"
+    assert seen and all(t == (1 if pos >= SPLIT_KV_FROM else 2) for pos, t in seen)
+    assert {t for _, t in seen} == {1, 2}  # both sides of position 256 were stepped
     with pytest.raises(ModelError, match="ACESPEC_STEP_THREADS"):
         with pytest.MonkeyPatch.context() as mp:
             mp.setenv("ACESPEC_STEP_THREADS", "two")
             LlamaCppModel(real_draft.path, n_ctx=512)
+    for env, auto in (("auto", True), ("", False)):  # the default keeps every thread on every step
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("ACESPEC_STEP_THREADS", env)
+            m = LlamaCppModel(real_draft.path, n_ctx=512, n_threads=2)
+            assert (m.step_threads_auto, m.step_threads) == (auto, 2)
+            m.close()
     # the test's power: with both threads on one-token passes, the rows past position 256 part
     split, whole = rows(2, 1), rows(2, 4)
     assert np.array_equal(split[:6], whole[:6]) and not np.array_equal(split[7:], whole[7:]), \

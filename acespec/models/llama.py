@@ -24,6 +24,9 @@ _EOG_PIECES = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end|>", "</s>")
 # pass asks for are computed in passes of at most this many, so every generated position is computed
 # by the kernel that computes it one token at a time (see LlamaCppModel's `exact_passes`).
 EXACT_PASS_ROWS = 7
+# From this position on, a one-token pass's KV view (its cells padded to 256) reaches 512 cells, where
+# ggml-cpu splits one query row's attention across threads (see LlamaCppModel's `step_threads`).
+SPLIT_KV_FROM = 256
 
 
 def default_threads() -> int:
@@ -140,7 +143,7 @@ class LlamaCppModel(Model):
         batch_invariant: bool = False,  # one KV stream per slot: see below
         extra_bufts: bool = False,  # llama.cpp's extra weight buffers (AMX, repacked Q4_K): see below
         exact_passes: bool | None = None,  # a row's logits the same bits whatever the pass's row count: see below
-        step_threads: int | None = None,  # threads of a one-token pass; None: n_threads (ACESPEC_STEP_THREADS overrides)
+        step_threads: int | str | None = None,  # threads of a one-token pass, or "auto"; None: ACESPEC_STEP_THREADS, else n_threads
     ) -> None:
         """`batch_invariant=True` is for the cloud's batching engine, where slots are sessions: a session's
         logits rows must be the same bits whatever else shares its llama_decode call (DESIGN.md: the
@@ -183,7 +186,13 @@ class LlamaCppModel(Model):
         uses, so from there plain steps and verified rows differ again (bench local's HumanEval/4, 2
         threads: its 128th token). llama.cpp takes a one-token pass's thread count separately
         (`llama_set_n_threads(ctx, n_threads, n_threads_batch)`), so `step_threads=1` restores
-        exactness, at the price of one-token passes on one thread; the default keeps n_threads."""
+        exactness, at the price of one-token passes on one thread. "auto" (ACESPEC_STEP_THREADS=auto,
+        with exact passes on) pays that price only where the split happens: a one-token pass at position
+        SPLIT_KV_FROM or later runs on one thread, an earlier one on every thread (a sequence's cells
+        are contiguous from 0, since rollbacks move the cache's head back, so its KV view is its
+        position padded to 256); without exact passes it keeps n_threads, as there is no exact text to
+        keep. The default keeps n_threads: past position 256 a step on one thread cost 1.82x one on two
+        here (scripts/exact_passes_cost.py), and on a machine of many threads it would cost far more."""
         if exact_passes is None:
             exact_passes = os.environ.get("ACESPEC_EXACT_PASSES", "1").strip() != "0"
         super().__init__()
@@ -251,10 +260,13 @@ class LlamaCppModel(Model):
             self._llm._ctx = self._ctx
         # one stream of n_ctx per sequence, or one cache of n_ctx that every sequence (fork) shares
         given = (os.environ.get("ACESPEC_STEP_THREADS", "").strip() or threads) if step_threads is None else step_threads
-        if not str(given).isdigit() or int(given) < 1:
+        if given != "auto" and (not str(given).isdigit() or int(given) < 1):
             self.close()
-            raise ModelError(f"step_threads / ACESPEC_STEP_THREADS must be a positive integer, not {given!r}")
-        self.step_threads = int(given)
+            raise ModelError(f"step_threads / ACESPEC_STEP_THREADS must be a positive integer or auto, not {given!r}")
+        self.n_threads = threads
+        # "auto": one thread only for the one-token passes that would take the split attention (see above)
+        self.step_threads_auto = given == "auto" and self.exact_passes and threads > 1
+        self.step_threads = threads if given == "auto" else int(given)  # the count llama.cpp holds now
         llama_cpp.llama_set_n_threads(self._ctx.ctx, self.step_threads, threads)
         self.kv_cells = n_ctx * self.n_slots if self.batch_invariant else n_ctx
         self.kv_bytes_per_token = self._kv_bytes_per_token()
@@ -290,6 +302,8 @@ class LlamaCppModel(Model):
             chunk = new[done : done + self.n_batch]
             n = len(chunk)
             b.n_tokens = n
+            if self.step_threads_auto and n == 1:
+                self._set_step_threads(1 if n_past + done >= SPLIT_KV_FROM else self.n_threads)
             n_out = 0
             for i, tok in enumerate(chunk):
                 b.token[i] = tok
@@ -311,6 +325,11 @@ class LlamaCppModel(Model):
                 self.passes += 1
             done += n
         return out
+
+    def _set_step_threads(self, n: int) -> None:
+        if n != self.step_threads:
+            self._lc.llama_set_n_threads(self._ctx.ctx, n, self.n_threads)
+            self.step_threads = n
 
     def _eval_batch(self, items: list[tuple[int, list[int], int]]) -> list[np.ndarray]:
         if len(items) == 1:
