@@ -161,28 +161,14 @@ class TraceSet:
 # ------------------------------------------------------------------------------------------- analysis
 def acceptance_from_logits(y: Sequence[int], logits: np.ndarray, top: int = TOP_Q):
     """(a_j, rank_j, top-q_j) from the drafter's teacher-forced logits; row j predicts y[j]."""
-    y = np.asarray(y, dtype=np.int64)
-    n = len(y)
-    rows = np.asarray(logits, dtype=np.float64)[:n]
-    if rows.shape[0] != n:
-        raise ValueError(f"need {n} logit rows, got {rows.shape[0]}")
-    if n == 0:
+    y, rows = _teacher_rows(y, logits)
+    if not len(y):
         return [], [], []
-    own = rows[np.arange(n), y]
-    rank = (rows > own[:, None]).sum(axis=1)
-    accept = [0] * n
-    run = 0
-    for j in range(n - 1, -1, -1):
-        run = run + 1 if rank[j] == 0 else 0
-        accept[j] = run
-    z = rows - rows.max(axis=1, keepdims=True)
-    p = np.exp(z)
+    own = rows[np.arange(len(y)), y]
+    rank = [int(r) for r in (rows > own[:, None]).sum(axis=1)]
+    p = np.exp(rows - rows.max(axis=1, keepdims=True))
     p /= p.sum(axis=1, keepdims=True)
-    m = min(top, p.shape[1])
-    idx = np.argpartition(-p, m - 1, axis=1)[:, :m]
-    tq = -np.sort(-np.take_along_axis(p, idx, axis=1), axis=1)
-    top_q = [[round(float(v), 6) for v in row] for row in tq]
-    return accept, [int(r) for r in rank], top_q
+    return _accept_runs(rank), rank, _top_q(p, top)
 
 
 def coupled_acceptance(y: Sequence[int], logits: np.ndarray, *, temperature: float, seed: int, start_pos: int,
@@ -192,28 +178,41 @@ def coupled_acceptance(y: Sequence[int], logits: np.ndarray, *, temperature: flo
     rank_j ranks y[j] by those perturbed scores (0: the drafter's pick is y's token)."""
     from acespec.verify import SamplingParams, gumbel_noise, probs_from_logits
 
-    y = np.asarray(y, dtype=np.int64)
-    n = len(y)
-    rows = np.asarray(logits, dtype=np.float64)[:n]
-    if rows.shape[0] != n:
-        raise ValueError(f"need {n} logit rows, got {rows.shape[0]}")
-    if n == 0:
+    y, rows = _teacher_rows(y, logits)
+    if not len(y):
         return [], [], []
     q = probs_from_logits(rows, SamplingParams(temperature=temperature))  # [n, V]
     rank = []
     with np.errstate(divide="ignore"):
-        for j in range(n):
+        for j in range(len(y)):
             score = np.log(q[j]) + gumbel_noise(seed, start_pos + j, q.shape[1])  # [V]
             rank.append(int((score > score[y[j]]).sum()))
-    accept = [0] * n
+    return _accept_runs(rank), rank, _top_q(q, top)
+
+
+def _teacher_rows(y: Sequence[int], logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    y = np.asarray(y, dtype=np.int64)
+    rows = np.asarray(logits, dtype=np.float64)[: len(y)]
+    if rows.shape[0] != len(y):
+        raise ValueError(f"need {len(y)} logit rows, got {rows.shape[0]}")
+    return y, rows
+
+
+def _accept_runs(rank: Sequence[int]) -> list[int]:
+    """a_j: how many positions from j on the drafter's pick is y's token (rank 0), consecutively."""
+    accept = [0] * len(rank)
     run = 0
-    for j in range(n - 1, -1, -1):
+    for j in range(len(rank) - 1, -1, -1):
         run = run + 1 if rank[j] == 0 else 0
         accept[j] = run
-    m = min(top, q.shape[1])
-    idx = np.argpartition(-q, m - 1, axis=1)[:, :m]
-    tq = -np.sort(-np.take_along_axis(q, idx, axis=1), axis=1)
-    return accept, rank, [[round(float(v), 6) for v in row] for row in tq]
+    return accept
+
+
+def _top_q(p: np.ndarray, top: int) -> list[list[float]]:  # p: [n, V]
+    m = min(top, p.shape[1])
+    idx = np.argpartition(-p, m - 1, axis=1)[:, :m]
+    tq = -np.sort(-np.take_along_axis(p, idx, axis=1), axis=1)
+    return [[round(float(v), 6) for v in row] for row in tq]
 
 
 def predicted_rounds(accept: Sequence[int], n: int, drafted: Sequence[int], engine_accepted: Sequence[int] | None = None) -> list[int]:
