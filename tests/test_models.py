@@ -199,6 +199,44 @@ def test_past_256_positions_one_token_passes_on_one_thread_keep_exact_passes_exa
 
 
 @pytest.mark.real
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="the split attention kernel needs 2 threads")
+def test_auto_step_threads_keep_a_late_step_exact_among_other_sessions(real_draft):
+    """The batching engine steps several sessions in one llama_decode, each a one-token pass of its
+    own that takes the step's thread count: with "auto", a session past position 256 stepped beside
+    an early one gets one thread (the rows it gets alone), where both threads would split its
+    attention (the never-slower ShareGPT grid's differing text, 2026-12-04)."""
+    from acespec.models.llama import LlamaCppModel
+
+    late = [int(t) for t in np.random.default_rng(7).integers(200, 20000, 300)]
+    early = [int(t) for t in np.random.default_rng(8).integers(200, 20000, 20)]
+    steps = [int(t) for t in np.random.default_rng(9).integers(200, 20000, 6)]
+
+    def late_rows(step_threads, beside: bool) -> np.ndarray:
+        m = LlamaCppModel(real_draft.path, n_ctx=512, n_slots=2, batch_invariant=True, n_threads=2,
+                          step_threads=step_threads)
+        try:
+            for s in (0, 1):
+                m.open_slot(s)
+            m.eval_batch([(0, early, 0), (1, late, 0)])
+            rows = []
+            for t in steps:
+                if beside:  # the early session steps first, alone, then both in one decode
+                    m.eval_batch([(0, [t], 1)])
+                    rows.append(m.eval_batch([(0, [t], 1), (1, [t], 1)])[1][0])
+                else:
+                    rows.append(m.eval_batch([(1, [t], 1)])[0][0])
+            return np.stack(rows)
+        finally:
+            m.close()
+
+    alone = late_rows(1, beside=False)
+    assert np.array_equal(late_rows("auto", beside=True), alone)
+    assert np.array_equal(late_rows("auto", beside=False), alone)
+    # the power: on both threads the late session's steps take the split attention
+    assert not np.array_equal(late_rows(2, beside=True), alone)
+
+
+@pytest.mark.real
 def test_a_batch_of_sessions_cut_into_exact_passes_gives_each_its_rows_alone(real_draft):
     """The cloud's batching engine puts several sessions' blocks in one eval_batch; a block longer than
     EXACT_PASS_ROWS is cut into rounds of passes, and each session still gets exactly the rows it gets

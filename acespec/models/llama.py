@@ -8,6 +8,7 @@ needs the logits of *several* positions per pass, and `Llama(logits_all=True)` w
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 from pathlib import Path
@@ -375,6 +376,13 @@ class LlamaCppModel(Model):
         for start in range(0, len(flat), self.n_batch):
             chunk = flat[start : start + self.n_batch]
             b.n_tokens = len(chunk)
+            if self.step_threads_auto:
+                # each sequence is a pass of its own (see _eval_batch), and llama.cpp gives every
+                # one-token pass the step's thread count: one thread if any of them is past the split
+                n_in = collections.Counter(i for i, _ in chunk)
+                late = any(n_in[i] == 1 and len(self._slots[items[i][0]]) + offsets[i] + j >= SPLIT_KV_FROM
+                           for i, j in chunk)
+                self._set_step_threads(1 if late else self.n_threads)
             wanted: list[tuple[int, int, int]] = []  # (batch index, item, row)
             for bi, (i, j) in enumerate(chunk):
                 slot, new, want = items[i]
