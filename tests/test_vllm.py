@@ -543,8 +543,20 @@ def test_edge_through_acespec_serve_vllm_equals_cloud_only(tiny, tmp_path):
         assert len(strict.tokens) == 40  # sampled strict, refused on this engine before: its law is vLLM's sampler's
         st = out["greedy", "sync"][1]
         assert 0 < st.accepted < st.drafted  # the noisy drafter was partly right: a real speculative run
-        text = urllib.request.urlopen(f"http://127.0.0.1:{mport}/metrics", timeout=10).read().decode()
-        fams = {f.name: f for f in text_string_to_metric_families(text)}
+        def metrics():
+            text = urllib.request.urlopen(f"http://127.0.0.1:{mport}/metrics", timeout=10).read().decode()
+            return {f.name: f for f in text_string_to_metric_families(text)}
+
+        fams = metrics()
+        # a cloud-led edge's drafts race the stream, which never waits for them: on a loaded machine
+        # (CI, after the main suite) a session's drafts can all come too late; more sessions, then
+        for _ in range(3):
+            if fams["acespec:lead_native_accepted"].samples[0].value > 0:
+                break
+            cfg = EdgeConfig(mode="cloud-led", rule="greedy", k=3, max_tokens=40, seed=11, connect=ConnectConfig(port=port))
+            again = run_edge(drafter, prompt, cfg, model_id=drafter.tokenizer.fingerprint)
+            assert again.tokens == out["greedy", "cloud-only"][0]
+            fams = metrics()
         # the cloud-led sessions' drafts went through vLLM's rejection sampler, and some were kept
         assert fams["acespec:lead_native_tokens"].samples[0].value >= 80
         assert 0 < fams["acespec:lead_native_accepted"].samples[0].value <= fams["acespec:lead_native_proposed"].samples[0].value
