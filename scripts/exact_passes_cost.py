@@ -8,7 +8,8 @@ passes of 5 and 14 rows (every row asked for), medians of a few interleaved repe
 
 Settings: `exact` (LlamaCppModel's default: flash attention, asked-for rows in passes of at most 7),
 `exact-auto-steps` (the same with ACESPEC_STEP_THREADS=auto: one-token passes from position 256 on on
-one thread, exact on several threads too; what that costs),
+one thread, exact on several threads too; what that costs), `exact-pad-steps` (ACESPEC_STEP_THREADS=pad:
+such passes keep every thread and get a pad row instead),
 `loose` (ACESPEC_EXACT_PASSES=0: llama.cpp's own kernels and pass shapes), and the two llama.cpp
 switches that would also give exact rows, for comparison: `tiled-off` (GGML_CPU_TILED_MM=0, exact
 passes on) and `tiled-forced` (GGML_CPU_TILED_MM_FORCE=1, loose: every matmul through the tiled
@@ -26,6 +27,7 @@ import sys
 SETTINGS = {
     "exact": {},
     "exact-auto-steps": {"ACESPEC_STEP_THREADS": "auto"},
+    "exact-pad-steps": {"ACESPEC_STEP_THREADS": "pad"},
     "loose": {"ACESPEC_EXACT_PASSES": "0"},
     "tiled-off": {"GGML_CPU_TILED_MM": "0"},
     "tiled-forced": {"ACESPEC_EXACT_PASSES": "0", "GGML_CPU_TILED_MM_FORCE": "1"},
@@ -88,10 +90,10 @@ def main() -> int:
             return 1
         res[name] = json.loads(out.stdout.strip().splitlines()[-1])
     print(f"the default target, {args.threads} thread(s), {args.context} tokens of context, medians of {args.reps}:")
-    print(f"{'setting':>15} " + " ".join(f"{k:>10}" for k in res[names[0]]))
+    print(f"{'setting':>16} " + " ".join(f"{k:>10}" for k in res[names[0]]))
     for name, r in res.items():
-        print(f"{name:>15} " + " ".join(f"{1e3 * v:8.1f}ms" for v in r.values()))
-    for a, b in (("exact", "loose"), ("exact-auto-steps", "exact")):
+        print(f"{name:>16} " + " ".join(f"{1e3 * v:8.1f}ms" for v in r.values()))
+    for a, b in (("exact", "loose"), ("exact-auto-steps", "exact"), ("exact-pad-steps", "exact")):
         if a in res and b in res:
             print(f"{a} / {b}: " + ", ".join(f"{k} {res[a][k] / res[b][k]:.2f}x" for k in res[a]))
     return 0

@@ -154,7 +154,8 @@ def test_past_256_positions_one_token_passes_on_one_thread_keep_exact_passes_exa
     in an order no multi-row pass uses), so on 2 threads plain steps and verified rows part there;
     `step_threads=1` (ACESPEC_STEP_THREADS=1) computes one-token passes on one thread and they agree
     again, bit for bit, while passes of several rows keep every thread. "auto" does so from position
-    256 on only, and keeps both threads for earlier steps."""
+    256 on only, and keeps both threads for earlier steps; "pad" (the default) keeps both threads and
+    gives those steps a pad row instead."""
     from acespec.models.llama import SPLIT_KV_FROM, LlamaCppModel
 
     prompt = [int(t) for t in np.random.default_rng(5).integers(200, 20000, 250)]
@@ -182,15 +183,20 @@ def test_past_256_positions_one_token_passes_on_one_thread_keep_exact_passes_exa
     assert np.array_equal(rows("auto", 1, seen), rows("auto", 4)), "auto: every pass shape alike"
     assert seen and all(t == (1 if pos >= SPLIT_KV_FROM else 2) for pos, t in seen)
     assert {t for _, t in seen} == {1, 2}  # both sides of position 256 were stepped
+    # "pad": every thread on every pass, and a pad row past position 256 gives a step a verify row's bits
+    seen = []
+    assert np.array_equal(rows("pad", 1, seen), rows(1, 1)), "pad: a step's rows are the verify rows"
+    assert seen and {t for _, t in seen} == {2}
     with pytest.raises(ModelError, match="ACESPEC_STEP_THREADS"):
         with pytest.MonkeyPatch.context() as mp:
             mp.setenv("ACESPEC_STEP_THREADS", "two")
             LlamaCppModel(real_draft.path, n_ctx=512)
-    for env, auto in (("auto", True), ("", False)):  # the default keeps every thread on every step
+    # the default pads; a number keeps llama.cpp's own split; every setting starts on every thread
+    for env, auto, pad in (("auto", True, False), ("", True, True), ("pad", True, True), ("2", False, False)):
         with pytest.MonkeyPatch.context() as mp:
             mp.setenv("ACESPEC_STEP_THREADS", env)
             m = LlamaCppModel(real_draft.path, n_ctx=512, n_threads=2)
-            assert (m.step_threads_auto, m.step_threads) == (auto, 2)
+            assert (m.step_threads_auto, m.step_pad, m.step_threads) == (auto, pad, 2), env
             m.close()
     # the test's power: with both threads on one-token passes, the rows past position 256 part
     split, whole = rows(2, 1), rows(2, 4)
@@ -204,7 +210,8 @@ def test_auto_step_threads_keep_a_late_step_exact_among_other_sessions(real_draf
     """The batching engine steps several sessions in one llama_decode, each a one-token pass of its
     own that takes the step's thread count: with "auto", a session past position 256 stepped beside
     an early one gets one thread (the rows it gets alone), where both threads would split its
-    attention (the never-slower ShareGPT grid's differing text, 2026-12-04)."""
+    attention (the never-slower ShareGPT grid's differing text, 2026-12-04); with "pad" it gets a pad
+    row beside its token in the same decode, and the early session's step is left as it is."""
     from acespec.models.llama import LlamaCppModel
 
     late = [int(t) for t in np.random.default_rng(7).integers(200, 20000, 300)]
@@ -232,6 +239,8 @@ def test_auto_step_threads_keep_a_late_step_exact_among_other_sessions(real_draf
     alone = late_rows(1, beside=False)
     assert np.array_equal(late_rows("auto", beside=True), alone)
     assert np.array_equal(late_rows("auto", beside=False), alone)
+    assert np.array_equal(late_rows("pad", beside=True), alone)
+    assert np.array_equal(late_rows("pad", beside=False), alone)
     # the power: on both threads the late session's steps take the split attention
     assert not np.array_equal(late_rows(2, beside=True), alone)
 

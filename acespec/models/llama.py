@@ -144,7 +144,7 @@ class LlamaCppModel(Model):
         batch_invariant: bool = False,  # one KV stream per slot: see below
         extra_bufts: bool = False,  # llama.cpp's extra weight buffers (AMX, repacked Q4_K): see below
         exact_passes: bool | None = None,  # a row's logits the same bits whatever the pass's row count: see below
-        step_threads: int | str | None = None,  # threads of a one-token pass, or "auto"; None: ACESPEC_STEP_THREADS, else n_threads
+        step_threads: int | str | None = None,  # threads of a one-token pass, or "auto" / "pad"; None: ACESPEC_STEP_THREADS, else "pad"
     ) -> None:
         """`batch_invariant=True` is for the cloud's batching engine, where slots are sessions: a session's
         logits rows must be the same bits whatever else shares its llama_decode call (DESIGN.md: the
@@ -192,8 +192,17 @@ class LlamaCppModel(Model):
         SPLIT_KV_FROM or later runs on one thread, an earlier one on every thread (a sequence's cells
         are contiguous from 0, since rollbacks move the cache's head back, so its KV view is its
         position padded to 256); without exact passes it keeps n_threads, as there is no exact text to
-        keep. The default keeps n_threads: past position 256 a step on one thread cost 1.82x one on two
-        here (scripts/exact_passes_cost.py), and on a machine of many threads it would cost far more."""
+        keep. "pad", the default, keeps every thread and gives such a pass a second row instead: a pad
+        token at the next position of the same sequence, whose logits nobody asks for and whose cell
+        is dropped after the pass. A pass of two rows never takes the split attention, and the real
+        row cannot see the pad (the causal mask hides a later position, and flash attention skips
+        masked cells), so it gets the bits a verify pass gives it. Where the pad has no room (the
+        context's last cell, or a llama_decode call already n_batch tokens long) that pass runs on one
+        thread, as "auto" does. What each costs past position 256 (scripts/exact_passes_cost.py, 2
+        threads, 2026-12-05): a step 1.27x (330 tokens of context) and 1.45x (900) with the pad row,
+        1.91x and 1.92x on one thread; the pad row's cost does not grow with the thread count, one
+        thread's does. A number (ACESPEC_STEP_THREADS=2) keeps llama.cpp's own split, and with it
+        steps whose text can part from a verify's past position 256."""
         if exact_passes is None:
             exact_passes = os.environ.get("ACESPEC_EXACT_PASSES", "1").strip() != "0"
         super().__init__()
@@ -260,14 +269,17 @@ class LlamaCppModel(Model):
             self._llm._ctx.close()
             self._llm._ctx = self._ctx
         # one stream of n_ctx per sequence, or one cache of n_ctx that every sequence (fork) shares
-        given = (os.environ.get("ACESPEC_STEP_THREADS", "").strip() or threads) if step_threads is None else step_threads
-        if given != "auto" and (not str(given).isdigit() or int(given) < 1):
+        given = (os.environ.get("ACESPEC_STEP_THREADS", "").strip() or "pad") if step_threads is None else step_threads
+        if given not in ("auto", "pad") and (not str(given).isdigit() or int(given) < 1):
             self.close()
-            raise ModelError(f"step_threads / ACESPEC_STEP_THREADS must be a positive integer or auto, not {given!r}")
+            raise ModelError(
+                f"step_threads / ACESPEC_STEP_THREADS must be a positive integer, auto or pad, not {given!r}")
         self.n_threads = threads
-        # "auto": one thread only for the one-token passes that would take the split attention (see above)
-        self.step_threads_auto = given == "auto" and self.exact_passes and threads > 1
-        self.step_threads = threads if given == "auto" else int(given)  # the count llama.cpp holds now
+        # "auto": one thread only for the one-token passes that would take the split attention (see
+        # above); "pad": a pad row for them, and one thread only where it has no room
+        self.step_threads_auto = given in ("auto", "pad") and self.exact_passes and threads > 1
+        self.step_pad = given == "pad" and self.step_threads_auto
+        self.step_threads = threads if given in ("auto", "pad") else int(given)  # the count llama.cpp holds now
         llama_cpp.llama_set_n_threads(self._ctx.ctx, self.step_threads, threads)
         self.kv_cells = n_ctx * self.n_slots if self.batch_invariant else n_ctx
         self.kv_bytes_per_token = self._kv_bytes_per_token()
@@ -302,9 +314,12 @@ class LlamaCppModel(Model):
         while done < len(new):
             chunk = new[done : done + self.n_batch]
             n = len(chunk)
-            b.n_tokens = n
+            pad = False
             if self.step_threads_auto and n == 1:
-                self._set_step_threads(1 if n_past + done >= SPLIT_KV_FROM else self.n_threads)
+                late = n_past + done >= SPLIT_KV_FROM
+                pad = late and self.step_pad and n_past + done + 1 < self.n_ctx and self.n_batch > 1
+                self._set_step_threads(1 if late and not pad else self.n_threads)
+            b.n_tokens = n + pad
             n_out = 0
             for i, tok in enumerate(chunk):
                 b.token[i] = tok
@@ -314,7 +329,11 @@ class LlamaCppModel(Model):
                 flag = done + i >= first_wanted
                 b.logits[i] = flag
                 n_out += flag
+            if pad:
+                self._put_pad(b, 1, chunk[0], n_past + done + 1, self.slot)
             rc = self._lc.llama_decode(self._ctx.ctx, b)
+            if pad:  # its cell goes; the next token takes it (cells stay contiguous)
+                self._ctx.kv_cache_seq_rm(self.slot, n_past + done + 1, -1)
             if rc != 0:
                 # llama.cpp leaves the cache in an unknown state past n_past; drop it so we stay consistent
                 self._ctx.kv_cache_seq_rm(self.slot, n_past, -1)
@@ -326,6 +345,16 @@ class LlamaCppModel(Model):
                 self.passes += 1
             done += n
         return out
+
+    @staticmethod
+    def _put_pad(b, bi: int, tok: int, pos: int, seq: int) -> None:
+        """A row whose logits nobody asks for at batch index bi: it makes a one-token pass two rows
+        long, so that it takes the multi-row attention kernel (step_threads "pad")."""
+        b.token[bi] = tok
+        b.pos[bi] = pos
+        b.seq_id[bi][0] = seq
+        b.n_seq_id[bi] = 1
+        b.logits[bi] = False
 
     def _set_step_threads(self, n: int) -> None:
         if n != self.step_threads:
@@ -375,26 +404,41 @@ class LlamaCppModel(Model):
         b = self._batch.batch
         for start in range(0, len(flat), self.n_batch):
             chunk = flat[start : start + self.n_batch]
-            b.n_tokens = len(chunk)
+            padded: set[int] = set()  # items whose one token here gets a pad row right after it
             if self.step_threads_auto:
                 # each sequence is a pass of its own (see _eval_batch), and llama.cpp gives every
-                # one-token pass the step's thread count: one thread if any of them is past the split
+                # one-token pass the step's thread count: one thread if any of them is past the
+                # split, or with "pad" a pad row for each of them where they all have room
                 n_in = collections.Counter(i for i, _ in chunk)
-                late = any(n_in[i] == 1 and len(self._slots[items[i][0]]) + offsets[i] + j >= SPLIT_KV_FROM
-                           for i, j in chunk)
-                self._set_step_threads(1 if late else self.n_threads)
+                late = {i for i, j in chunk
+                        if n_in[i] == 1 and len(self._slots[items[i][0]]) + offsets[i] + j >= SPLIT_KV_FROM}
+                if self.step_pad and late and len(chunk) + len(late) <= self.n_batch and all(
+                        len(self._slots[items[i][0]]) + offsets[i] + len(items[i][1]) < self.n_ctx for i in late):
+                    padded = late
+                self._set_step_threads(1 if late and not padded else self.n_threads)
             wanted: list[tuple[int, int, int]] = []  # (batch index, item, row)
-            for bi, (i, j) in enumerate(chunk):
+            pads: list[tuple[int, int]] = []  # (slot, position) of each pad row
+            bi = 0
+            for i, j in chunk:
                 slot, new, want = items[i]
+                pos = len(self._slots[slot]) + offsets[i] + j
                 b.token[bi] = new[j]
-                b.pos[bi] = len(self._slots[slot]) + offsets[i] + j
+                b.pos[bi] = pos
                 b.seq_id[bi][0] = slot
                 b.n_seq_id[bi] = 1
                 row = j - (len(new) - want)
                 b.logits[bi] = row >= 0
                 if row >= 0:
                     wanted.append((bi, i, row))
+                bi += 1
+                if i in padded:  # beside its sequence's token, so the batch keeps its sequence order
+                    self._put_pad(b, bi, new[j], pos + 1, slot)
+                    pads.append((slot, pos + 1))
+                    bi += 1
+            b.n_tokens = bi
             rc = self._lc.llama_decode(self._ctx.ctx, b)
+            for slot, pos in pads:
+                self._ctx.kv_cache_seq_rm(slot, pos, -1)
             if rc != 0:
                 for slot, _, _ in items:
                     self._ctx.kv_cache_seq_rm(slot, len(self._slots[slot]), -1)
