@@ -545,6 +545,27 @@ def test_bench_wan_runs_side_by_side_with_toy_models():
     assert "RTT sensitivity" in table and "pipelined" in table and "dec tok/s" in table and "steady/ceil" in table
 
 
+def test_bench_wan_at_a_temperature_runs_coupled_one_seed_per_prompt():
+    """`bench acespec --temperature 1`: every mode samples coupled, prompt i at seed i, so the modes of
+    a prompt write one text (coupled is lossless to the token) while the same prompt at another seed
+    writes another, and the greedy-only passes bar is left out."""
+    from acespec.bench.acespec_bench import check_bars
+    from acespec.bench.wan import BenchConfig, format_table, run_wan_bench
+
+    from paced_toy import PassCostToy
+
+    cfg = BenchConfig(rtts=[0.0], profile="lan", modes=["cloud-only", "sync", "cloud-led"], k=3, max_tokens=16,
+                      warmup_tokens=0, temperature=1.0)
+    target = PassCostToy(vocab=V, seed=1, pass_s=0.002)
+    res = bounded(lambda: run_wan_bench(toy_drafter(), target, [("p0", PROMPT), ("p1", PROMPT)], cfg, progress=False))
+    assert not any(r["error"] for r in res["runs"])
+    assert res["outputs_agree"] == "2/2"
+    texts = {r["prompt_id"]: tuple(r["tokens"]) for r in res["runs"] if r["mode"] == "cloud-only"}
+    assert texts["p0"] != texts["p1"], "the second prompt ran at the same seed as the first"
+    assert "coupled, T = 1" in format_table(res)
+    assert not any("greedy" in bar for bar, _, _ in check_bars(res, 1 << 20))
+
+
 def test_bench_cores_split_gives_each_side_its_own_cores():
     import os
 

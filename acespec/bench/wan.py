@@ -154,6 +154,7 @@ class BenchConfig:
     reply_timeout_s: float = 300.0
     variants: dict = field(default_factory=dict)  # name -> EdgeConfig overrides; a mode name needs none
     cores: str = "shared"  # split: the cloud's threads on their own CPUs, the edge's and the emulator's on another
+    temperature: float = 0.0  # 0: greedy; above 0: coupled, the i-th prompt at seed i in every mode
 
 
 def run_wan_bench(draft, target, prompts: Sequence[tuple[str, list[int]]], cfg: BenchConfig, *,
@@ -185,14 +186,17 @@ def run_wan_bench(draft, target, prompts: Sequence[tuple[str, list[int]]], cfg: 
     def profile_for(rtt: float):
         return profile_from_args(cfg.profile, rtt=rtt)
 
-    def one(port: int, name: str, ids: list[int], max_tokens: int):
+    def one(port: int, name: str, ids: list[int], max_tokens: int, seed: int = 0):
         if reset_models:  # every run pays its own prefill, as a new session would
             _reset_cloud_model(cloud)
             draft.reset()
         opts = {"mode": name, "k": cfg.k, "window": cfg.window}
         opts.update(cfg.variants.get(name, {}))
+        # coupled is lossless to the token (the noise is the seed's and the position's), so every mode
+        # of a prompt at one seed writes one text, as greedy does
         ecfg = EdgeConfig(
-            rule="greedy", temperature=0.0, seed=0, max_tokens=max_tokens,
+            rule="coupled" if cfg.temperature > 0 else "greedy", temperature=cfg.temperature, seed=seed,
+            max_tokens=max_tokens,
             connect=ConnectConfig(host="127.0.0.1", port=port, reply_timeout_s=cfg.reply_timeout_s), **opts,
         )
         return run_edge(None if ecfg.mode == "cloud-only" else draft, ids, ecfg, model_id=model_id)
@@ -224,7 +228,7 @@ def run_wan_bench(draft, target, prompts: Sequence[tuple[str, list[int]]], cfg: 
                         bar.set_postfix_str(f"rtt={rtt:g}ms {mode} {pid}")
                         rec = RunRecord(rtt_ms=rtt, mode=mode, prompt_id=pid, prompt_tokens=len(ids))
                         try:
-                            res = one(wan.port, mode, ids, cfg.max_tokens)
+                            res = one(wan.port, mode, ids, cfg.max_tokens, seed=i)
                         except (EdgeError, OSError) as e:
                             rec.error = f"{type(e).__name__}: {e}"
                         else:
@@ -244,8 +248,9 @@ def run_wan_bench(draft, target, prompts: Sequence[tuple[str, list[int]]], cfg: 
                         bar.update(1)
     summary = summarize(records, cfg.rtts, cfg.modes)
     _ceilings(summary["by_rtt"], records, stats, cfg)
-    # greedy is lossless: every mode should emit the same tokens for a prompt (with llama.cpp's exact
-    # passes, the default, to the bit; docs/design-notes.md says when a model's rows can still differ)
+    # greedy and coupled are lossless: every mode should emit the same tokens for a prompt (with
+    # llama.cpp's exact passes, the default, to the bit; docs/design-notes.md says when a model's rows
+    # can still differ)
     groups: dict[tuple, set] = {}
     for r in records:
         if not r.error:
@@ -402,7 +407,9 @@ def format_table(result: dict) -> str:
         for mode, s in sens.items():
             lines.append(f"  {mode:>11}: {'-' if s['ratio'] is None else format(s['ratio'], '.3f')}")
     if "outputs_agree" in result:
-        lines.append(f"identical output in every mode (greedy) for {result['outputs_agree']} (RTT, prompt) pairs")
+        t = result.get("config", {}).get("temperature") or 0.0
+        how = f"coupled, T = {t:g}, one seed per prompt" if t > 0 else "greedy"
+        lines.append(f"identical output in every mode ({how}) for {result['outputs_agree']} (RTT, prompt) pairs")
     failed = [r for r in result["runs"] if r["error"]]
     if failed:
         lines.append("")
