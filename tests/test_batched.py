@@ -590,6 +590,9 @@ def test_bench_tenants_replay_edges_commit_the_targets_text(toy_traces, mode, ki
     elif mode == "cloud-led":  # a step takes about as long as the replayed drafter's 1 ms a token, so only
         # some steps find a draft (under CI's load on the serial engine, 2 in 100): they still count
         assert r["passes_per_token"] < 1.0
+        # timeliness, the share of steps that verified a draft: a pass verifying d drafts commits up to
+        # d + 1 tokens, so steps with a draft are the passes the stream saved tokens on
+        assert 0.0 < r["timeliness"] <= 1.0
     else:
         assert r["passes_per_token"] < 0.5  # blocks of 4 with a close drafter
     if kind == "batched":
@@ -599,6 +602,23 @@ def test_bench_tenants_replay_edges_commit_the_targets_text(toy_traces, mode, ki
         assert r["ceiling_tok_s"] is None and r["of_ceiling"] is None
     else:
         assert r["ceiling_tok_s"] > 0
+    if mode != "cloud-led":
+        assert r["timeliness"] is None  # a figure of the stream's steps: edge-led blocks all carry drafts
+
+
+def test_draft_timeliness_is_the_share_of_reported_passes_that_verified_a_draft():
+    from acespec.bench.tenants_report import never_slower
+    from acespec.engine.stats import RunStats, draft_timeliness
+
+    a, b = RunStats(), RunStats()
+    for d in (0, 3, 0, 2):
+        a.observe_pass(d, 0.01)
+    b.observe_pass(1, 0.01)
+    assert draft_timeliness([a, b]) == 3 / 5
+    assert draft_timeliness([RunStats()]) is None  # no pass reported: no figure, not 0
+    row = dict(engine="batched", rtt_ms=0.0, n=1, per_session_tok_s=2.0, passes_per_token=0.5, outputs={"p": [1, 2]})
+    lines = never_slower([{**row, "mode": "cloud-led", "timeliness": 0.6}, {**row, "mode": "cloud-only", "timeliness": None}])
+    assert "drafts on time at 0.60 of steps" in lines[1]
 
 
 def test_bench_tenants_cells_over_the_wan_emulator_and_sampled_keep_cloud_only_text(toy_traces):

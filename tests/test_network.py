@@ -563,6 +563,9 @@ def test_bench_wan_at_a_temperature_runs_coupled_one_seed_per_prompt():
     texts = {r["prompt_id"]: tuple(r["tokens"]) for r in res["runs"] if r["mode"] == "cloud-only"}
     assert texts["p0"] != texts["p1"], "the second prompt ran at the same seed as the first"
     assert "coupled, T = 1" in format_table(res)
+    row = res["summary"]["0"]
+    assert 0.0 <= row["cloud-led"]["timeliness"] <= 1.0 and row["sync"]["timeliness"] is None
+    assert "cloud-led draft timeliness" in format_table(res)
     assert not any("greedy" in bar for bar, _, _ in check_bars(res, 1 << 20))
 
 

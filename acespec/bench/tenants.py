@@ -55,7 +55,7 @@ import numpy as np
 from acespec import wire
 from acespec.argtypes import pos_int
 from acespec.bench.tenants_report import _line, never_slower, plot, report  # noqa: F401  (re-exported)
-from acespec.engine.stats import RunStats
+from acespec.engine.stats import RunStats, draft_timeliness
 
 MODES = ("acespec", "cloud-led", "sync", "cloud-only")
 CEILING_MODE = {"acespec": "pipelined", "cloud-led": "cloud-led", "sync": "sync", "cloud-only": "cloud-only"}  # bench/ceiling.py's
@@ -352,6 +352,8 @@ def run_edges(port: int, traces, mode: str, n: int, *, model_id: str, vocab: int
         "per_session_tok_s": statistics.mean(len(r.tokens) / r.wall_s for r in runs if r.wall_s > 0) if runs else 0.0,
         "lat_p50_s": _percentile(lat, 0.5), "lat_p99_s": _percentile(lat, 0.99),
         "passes_per_token": (sum(r.rounds for r in runs) / emitted) if emitted else float("nan"),
+        # cloud-led: the share of the streams' steps that had a usable draft
+        "timeliness": draft_timeliness(r.stats for r in runs) if mode == "cloud-led" else None,
         "dropped": sum(r.dropped for r in runs),
         "finished": sum(r.finished for r in runs), "capped": sum(not r.finished for r in runs),
         "errors": [r.error for r in runs if r.error], "outputs": {r.prompt_id: r.tokens for r in runs},

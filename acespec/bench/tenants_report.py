@@ -20,7 +20,17 @@ def _mean_row(runs: list[dict]) -> dict:
     if len(runs) == 1:
         return runs[0]
     keys = ("agg_tok_s", "per_session_tok_s", "lat_p99_s", "passes_per_token")
-    return {**runs[0], **{k: statistics.mean(r[k] for r in runs) for k in keys}}
+    return {**runs[0], **{k: statistics.mean(r[k] for r in runs) for k in keys}, "timeliness": _timeliness(runs)}
+
+
+def _timeliness(runs: list[dict]) -> float | None:
+    """The cloud-led runs' mean draft timeliness (None where a run has none: files from before it)."""
+    got = [r.get("timeliness") for r in runs]
+    return statistics.mean(got) if got and None not in got else None
+
+
+def _on_time(t: float | None) -> str:
+    return "" if t is None else f", drafts on time at {t:.2f} of steps"
 
 
 def never_slower(rows: list[dict]) -> list[str]:
@@ -55,8 +65,8 @@ def never_slower(rows: list[dict]) -> list[str]:
             each = [x["per_session_tok_s"] / max(y["per_session_tok_s"], 1e-9) for x, y in zip(led, plain)]
             spread = f" (runs {min(each):.2f}-{max(each):.2f}x)"
         passes = statistics.mean(r["passes_per_token"] for r in led)
-        out.append(f"  {engine:8s} RTT {rtt:5g} ms  N={n:<3d} {ratio:5.2f}x{spread} at {passes:.2f} passes/token, "
-                   f"{td} texts differ ({d} of {t} tokens from the first difference on)" + ("" if ratio >= 1.0 else "  <- slower"))
+        out.append(f"  {engine:8s} RTT {rtt:5g} ms  N={n:<3d} {ratio:5.2f}x{spread} at {passes:.2f} passes/token"
+                   f"{_on_time(_timeliness(led))}, {td} texts differ ({d} of {t} tokens from the first difference on)" + ("" if ratio >= 1.0 else "  <- slower"))
     out.append(f"  worst cell {worst[0]:.2f}x (RTT {worst[1]:g} ms, N = {worst[2]}): "
                + ("never slower in this run" if worst[0] >= 1.0 else "SLOWER than cloud-only in at least one cell")
                + f"; {texts_differ} of {texts} texts differ from cloud-only's ({differ} of {total} tokens from the first "
@@ -105,7 +115,7 @@ def report(result: dict) -> str:
         led = by.get(("batched", "cloud-led", n))
         if led and c:
             parts.append(f"cloud-led / cloud-only per session {led['per_session_tok_s'] / max(c['per_session_tok_s'], 1e-9):.2f}x "
-                         f"at {led['passes_per_token']:.2f} passes/token")
+                         f"at {led['passes_per_token']:.2f} passes/token{_on_time(led.get('timeliness'))}")
         one = by.get(("batched", "acespec", 1))
         if a and one:
             parts.append(f"agg vs N=1 {a['agg_tok_s'] / max(one['agg_tok_s'], 1e-9):.2f}x, p99 vs N=1 {a['lat_p99_s'] / max(one['lat_p99_s'], 1e-9):.2f}x")

@@ -137,6 +137,8 @@ class RunRecord:
     wait_s: float = 0.0  # edge: blocked on a verdict with nothing to draft
     verify_s: float = 0.0  # cloud: verify time the verdicts reported
     k_chosen: list[int] = field(default_factory=list, repr=False)
+    steps: int = 0  # target passes the cloud reported
+    draft_steps: int = 0  # of them, passes that verified a draft of the edge's
     cache: dict = field(default_factory=dict)
     error: str = ""
     tokens: list[int] = field(default_factory=list, repr=False)
@@ -242,6 +244,7 @@ def run_wan_bench(draft, target, prompts: Sequence[tuple[str, list[int]]], cfg: 
                             rec.draft_s, rec.wait_s, rec.verify_s = s.draft_s, s.wait_s, s.verify_s
                             rec.tokens = list(res.tokens)
                             rec.k_chosen = list(s.k_chosen)
+                            rec.steps, rec.draft_steps = len(s.passes), sum(d > 0 for d, _ in s.passes)
                             rec.cache = {k: v for k, v in s.cache.items() if k != "reconnects"}
                             stats[id(rec)] = s
                         records.append(rec)
@@ -336,6 +339,9 @@ def summarize(records: Sequence[RunRecord], rtts: Sequence[float], modes: Sequen
                 "acceptance_rate": round(sum(r.accepted for r in runs) / drafted, 4) if drafted else None,
                 "reconnects": sum(r.reconnects for r in runs),
                 "mean_k": round(_mean([k for r in runs for k in r.k_chosen]), 3) if any(r.k_chosen for r in runs) else None,
+                # cloud-led: the share of the stream's steps that had a usable draft (the others step plainly)
+                "timeliness": (round(sum(r.draft_steps for r in runs) / sum(r.steps for r in runs), 4)
+                               if mode == "cloud-led" and sum(r.steps for r in runs) else None),
                 # where the time goes, as fractions of the wall time (edge: one thread; cloud: its busy share)
                 "time": {
                     "draft": _share(sum(r.draft_s for r in runs), wall),
@@ -406,6 +412,11 @@ def format_table(result: dict) -> str:
         lines.append(f"RTT sensitivity (tok/s at {any_mode['rtt_hi_ms']:g} ms / tok/s at {any_mode['rtt_lo_ms']:g} ms):")
         for mode, s in sens.items():
             lines.append(f"  {mode:>11}: {'-' if s['ratio'] is None else format(s['ratio'], '.3f')}")
+    timely = [(rtt, m["timeliness"]) for rtt, row in result["summary"].items() for mode, m in row.items()
+              if m.get("timeliness") is not None]
+    if timely:
+        lines.append("cloud-led draft timeliness (share of the stream's steps that verified a draft of the edge's): "
+                     + ", ".join(f"{t:.2f} at {rtt} ms" for rtt, t in timely))
     if "outputs_agree" in result:
         t = result.get("config", {}).get("temperature") or 0.0
         how = f"coupled, T = {t:g}, one seed per prompt" if t > 0 else "greedy"

@@ -131,3 +131,11 @@ class RunStats:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def draft_timeliness(stats) -> float | None:
+    """A cloud-led stream's draft timeliness: the share of its steps (the target passes the cloud
+    reported) that verified a draft of the edge's, over every RunStats in `stats`; None with no pass.
+    A step without one is a plain step: the draft was late, wrong about the prefix, or priced out."""
+    drafted = [d for st in stats for d, _ in st.passes]
+    return sum(d > 0 for d in drafted) / len(drafted) if drafted else None
