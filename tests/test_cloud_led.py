@@ -12,6 +12,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import time
 from collections import Counter
 
 import numpy as np
@@ -415,6 +417,28 @@ def test_the_uplink_backs_off_while_the_cloud_verifies_none_of_its_drafts():
     assert b.gap == 8 and not b.may_send()
     b.step(2)  # the cloud verified a draft of ours: upload freely again
     assert b.may_send() and b.gap == 0
+    # steps that say nothing against the drafts (the chain catching up after a miss, its upload on the
+    # way) never rest the uplink, however many
+    b = UplinkBackoff(idle_after=4, gap_max=16)
+    b.sent()
+    for _ in range(100):
+        b.step(0, telling=False)
+    assert b.may_send() and b.gap == 0 and b.ignored == 0
+
+
+def test_the_drafter_knows_what_it_misses_without_touching_its_cache():
+    """A cloud-led edge decides from `missing` whether to catch its drafter up beside the loop: the
+    tokens of a context but its last that the cache does not hold, counted from where they part."""
+    sp, rs = SamplingParams(0.0), RuleSpec.parse("greedy")
+    d = ChainDrafter(ToyModel(vocab=64, seed=1), sampling=sp, rule=rs)
+    ctx = [int(t) for t in np.random.default_rng(0).integers(0, 64, 41)]
+    assert d.missing(ctx) == 40
+    d.prefill(ctx[:20])
+    assert d.missing(ctx) == 40 - 19 and d.model.tokens == ctx[:19]
+    d.prefill(ctx)
+    assert d.missing(ctx) == 0 and d.missing(ctx + [5, 6]) == 2
+    parted = ctx[:10] + [(t + 1) % 64 for t in ctx[10:]]  # the stream went elsewhere after token 10
+    assert d.missing(parted) == len(parted) - 1 - 10 and d.model.tokens == ctx[:-1]
 
 
 # ------------------------------------------------------------------------------------------ over sockets
@@ -449,6 +473,29 @@ def test_the_edge_runtime_in_cloud_led_mode_gives_cloud_only_text(cloud, rule, t
     # temperature only
     mem = cloud.server.lead_memory[("", str(RuleSpec.parse(rule)), temperature)]
     assert mem._acc[0][1] > 0
+
+
+class SlowPrefillToy(ToyModel):
+    """A drafter whose prompt costs time, 4 ms a token, as a laptop CPU's does."""
+
+    def _eval(self, new, want):
+        time.sleep(0.004 * len(new))
+        return super()._eval(new, want)
+
+
+def test_a_cloud_led_edge_streams_before_its_drafter_has_the_prompt(cloud):
+    """The cloud streams as soon as it has the prompt; the edge's drafter needs 2.4 s for these 600
+    tokens. The prefill goes on beside the edge's follow loop, so the user's first tokens come while
+    the drafter is still on the prompt, and the text is cloud-only's."""
+    prompt = tuple(int(t) for t in np.random.default_rng(7).integers(0, V, 600))
+    drafter = SlowPrefillToy(vocab=V, seed=1, noise=0.3, noise_seed=4)
+    held_at_first: list[int] = []
+    cfg = EdgeConfig(mode="cloud-led", connect=ConnectConfig(port=cloud.port), max_tokens=24)
+    led = run_edge(drafter, prompt, cfg, model_id=drafter.tokenizer.fingerprint,
+                   on_tokens=lambda toks: held_at_first.append(len(drafter.tokens)) if not held_at_first else None)
+    ref = run_edge(None, prompt, dataclasses.replace(cfg, mode="cloud-only"), model_id=drafter.tokenizer.fingerprint)
+    assert led.tokens == ref.tokens and len(led.tokens) == 24
+    assert held_at_first[0] < len(prompt) - 1, held_at_first  # the prompt was not all in yet
 
 
 def test_cloud_led_strict_with_q_rows_and_a_relaxed_rule_run_over_sockets(cloud):

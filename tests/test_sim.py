@@ -6,10 +6,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+from acespec.engine.follow import FollowConfig
 from acespec.net.profile import WanProfile
 from acespec.sim.edge import SimConfig, parse_mode, simulate
 from acespec.sim.kernel import Kernel, Mailbox
@@ -49,6 +51,7 @@ def rate_after_ttft(r) -> float:
 
 
 NPU = DEVICE_PROFILES["edge-npu+h200"]
+BUNDLED = Path(__file__).resolve().parents[1] / "acespec" / "sim" / "traces"
 
 
 # ------------------------------------------------------------------------------------------ protocol properties
@@ -157,6 +160,38 @@ def test_cloud_led_is_faster_when_the_drafter_can_run_ahead_of_the_stream():
     assert gains[0] > 1.5 and gains[0] > gains[1] > gains[2] > 1.0, gains
     slow = simulate(tr, NPU, WanProfile(), parse_mode("cloud-led"))
     assert 1.1 / NPU.cloud_step_s < rate_after_ttft(slow) <= 1 / NPU.draft_s_per_token
+
+
+def test_a_slow_drafters_prompt_prefill_never_holds_the_stream_back():
+    """A laptop drafter (5 ms a prompt token, 35 ms a drafted one: slower than the GPU's 20 ms step)
+    and an 800-token prompt: the cloud streams from its 0.16 s prefill on, while the drafter needs 4 s
+    for the prompt. The prefill runs beside the edge's loop, which hands each token over as it comes:
+    the first when cloud-only's comes, the last at most one draft call later. (It ran before the
+    loop, and the whole text came at 4.06 s against cloud-only's 1.44.)"""
+    cpu_gpu = DEVICE_PROFILES["edge-cpu+gpu"]
+    tr = dataclasses.replace(random_trace(64, 0.7, seed=3), prompt_len=800)
+    for rtt in (0, 100):
+        net = WanProfile(rtt_ms=rtt)
+        led = simulate(tr, cpu_gpu, net, parse_mode("cloud-led"))
+        base = simulate(tr, cpu_gpu, net, parse_mode("cloud-only"))
+        call = FollowConfig.chunk * cpu_gpu.draft_s_per_token
+        assert led.tokens == tr.tokens
+        assert led.ttft_s <= base.ttft_s + FollowConfig.poll_s + cpu_gpu.edge_overhead_s + 1e-6
+        assert led.wall_s <= base.wall_s + call + 1e-3, (led.wall_s, base.wall_s)
+
+
+def test_the_uplink_keeps_drafting_while_its_chain_catches_up_after_a_miss():
+    """NPU drafter, H200 target, 100 ms RTT: after each miss the chain needs about 16 of the stream's
+    steps to get a round trip ahead again. Those steps say nothing against the drafts, so the uplink
+    must not rest for them (it did: it counted every step without a verified draft, and cloud-led sank
+    to cloud-only's passes and speed)."""
+    net = WanProfile(rtt_ms=100, jitter_ms=20, up_bps=5e6, down_bps=20e6)
+    for tr in TraceSet.load(BUNDLED / "humaneval-n4-t256.json").prompts:  # the real pair's acceptance
+        led = simulate(tr, NPU, net, parse_mode("cloud-led"))
+        base = simulate(tr, NPU, net, parse_mode("cloud-only"))
+        assert led.tokens == tr.tokens
+        assert led.passes < 0.9 * base.passes, (tr.id, led.passes, base.passes)
+        assert rate_after_ttft(led) > 1.1 * rate_after_ttft(base), tr.id
 
 
 def test_cloud_led_prices_its_depth_down_to_none_on_a_cpu_profile():

@@ -91,7 +91,7 @@ class ReplayEdge:
     """One edge: HELLO, then replayed blocks (or a cloud-only stream), over a real socket."""
 
     def __init__(self, port: int, trace, mode: str, *, rule: str, temperature: float, seed: int, max_tokens: int,
-                 draft_s: float, model_id: str, vocab: int, deadline: float, auth: bytes = b"") -> None:
+                 draft_s: float, model_id: str, vocab: int, deadline: float, auth: bytes = b"", rtt_s: float = 0.0) -> None:
         self.port, self.tr, self.mode = port, trace, mode
         # a coupled trace holds the text and the drafter's choices of one seed: the session runs that one
         self.rule, self.temperature, self.seed = rule, temperature, seed if trace.seed is None else trace.seed
@@ -100,6 +100,7 @@ class ReplayEdge:
         self.model_id, self.vocab = model_id, vocab
         self.deadline = deadline
         self.auth = auth
+        self.rtt_s = rtt_s  # the link's round trip: when an uploaded chain can have reached the cloud
         self.y = list(trace.tokens)
         self.P = len(trace.prompt_tokens)
         self.run = EdgeRun(trace.id)
@@ -212,7 +213,8 @@ class ReplayEdge:
 
         C = s = end = committed  # committed length, the chain's start, its end
         last = self.hello_at
-        sent_end = -1
+        sent_end, sent_s, sent_at = -1, -1, 0.0  # the uploaded chain: its end, its start, when it went up
+        rate = 0.0  # EWMA of the stream's tokens per second (a drafter slower than it never gets ahead)
         fc = FollowConfig()
         up = UplinkBackoff(fc.idle_after, fc.idle_gap_max)
         while True:
@@ -224,7 +226,7 @@ class ReplayEdge:
                 end += n
             if up.may_send() and end > C and end >= sent_end + 2:
                 sock.sendall(wire.encode(wire.Draft(session=sid, seq=0, base=C, tokens=tuple(self.chain(s, q) for q in range(C, end)))))
-                sent_end = end
+                sent_end, sent_s, sent_at = end, s, time.perf_counter()
                 up.sent()
             while True:  # everything streamed so far, without waiting unless the chain is full (or resting)
                 if up.may_send() and end < C + LEAD and inbox.empty():
@@ -232,13 +234,22 @@ class ReplayEdge:
                 t, f = next_frame()
                 if not isinstance(f, wire.Tokens):
                     continue
+                # the same test as the edge's (`UplinkBackoff`): only a step that broke the chain, passed
+                # over an upload that had reached the cloud, or outran the drafter counts against it
+                held = sent_s == s and f.start < sent_end and sent_at <= t - self.rtt_s
+                broke = False
                 for i, tok in enumerate(f.tokens[C - f.start:]):
                     pos = C + i
                     if pos >= end or tok != self.chain(s, pos):
+                        broke = broke or pos < end
                         s = end = sent_end = pos + 1  # the drafter redrafts after the token it got wrong
                 self.run.tokens.extend(f.tokens[C - f.start:])
                 self._committed(t, len(f.tokens) - (C - f.start), f.drafted, f.accepted, f.verify_us)
-                up.step(f.drafted)
+                if t > last:
+                    r = len(f.tokens) / (t - last)
+                    rate = r if rate == 0 else 0.8 * rate + 0.2 * r
+                slow = self.draft_s > 0 and 1 / self.draft_s <= rate
+                up.step(f.drafted, telling=held or broke or slow)
                 C = f.start + len(f.tokens)
                 end = max(end, C)
                 if self.run.first_s != self.run.first_s:
@@ -325,7 +336,7 @@ def run_edges(port: int, traces, mode: str, n: int, *, model_id: str, vocab: int
     deadline = time.perf_counter() + cap_s
     edges = [ReplayEdge(port, traces[i % len(traces)], mode, rule=rule, temperature=temperature, seed=seed + i,
                         max_tokens=max_tokens, draft_s=draft_s, model_id=model_id, vocab=vocab, deadline=deadline,
-                        auth=auth) for i in range(n)]
+                        auth=auth, rtt_s=rtt_s) for i in range(n)]
     out: list[EdgeRun | None] = [None] * n
     threads = [threading.Thread(target=lambda i=i: out.__setitem__(i, edges[i].go())) for i in range(n)]
     t0 = time.perf_counter()

@@ -82,6 +82,14 @@ class ChainDrafter:
         one for its first row), so the prompt prefill can run while the edge waits on the network."""
         self.model.prefill(context[:-1])
 
+    def missing(self, context: Sequence[int]) -> int:
+        """Tokens of `context` but its last that the drafter's cache does not hold (what a draft after
+        `context` would evaluate first); the cache is left as it is."""
+        toks, n = self.model.tokens, min(len(self.model.tokens), len(context) - 1)
+        if toks[:n] != list(context[:n]):
+            n = next(i for i in range(n) if toks[i] != context[i])
+        return len(context) - 1 - n
+
     def draft(
         self,
         context: Sequence[int],

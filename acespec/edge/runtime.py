@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -27,7 +26,7 @@ from acespec.draft.cache import CacheConfig, StateCache
 from acespec.draft.chain import ChainDrafter
 from acespec.draft.prediction import PredictedDrafter, Prediction
 from acespec.edge.client import CloudSession, ConnectConfig, EdgeError, TcpLeadLink, TcpTransport
-from acespec.engine.follow import FollowConfig, FollowLoop, StreamError
+from acespec.engine.follow import FollowConfig, FollowLoop, StreamError, ThreadJob
 from acespec.engine.loop import ORIGIN_TARGET, LoopConfig, LoopResult, Round, SpecLoop
 from acespec.engine.stats import RunStats
 from acespec.engine.transport import Clock, Transport
@@ -99,7 +98,9 @@ def run_edge(
         kw = dict(sampling=sp, rule=rule, seed=cfg.seed, q_topn=cfg.q_topn)
         drafter = (PredictedDrafter(drafter_model, Prediction(cfg.prediction, len(prompt)), **kw) if cfg.prediction
                    else ChainDrafter(drafter_model, **kw))
-    session = _open_while_prefilling(cfg.connect, hello, drafter, prompt)
+    # cloud-led: the stream starts as soon as the cloud has the prompt, so the drafter's prefill goes on
+    # beside the follow loop rather than holding the stream's first tokens until it is done
+    session, prefill = _open_while_prefilling(cfg.connect, hello, drafter, prompt, keep_going=cfg.mode == "cloud-led")
     try:
         if drafter is None:
             return _cloud_only(session, prompt, cfg, on_tokens, t0, on_round, should_stop)
@@ -108,7 +109,7 @@ def run_edge(
             follow = FollowConfig(max_tokens=cfg.max_tokens, max_lead=min(FollowConfig.max_lead, session.max_draft_tokens))
             try:
                 res = FollowLoop(link, prompt, drafter=drafter, config=follow, on_tokens=on_tokens, on_round=on_round,
-                                 should_stop=should_stop).run(t0)
+                                 should_stop=should_stop, job=prefill, spawn=ThreadJob).run(t0)
             except StreamError as e:
                 raise EdgeError(f"cloud-led stream: {e}") from None
             res.stats.bytes_up, res.stats.bytes_down = session.total_bytes()
@@ -129,6 +130,11 @@ def run_edge(
         res.stats.cache["rtt_ms_mean"] = round(1e3 * transport.rtt_sum / max(1, transport.rtt_count), 3)
         return res
     finally:
+        if prefill is not None and not prefill.done():  # a run that failed before its follow loop took the job
+            try:
+                prefill.wait()
+            except BaseException:  # noqa: BLE001 - the run's own error is the one on its way out
+                pass
         session.close()
         if on_session_closed is not None:
             on_session_closed(session)
@@ -157,29 +163,27 @@ def build_loop(transport: Transport, drafter: ChainDrafter, prompt: Sequence[int
                     on_round=on_round, should_stop=should_stop, clock=clock)
 
 
-def _open_while_prefilling(connect: ConnectConfig, hello: wire.Hello, drafter: ChainDrafter | None, prompt) -> CloudSession:
+def _open_while_prefilling(connect: ConnectConfig, hello: wire.Hello, drafter: ChainDrafter | None, prompt, *,
+                           keep_going: bool = False) -> tuple[CloudSession, ThreadJob | None]:
     """Open the session while the drafter prefills the prompt in a second thread: the handshake is a
-    round trip of waiting, and llama.cpp releases the GIL while it computes."""
+    round trip of waiting, and llama.cpp releases the GIL while it computes. `keep_going`: return with
+    the prefill still running (the job is the caller's to wait on) instead of after it."""
     if drafter is None:
-        return CloudSession(connect, hello)
-    failed: list[BaseException] = []
-
-    def prefill() -> None:
-        try:
-            drafter.prefill(prompt)
-        except BaseException as e:  # re-raised in the caller's thread below
-            failed.append(e)
-
-    worker = threading.Thread(target=prefill, name="acespec-drafter-prefill", daemon=True)
-    worker.start()
+        return CloudSession(connect, hello), None
+    job = ThreadJob(lambda: drafter.prefill(prompt), name="acespec-drafter-prefill")
     try:
         session = CloudSession(connect, hello)
-    finally:
-        worker.join()  # the drafter must be idle before anything else touches it
-    if failed:
+    except BaseException:
+        job.wait()  # the drafter must be idle before anything else touches it
+        raise
+    if keep_going:
+        return session, job
+    try:
+        job.wait()
+    except BaseException:
         session.close()
-        raise failed[0]
-    return session
+        raise
+    return session, None
 
 
 def _cloud_only(session: CloudSession, prompt, cfg: EdgeConfig, on_tokens, t0: float, on_round=None,

@@ -25,11 +25,18 @@ and the edge makes that branch its chain (its KV already in place) instead of st
 How far ahead to draft is priced by `LeadDepth`: enough tokens to cover what the cloud commits in a
 round trip, plus the depth the measured acceptance makes worth verifying; a drafter with nothing to
 add stays idle (and so does the uplink).
+
+The user's tokens never wait on the drafter's long calls: the prompt's prefill (a laptop drafter
+takes seconds over a long prompt, where a GPU cloud streams from its first 50 ms), and catching up
+on what the stream committed while the drafter rested, run as a `DrafterJob` beside the loop, which
+goes on handing the stream's tokens over and leaves the drafter alone until the job is done. Only
+the short draft calls (`chunk` tokens) run in the loop.
 """
 
 from __future__ import annotations
 
 import math
+import threading
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -93,8 +100,11 @@ class FollowConfig:
     branch_len: int = 0  # tokens drafted after a branch's alternative (0 = no branches; they need a drafter with forks,
     #                      and on the recorded HumanEval traces they do not pay yet: docs/design-notes.md)
     max_branches: int = 4  # branches held at once, at distinct chain positions (each takes a KV slot)
-    idle_after: int = 16  # steps in a row the cloud verified none of our drafts before the uplink backs off ...
+    idle_after: int = 16  # steps in a row that could have verified a draft of ours and did not, before the uplink backs off ...
     idle_gap_max: int = 64  # ... to one short draft per this many steps at most (the gap doubles from idle_after)
+    catch_up_after: int = 16  # stream tokens the drafter may lag by before it catches up beside the loop (a job)
+    #                           rather than inside its next draft call, which would hold the stream's tokens back
+    poll_s: float = 0.005  # how often the loop looks for a finished job while the stream is quiet
 
 
 @dataclass
@@ -126,11 +136,19 @@ class LeadDepth:
 @dataclass
 class UplinkBackoff:
     """Whether to draft and upload now. While the cloud verifies none of this edge's drafts, step after
-    step (its pricer finds them not worth a pass, or they are stale when they land), every upload only
-    costs the cloud a frame to decode and the edge its drafter: after `idle_after` such steps the edge
-    sends one short draft per `gap` steps, the gap doubling up to `gap_max`, and goes back to drafting
-    freely the first step the cloud verifies one (the cloud's occasional probe of a draft is what
-    brings it back). Shared by the edge (`FollowLoop`) and the benchmarks' replay edges."""
+    step (its pricer finds them not worth a pass, or they are wrong), every upload only costs the cloud
+    a frame to decode and the edge its drafter: after `idle_after` such steps the edge sends one short
+    draft per `gap` steps, the gap doubling up to `gap_max`, and goes back to drafting freely the first
+    step the cloud verifies one (the cloud's occasional probe of a draft is what brings it back).
+
+    Only a step that says something about the drafts counts: one that broke the chain, one our
+    uploaded chain reached in time and the cloud passed over, or any step while the drafter is slower
+    than the stream (a chain that falls behind never gets ahead again). Steps while a faster drafter's
+    chain is still catching up after a miss, or its upload is on the way, say nothing: on a fast
+    target (18 ms a step) at 100 ms RTT that catch-up alone is about 16 steps, and counting it rested a
+    drafter whose drafts the cloud was taking (`acespec bench sim --profile edge-npu+h200`: 1.04x
+    cloud-only instead of 1.27x).
+    Shared by the edge (`FollowLoop`) and the benchmarks' replay edges."""
 
     idle_after: int = 16
     gap_max: int = 64
@@ -139,12 +157,14 @@ class UplinkBackoff:
     since: int = 0  # steps since the last upload
     sent_any: bool = False
 
-    def step(self, drafted: int) -> None:
-        """One step of the stream; `drafted`: draft tokens of ours it verified."""
+    def step(self, drafted: int, telling: bool = True) -> None:
+        """One step of the stream; `drafted`: draft tokens of ours it verified; `telling`: whether the
+        step broke our chain, passed over a draft of ours that had reached the cloud in time, or came
+        while the drafter is slower than the stream."""
         self.since += 1
         if drafted:
             self.ignored, self.gap = 0, 0
-        elif self.sent_any:
+        elif self.sent_any and telling:
             self.ignored += 1
             if self.ignored >= self.idle_after and not self.gap:
                 self.gap, self.since = self.idle_after, 0
@@ -156,6 +176,41 @@ class UplinkBackoff:
         if self.gap:  # an upload the backoff let through: the next one waits twice as long, unless it is used
             self.gap = min(2 * self.gap, self.gap_max)
         self.sent_any, self.since = True, 0
+
+
+class DrafterJob(ABC):
+    """Drafter work running beside the follow loop (the prompt's prefill, a catch-up)."""
+
+    @abstractmethod
+    def done(self) -> bool: ...
+
+    @abstractmethod
+    def wait(self) -> None:
+        """Block until it is done; re-raise what it raised."""
+
+
+class ThreadJob(DrafterJob):
+    """A job on a thread of its own: llama.cpp releases the GIL while it computes."""
+
+    def __init__(self, fn: Callable[[], None], name: str = "acespec-drafter-job") -> None:
+        self._error: BaseException | None = None
+
+        def body() -> None:
+            try:
+                fn()
+            except BaseException as e:  # re-raised by wait(), in the loop's thread
+                self._error = e
+
+        self._thread = threading.Thread(target=body, name=name, daemon=True)
+        self._thread.start()
+
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+    def wait(self) -> None:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
 
 
 @dataclass
@@ -178,7 +233,11 @@ def _alternatives(blk) -> list[tuple[int, float, float]]:
 class FollowLoop:
     def __init__(self, link: LeadLink, prompt: Sequence[int], *, drafter: ChainDrafter, config: FollowConfig,
                  on_tokens: Callable[[list[int]], None] | None = None, on_round: Callable[[Round], None] | None = None,
-                 should_stop: Callable[[], bool] | None = None, clock: Clock = time.perf_counter) -> None:
+                 should_stop: Callable[[], bool] | None = None, clock: Clock = time.perf_counter,
+                 job: DrafterJob | None = None, spawn: Callable[[Callable[[], None]], DrafterJob] | None = None) -> None:
+        """`job`: drafter work already running (the prompt's prefill, started while the handshake was in
+        flight); `spawn`: how to run a catch-up beside the loop (`ThreadJob`; the simulator's on virtual
+        time); None catches up inside the next draft call."""
         self.link = link
         self.prompt = [int(t) for t in prompt]
         self.drafter = drafter
@@ -206,19 +265,32 @@ class FollowLoop:
         self._gen = 0  # the chain's generation: a break starts a new one
         self._sent_gen = -1  # generation of the last upload
         self._sent_end = 0  # where the last upload's chain ended (base + length)
+        self._up_gen = -1  # the chain generation the cloud holds (the last upload's)
+        self._up_at = 0.0  # when it went up (the loop's clock)
         self.drafts_sent = 0
         self.chain_breaks = 0
+        self._job = job  # while it runs, the loop leaves the drafter alone
+        self._spawn = spawn
+        self.catch_ups = 0
 
     def run(self, t0: float | None = None) -> LoopResult:
         t0 = self.clock() if t0 is None else t0
         self._t0 = t0
         self._last_arrival: float | None = None
+        try:
+            return self._follow(t0)
+        finally:
+            if self._job is not None:  # the drafter must be idle before its owner uses it again
+                job, self._job = self._job, None
+                job.wait()
+
+    def _follow(self, t0: float) -> LoopResult:
         finished = False
         while not finished:
             if self.should_stop is not None and self.should_stop():
                 break
             busy = self._want() > 0 or self._can_branch()
-            got = self.link.recv(0 if busy else None)
+            got = self.link.recv(0 if busy else self.cfg.poll_s if self._job is not None else None)
             while got is not None:
                 if isinstance(got, Disconnected):
                     self._resume()
@@ -228,7 +300,12 @@ class FollowLoop:
             if finished:
                 break
             want = self._want()
-            if want > 0:  # a few tokens between looks at the stream; what costs nothing (a prediction) at once
+            if (want > 0 and self._spawn is not None and not self.chain and not self.branches
+                    and self.drafter.missing(self.committed) > self.cfg.catch_up_after):
+                ctx = list(self.committed)
+                self._job = self._spawn(lambda: self.drafter.prefill(ctx))
+                self.catch_ups += 1
+            elif want > 0:  # a few tokens between looks at the stream; what costs nothing (a prediction) at once
                 self._draft(max(min(want, self.cfg.chunk), min(want, self.drafter.free_ahead(self.committed + self.chain))))
             elif self._can_branch():
                 self._draft_branch()
@@ -237,7 +314,8 @@ class FollowLoop:
                 self._upload()
         self.stats.wall_s = self.clock() - t0
         self.stats.cache.update({"drafts_sent": self.drafts_sent, "chain_breaks": self.chain_breaks,
-                                 "branches_drafted": self.branches_drafted, "branches_taken": self.branches_taken})
+                                 "branches_drafted": self.branches_drafted, "branches_taken": self.branches_taken,
+                                 "catch_ups": self.catch_ups})
         return LoopResult(self.committed[len(self.prompt):], self.stats, finished)
 
     # -- drafting ------------------------------------------------------------------------------------
@@ -246,8 +324,20 @@ class FollowLoop:
         long is of no use, and polling for it would spin)."""
         if not self.uplink.may_send():
             return 0  # the cloud has been verifying none of our drafts: the drafter rests (UplinkBackoff)
+        if not self._drafter_free():
+            return 0
         left = self.cfg.max_tokens - (len(self.committed) - len(self.prompt))
         return min(self.depth.target(self.link.rtt_s()), left) - len(self.chain)
+
+    def _drafter_free(self) -> bool:
+        """Whether the loop may use the drafter: no job is running (a finished one's error surfaces here)."""
+        if self._job is None:
+            return True
+        if not self._job.done():
+            return False
+        job, self._job = self._job, None
+        job.wait()
+        return True
 
     def _draft(self, n: int) -> None:
         blk = self.drafter.draft(self.committed + self.chain, n, keep_q=self.needs_q, keep_top=2 if self.branching else 0)
@@ -261,7 +351,7 @@ class FollowLoop:
 
     def _can_branch(self) -> bool:
         return (self.branching and bool(self._free) and bool(self.chain) and self._nomore < len(self.committed) + len(self.chain)
-                and self.uplink.may_send())
+                and self.uplink.may_send() and self._job is None)
 
     def _draft_branch(self) -> None:
         """Pre-draft the likeliest nameable miss: at chain position j, weight = reach(j) x q(second
@@ -313,6 +403,7 @@ class FollowLoop:
             tokens = tokens + [b.alt] + b.tokens
         self.link.send_draft(len(self.committed), tokens, q, parents)
         self._sent_gen, self._sent_end = self._gen, len(self.committed) + n
+        self._up_gen, self._up_at = self._gen, self.clock()
         self.drafts_sent += 1
         self.uplink.sent()
 
@@ -322,17 +413,23 @@ class FollowLoop:
         if c.start > have:
             raise StreamError(f"the cloud streamed from {c.start}, the edge holds {have}")
         new = list(c.tokens[have - c.start:])
-        now = c.arrived - self._t0
+        now = self.clock() - self._t0  # when the user gets them: a drafter call may have held them past arrival
         gap = None if self._last_arrival is None else c.arrived - self._last_arrival
         self._last_arrival = c.arrived
         if not new:
             return c.finished
         if self.stats.emitted == 0:
             self.stats.ttft_s = now
+        rtt = self.link.rtt_s()
+        # the cloud held our chain for this step if it went up a round trip before the step came back
+        held = (self._up_gen == self._gen and c.start < self._sent_end
+                and self._up_at <= c.arrived - (self.cfg.prior_rtt_s if rtt is None else rtt))
+        slow = self.stats.draft_s > 0 and self.stats.draft_tokens / self.stats.draft_s <= self.depth.rate
+        breaks = self.chain_breaks
         for t in new:
             self._take(t)
         self.stats.observe_block(c.drafted, c.accepted)
-        self.uplink.step(c.drafted)
+        self.uplink.step(c.drafted, telling=held or slow or self.chain_breaks > breaks)
         self.stats.k_chosen.append(c.drafted)
         self.stats.emitted += len(new)
         self.stats.observe_pass(c.drafted, c.verify_s)
@@ -382,4 +479,4 @@ class FollowLoop:
         agreed = self.link.resume(self.committed)
         if agreed != len(self.committed):
             raise StreamError(f"the cloud resumed at {agreed}, the edge holds {len(self.committed)}")
-        self._sent_gen = -1  # a new session's board is empty: upload again
+        self._sent_gen = self._up_gen = -1  # a new session's board is empty: upload again

@@ -22,7 +22,7 @@ import numpy as np
 
 from acespec.draft.cache import DRAFTER_SLOTS
 from acespec.draft.chain import ChainDrafter
-from acespec.engine.follow import FollowConfig, FollowLoop, LeadLink, StepChunk
+from acespec.engine.follow import DrafterJob, FollowConfig, FollowLoop, LeadLink, StepChunk
 from acespec.engine.lead import LeadState
 from acespec.engine.records import Block, LinkSample
 from acespec.engine.stats import RunStats
@@ -182,6 +182,21 @@ class SimLeadLink(LeadLink):
         return StepChunk(f.start, f.tokens, f.finished, f.drafted, f.accepted, f.verify_s, t)
 
 
+class SimJob(DrafterJob):
+    """Drafter work beside the edge's loop, on a simulated thread of its own (`FollowLoop`'s jobs)."""
+
+    def __init__(self, edge: "SimEdge", fn) -> None:
+        self.edge = edge
+        self.thread = edge.k.spawn(fn, name="drafter-job")
+
+    def done(self) -> bool:
+        return self.thread.done
+
+    def wait(self) -> None:
+        while not self.thread.done:  # the kernel re-raises what the job raised
+            self.edge.thread.sleep(1e-3)
+
+
 class SimEdge:
     """One edge on a kernel: its two links, its session at the cloud, and the simulated thread that
     runs the live edge's code. `result` is set when its generation ends."""
@@ -228,17 +243,25 @@ class SimEdge:
     def _speculate(self, t0: float, *, lead: bool = False) -> tuple[RunStats, list[int]]:
         from acespec.edge.runtime import build_loop
 
+        # a drafter call takes the time of whichever simulated thread makes it (the loop's, or a job's)
         model = ReplayModel(self.vocab, "draft", n_slots=DRAFTER_SLOTS,
-                            on_eval=lambda sizes: self.thread.sleep(self.device.draft_call_s(sizes)))
+                            on_eval=lambda sizes: self.k.current.sleep(self.device.draft_call_s(sizes)))
         drafter = ChainDrafter(model, sampling=SamplingParams(), rule=RuleSpec.parse("greedy"), clock=self.k.now)
-        drafter.prefill(self.vocab.prompt)  # while HELLO -> WELCOME is in flight, as the live edge does
+        # the prompt's prefill while HELLO -> WELCOME is in flight, as the live edge does; cloud-led's goes on
+        # beside its loop, which would otherwise hold the stream's first tokens until it is done
+        job = None
+        if lead:
+            job = SimJob(self, lambda: drafter.prefill(self.vocab.prompt))
+        else:
+            drafter.prefill(self.vocab.prompt)
         while True:  # the handshake
             item = self.inbox.get(self.thread, None)
             if item[1] == "welcome":
                 break
         if lead:
             loop = FollowLoop(SimLeadLink(self, self.rtt_s), self.vocab.prompt, drafter=drafter,
-                              config=FollowConfig(max_tokens=self.trace.n), clock=self.k.now)
+                              config=FollowConfig(max_tokens=self.trace.n), clock=self.k.now,
+                              job=job, spawn=lambda fn: SimJob(self, fn))
         else:
             loop = build_loop(SimTransport(self), drafter, self.vocab.prompt, self.cfg.edge_config(self.trace.n), clock=self.k.now)
         res = loop.run(t0)

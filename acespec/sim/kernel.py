@@ -36,6 +36,7 @@ class Kernel:
         self._threads: list[SimThread] = []
         self.error: BaseException | None = None
         self.closed = False
+        self.current: SimThread | None = None  # the thread holding the baton (None: the kernel's own callbacks)
 
     def now(self) -> float:
         """The virtual clock: the `clock` the loop, the cache and the transport are given."""
@@ -105,6 +106,7 @@ class SimThread:
         if self.done or (wake_id is not None and wake_id != self._wake_id):
             return
         self._wake_id += 1
+        self.k.current = self
         if not self.started:
             self.started = True
             self._thread = threading.Thread(target=self._body, name=f"acespec-sim-{self.name}", daemon=True)
@@ -112,6 +114,7 @@ class SimThread:
         else:
             self._go.release()
         self.k._back.acquire()
+        self.k.current = None
 
     def _block(self) -> None:
         """Thread side: hand the baton back and wait until the kernel resumes this thread."""
