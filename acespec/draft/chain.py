@@ -99,11 +99,14 @@ class ChainDrafter:
         keep_top: int = 0,
         min_conf: float = 0.0,
         min_tokens: int = 1,
+        stop: Callable[[], bool] | None = None,
     ) -> DraftBlock:
         """Draft up to `n` tokens after `context`; stop early once a token's q(x) < min_conf
         (after `min_tokens`), since a low-confidence token is likely rejected and everything after it
         wasted. `keep_top` > 0 also records the drafter's best `keep_top` candidates at each position
-        (what the state cache plans outcomes from)."""
+        (what the state cache plans outcomes from). `stop`, if given, is asked after each token
+        whether to return what is drafted so far (the loop's "a verdict came in"); drafting on
+        from `context + tokens` later continues where this call left off."""
         t0 = self.clock()
         keep_q = self.rule.info.needs_q if keep_q is None else keep_q
         tokens: list[int] = []
@@ -132,6 +135,8 @@ class ChainDrafter:
                 top.append(cand)
             pos += 1
             if len(tokens) >= n or (len(tokens) >= min_tokens and c < min_conf):
+                break
+            if stop is not None and stop():
                 break
             logits = self.model.eval([x])[0]
         self.tokens_drafted += len(tokens)

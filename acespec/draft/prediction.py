@@ -69,10 +69,11 @@ class PredictedDrafter(ChainDrafter):
         return len(self.prediction.continuation(context, len(self.prediction.tokens)))
 
     def draft(self, context: Sequence[int], n: int, *, keep_q: bool | None = None, keep_top: int = 0,
-              min_conf: float = 0.0, min_tokens: int = 1) -> DraftBlock:
+              min_conf: float = 0.0, min_tokens: int = 1, stop=None) -> DraftBlock:
         cont = self.prediction.continuation(context, n) if n > 0 else []
         if not cont or len(cont) < min_tokens:
-            return super().draft(context, n, keep_q=keep_q, keep_top=keep_top, min_conf=min_conf, min_tokens=min_tokens)
+            return super().draft(context, n, keep_q=keep_q, keep_top=keep_top, min_conf=min_conf, min_tokens=min_tokens,
+                                 stop=stop)
         keep_q = self.rule.info.needs_q if keep_q is None else keep_q
         q = None
         if keep_q:
