@@ -645,6 +645,45 @@ def test_a_replica_going_away_answers_a_hello_busy_so_the_edge_opens_elsewhere()
         assert srv.server.errors_sent["BUSY"] == 2 and not srv.server.errors_sent.get("INTERNAL")
 
 
+def test_a_replica_going_away_answers_a_resume_busy_and_a_stream_going_away():
+    """An edge whose connection dropped as its replica drained RESUMEs: the session dies with the
+    replica, so the answer is BUSY (the edge carries its text to another) whether the drain has begun
+    or the engine has already stopped; a cloud-only stream whose engine stops under it is told
+    GOING_AWAY. INTERNAL, which ends the edge's run, was the answer to both (CI, fleet bench)."""
+    import asyncio
+
+    from paced_toy import PassCostToy
+
+    # each pass takes 20 ms, so the stream below is still going when the engine stops
+    with CloudServerThread(PassCostToy(vocab=V, seed=1, pass_s=0.02), server_config()) as srv:
+        s, w = open_session(srv.port)
+        v = step(s, w.session, 0, P)
+        s.close()
+        toks = list(PROMPT) + [v.next_token]
+        deadline = time.monotonic() + IO_TIMEOUT_S
+        while srv.server.sessions[w.session].connected and time.monotonic() < deadline:
+            time.sleep(0.01)
+        srv.server.draining = True
+        r = connect(srv.port)
+        wire.send_frame(r, resume_frame(w, toks))
+        f = recv_one(r)
+        assert isinstance(f, wire.Error) and f.code == ErrorCode.BUSY and "draining" in f.message, f
+        r.close()
+        srv.server.draining = False
+        stream, _ = open_session(srv.port, mode=wire.Mode.CLOUD_ONLY, max_tokens=MAX_NEW)
+        assert isinstance(recv_one(stream), wire.Tokens)
+        asyncio.run_coroutine_threadsafe(srv.server.engine.stop(), srv._loop).result(10)
+        r = connect(srv.port)
+        wire.send_frame(r, resume_frame(w, toks))
+        f = recv_one(r)
+        assert isinstance(f, wire.Error) and f.code == ErrorCode.BUSY and "stopping" in f.message, f
+        r.close()
+        frames, _how = drain(stream)
+        assert frames and frames[-1] == wire.Close(reason=wire.CloseReason.GOING_AWAY), frames[-3:]
+        assert not any(isinstance(x, wire.Error) for x in frames), frames[-3:]
+        assert not srv.server.errors_sent.get("INTERNAL"), srv.server.errors_sent
+
+
 def test_a_half_frame_after_the_handshake_is_dropped_at_the_frame_deadline():
     """Mid-session, a peer that starts a frame and stalls is refused once `frame_timeout_s` passes,
     not left to the (here 300 s) idle sweep, and its session waits for a RESUME as after any drop."""

@@ -281,6 +281,18 @@ class CloudServer:
             await self._refuse(writer, wire.ErrorCode.BAD_REQUEST, "no HELLO or RESUME within the handshake timeout")
         except (ConnectionError, asyncio.IncompleteReadError, ssl.SSLError):
             pass  # the edge went away (or broke its TLS, e.g. data after our close_notify); its session waits for RESUME
+        except EngineStopped as e:
+            # the replica stopped under this connection (a RESUME or a step that came in as the drain
+            # ended): not a server bug. Before WELCOME, BUSY sends the edge to another replica; after
+            # it, GOING_AWAY makes it reconnect and carry its text to whichever cloud answers
+            if session is None:
+                await self._refuse(writer, wire.ErrorCode.BUSY, f"this replica is stopping: {e}")
+            else:
+                try:
+                    writer.write(wire.encode(wire.Close(reason=wire.CloseReason.GOING_AWAY)))
+                    await writer.drain()
+                except (ConnectionError, OSError):
+                    pass
         except asyncio.CancelledError:
             raise
         except Exception as e:  # a bug must not take the server down
@@ -480,6 +492,11 @@ class CloudServer:
             if s is not None:
                 self._gate.failed(addr)
             raise ProtocolError(wire.ErrorCode.UNKNOWN_SESSION, f"no session {r.session} for these credentials (expired, never opened, or not yours)")
+        if self.draining:
+            # the session dies with this replica: resuming it here would only meet GOING_AWAY (or a
+            # stopped engine). BUSY sends the edge to another replica, where it opens a session
+            # carrying its committed text
+            raise ProtocolError(wire.ErrorCode.BUSY, "this replica is draining; continue the session on another")
         if s.in_handshake:
             # two RESUMEs at once: the first one wins; this one must not also be told a committed
             # length the winner may roll back
