@@ -174,6 +174,26 @@ def test_sigterm_fails_ready_and_the_process_exits_cleanly():
         p.wait(30)
 
 
+def test_sigterm_drains_and_exits_when_nobody_reads_the_servers_stdout():
+    """A supervisor that read the first line and closed its end of the pipe (or `acespec serve | head`):
+    SIGTERM still drains the server and it exits 0, telling its edge GOING_AWAY. Its "draining" line
+    then met a broken pipe inside the signal handler, and the process ran on until it was killed."""
+    p, port, _ = _serve()
+    try:
+        s = CloudSession(ConnectConfig(port=port), hello())
+        p.stdout.close()
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(30) == 0
+        deadline = time.monotonic() + 10
+        while not s.link.going_away and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert s.link.going_away
+        assert "BrokenPipeError" not in p.stderr.read()
+    finally:
+        p.kill()
+        p.wait(30)
+
+
 # ------------------------------------------------------------------------------------- the edge's fleet
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import sys
 from pathlib import Path
@@ -258,21 +259,21 @@ def cmd_serve(args: argparse.Namespace) -> int:
     async def main() -> None:
         await server.start()
         m = engine.metrics()
-        print(f"acespec serve: listening on {cfg.host}:{server.port}{' (TLS)' if tls else ''} (target {target.name}, {engine.name} engine, "
-              f"{m.get('slots', 1)} KV slot(s) of {engine.max_context} tokens)", flush=True)
+        _say(f"acespec serve: listening on {cfg.host}:{server.port}{' (TLS)' if tls else ''} (target {target.name}, {engine.name} engine, "
+             f"{m.get('slots', 1)} KV slot(s) of {engine.max_context} tokens)")
         if args.metrics_port is not None:
             from acespec.cloud.metrics import start_metrics_server
 
             httpd, _ = start_metrics_server(server, args.metrics_port, cfg.host)
-            print(f"acespec serve: metrics at http://{cfg.host}:{httpd.server_port}/metrics (load-balancer checks: "
-                  f"/health, /ready)", flush=True)
+            _say(f"acespec serve: metrics at http://{cfg.host}:{httpd.server_port}/metrics (load-balancer checks: "
+                 f"/health, /ready)")
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
 
         def on_signal(sig: signal.Signals) -> None:
             server.draining = True  # /ready fails from here, before the loop gets round to stop()
-            print(f"acespec serve: {sig.name}: draining (the verdicts owed go out, no new sessions)", flush=True)
             stop.set()
+            _say(f"acespec serve: {sig.name}: draining (the verdicts owed go out, no new sessions)")
 
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, on_signal, sig)
@@ -282,3 +283,19 @@ def cmd_serve(args: argparse.Namespace) -> int:
     run_loop(main(), args.loop)
     print("acespec serve: stopped", file=sys.stderr)
     return 0
+
+
+def _say(line: str) -> None:
+    """A line on stdout that may go nowhere. A supervisor or a pipe that stopped reading (`| head`, a
+    parent that read the first line and closed its end) must not stop the server: a BrokenPipeError in
+    the SIGTERM handler left `acespec serve` running, undrained, until it was killed. Once the pipe is
+    gone, stdout goes to /dev/null, so the exit's flush does not fail either."""
+    try:
+        print(line, flush=True)
+    except (BrokenPipeError, ValueError):  # ValueError: stdout closed
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            os.close(devnull)
+        except (OSError, ValueError):
+            pass
