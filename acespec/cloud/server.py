@@ -48,6 +48,10 @@ from acespec.verify.sampling import dense_row
 
 log = logging.getLogger("acespec.cloud")
 
+# What a draining or stopped replica tells a live edge (the drain, a step that meets the stopped
+# engine, a verdict writer past its last verdict): reconnect, and carry your text to whoever answers.
+_GOING_AWAY = wire.encode(wire.Close(reason=wire.CloseReason.GOING_AWAY))
+
 
 @dataclass
 class ServerConfig:
@@ -165,7 +169,7 @@ class CloudServer:
                 continue
             try:
                 if not w.is_closing():
-                    w.write(wire.encode(wire.Close(reason=wire.CloseReason.GOING_AWAY)))
+                    w.write(_GOING_AWAY)
             except (ConnectionError, OSError, RuntimeError, AttributeError):
                 # AttributeError: asyncio's TLS transport, written to after a failed handshake tore its
                 # TLS layer down, fails inside sslproto (seen under load); the peer is gone either way
@@ -289,7 +293,7 @@ class CloudServer:
                 await self._refuse(writer, wire.ErrorCode.BUSY, f"this replica is stopping: {e}")
             else:
                 try:
-                    writer.write(wire.encode(wire.Close(reason=wire.CloseReason.GOING_AWAY)))
+                    writer.write(_GOING_AWAY)
                     await writer.drain()
                 except (ConnectionError, OSError):
                     pass
@@ -598,7 +602,7 @@ class CloudServer:
         while True:
             item = await verdicts.get()
             if item is None:  # the server is stopping: every verdict owed has gone out
-                writer.write(wire.encode(wire.Close(reason=wire.CloseReason.GOING_AWAY)))
+                writer.write(_GOING_AWAY)
                 await writer.drain()
                 writer.close()
                 return
