@@ -3,7 +3,7 @@
     .venv/bin/python scripts/trace_generate.py [--ks 1,2,4] [--n-prompts 4] [--max-tokens 128] [--threads 2]
 
 Both runs use the default pair on raw HumanEval stubs (the prompts `acespec bench peer` uses), plain
-first, then speculative with depth K, each prompt from a fresh context. Every call to a model's
+first, then speculative at each depth K, each prompt from a fresh context. Every call to a model's
 decode is timed and grouped by model and kind: the prompt's prefill, a one-token step, or a pass of n
 rows (a verify block, the drafter's catch-up after a block accepted whole), split at position 256
 where a one-token pass gets its pad row (`docs/design-notes.md`, exact passes). What is left over is
@@ -18,10 +18,12 @@ import collections
 import statistics
 import time
 
+from acespec.bench.peer import draft_depths
+
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--ks", default="1,2,4", help="draft depths of the speculative runs (default 1,2,4)")
+    ap.add_argument("--ks", type=draft_depths, default=(1, 2, 4), help="draft depths of the speculative runs (default 1,2,4)")
     ap.add_argument("--n-prompts", type=int, default=4, help="HumanEval stubs (default 4)")
     ap.add_argument("--max-tokens", type=int, default=128, help="tokens per generation (default 128)")
     ap.add_argument("--threads", type=int, default=None, help="threads per model (default: every core)")
@@ -31,10 +33,11 @@ def main() -> int:
     from acespec.eval.humaneval import load_problems
     from acespec.models import load_model
     from acespec.models.llama import SPLIT_KV_FROM
+    from acespec.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
 
     opts = {"n_threads": args.threads} if args.threads else {}
-    draft = load_model("qwen2.5-coder-0.5b", n_ctx=2048, **opts)
-    target = load_model("qwen2.5-coder-1.5b", n_ctx=2048, **opts)
+    draft = load_model(DEFAULT_DRAFT, n_ctx=2048, **opts)
+    target = load_model(DEFAULT_TARGET, n_ctx=2048, **opts)
     calls: list[tuple[str, str, float]] = []  # (run, kind, seconds)
     run = ["plain"]
 
@@ -58,20 +61,21 @@ def main() -> int:
     prompts = [list(target.tokenizer.encode(p["prompt"])) for p in load_problems()[: args.n_prompts]]
     wall: dict[str, float] = {}
     tokens: dict[str, int] = {}
-    ks = [int(k) for k in args.ks.split(",")]
     runs = [("plain", SpecConfig(spec=False, max_tokens=args.max_tokens))]
-    runs += [(f"k={k}", SpecConfig(k=k, max_tokens=args.max_tokens)) for k in ks]
+    runs += [(f"k={k}", SpecConfig(k=k, max_tokens=args.max_tokens)) for k in args.ks]
     for name, cfg in runs:
         run[0] = name
         wall[name] = 0.0
         tokens[name] = 0
         for ids in prompts:
+            draft.reset()
+            target.reset()
             t0 = time.perf_counter()
             out = generate(target, ids, cfg, draft=draft)
             wall[name] += time.perf_counter() - t0
             tokens[name] += len(out.tokens)
 
-    print(f"trace_generate: qwen2.5-coder-0.5b -> qwen2.5-coder-1.5b, greedy, {args.n_prompts} HumanEval stub(s) "
+    print(f"trace_generate: {DEFAULT_DRAFT} -> {DEFAULT_TARGET}, greedy, {args.n_prompts} HumanEval stub(s) "
           f"x {args.max_tokens} tokens, threads {args.threads or 'all'}")
     step = statistics.median([s for r, k, s in calls if r == "plain" and k.startswith("target step") and "256" not in k])
     for name in wall:

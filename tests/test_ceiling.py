@@ -158,7 +158,7 @@ def test_bench_acespec_checks_each_mode_against_its_ceiling():
 def test_a_k_with_passes_enough_is_priced_at_its_own_median_not_the_line():
     # a CPU's cost curve: a plain step far cheaper than the line through the deeper passes says (the
     # line's intercept, the median of the medians' offsets from its slope, is 0.125 here, and it puts a
-    # 4-row pass at 0.385). Four k, not three: with three the median offset was the plain step's own
+    # k = 4 pass at 0.385). Four k, not three: with three the median offset was the plain step's own
     # 0.10 give or take rounding, and `> 0.10` failed on an AMD CPU whose LAPACK rounds the other way.
     r = _stats([(0, 0.10)] * 6 + [(2, 0.30)] * 6 + [(4, 0.40)] * 6 + [(6, 0.50)] * 6,
                accepted=8, rejections=2, drafted=20, draft_s=0.02)

@@ -385,7 +385,8 @@ def format_report(res: dict) -> str:
     return "\n".join(out)
 
 
-def _ks(text: str) -> tuple[int, ...]:
+def draft_depths(text: str) -> tuple[int, ...]:
+    """argparse type of `--ks`: comma-separated draft depths, each 1-64 (also scripts/trace_generate.py's)."""
     try:
         ks = tuple(int(x) for x in str(text).split(",") if x.strip())
     except ValueError:
@@ -399,7 +400,7 @@ def add_parser(bench_subparsers: argparse._SubParsersAction) -> argparse.Argumen
     from acespec.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
 
     p = bench_subparsers.add_parser("peer", help="AceSpec against llama.cpp's llama-speculative-simple, side by side")
-    p.add_argument("--ks", type=_ks, default=(2, 4, 8), help="draft depths for both sides (default 2,4,8)")
+    p.add_argument("--ks", type=draft_depths, default=(2, 4, 8), help="draft depths for both sides (default 2,4,8)")
     p.add_argument("--n-prompts", type=pos_int, default=4, help="HumanEval code stubs (default 4)")
     p.add_argument("--max-tokens", type=pos_int, default=128, help="tokens per generation (default 128)")
     p.add_argument("--repeats", type=pos_int, default=2, help="runs of every (prompt, configuration) (default 2)")
