@@ -136,8 +136,12 @@ def test_summary_judges_equality_and_each_sides_best_k():
     assert res["best"] == {"llama.cpp": "k=4", "acespec": "k=2"}  # fastest, not deepest
     assert res["acespec_over_peer"] == pytest.approx((100 / 8) / (100 / 11), abs=1e-3)
     assert res["plain_texts_equal"] == "1/1"
+    # the bar at 1.3 x llama.cpp's 100/11 tok/s is 1.18x acespec's plain 100/10: more than plain's own speed
+    assert res["bar_needs_x_plain"] == pytest.approx(1.3 * (100 / 11) / (100 / 10), abs=1e-3)
     report = peer.format_report(res)
     assert "NOT met" not in report and "[met: bar 1.3x]" in report
+    assert "the bar asks acespec's speculation for 1.18x its own plain decoding (1.3 x llama.cpp k=4 / acespec plain); " \
+        "its best K gives 1.25x" in report
 
 
 def test_the_controller_row_is_reported_apart_from_the_best_fixed_k():
@@ -163,5 +167,6 @@ def test_the_controller_row_is_reported_apart_from_the_best_fixed_k():
     assert res["rows"]["acespec auto"]["equal_to_plain"] == "1/1"
     report = peer.format_report(res)
     assert "best K: acespec k=3 over llama.cpp k=3: 0.99x [NOT met: bar 1.3x]" in report
+    assert "for 0.90x its own plain decoding (1.3 x llama.cpp k=3 / acespec plain); its best K gives 0.68x" in report
     assert "acespec auto (the depth controller) over llama.cpp k=3: 1.39x [met: bar 1.3x]," in report
     assert "drafts verified in 4.2% of its target passes" in report
