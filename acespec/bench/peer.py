@@ -340,19 +340,21 @@ def summarise(samples: list[Sample], cfg: PeerConfig, *, draft_spec: str, target
         spec = [r for r in rows.values() if r["side"] == side and isinstance(r["k"], int)]  # fixed depths
         if spec:
             best[side] = max(spec, key=lambda r: r["tokens_per_s"])["config"]
+    # llama.cpp's best speculative rate: what the ratio, the bar and the auto row are all measured against
+    peer_rate = rows[f"llama.cpp {best['llama.cpp']}"]["tokens_per_s"] if "llama.cpp" in best else None
     ratio = None
     if len(best) == 2:
-        ratio = round(rows[f"acespec {best['acespec']}"]["tokens_per_s"] / rows[f"llama.cpp {best['llama.cpp']}"]["tokens_per_s"], 3)
+        ratio = round(rows[f"acespec {best['acespec']}"]["tokens_per_s"] / peer_rate, 3)
     # what the bar asks of AceSpec's speculation as a fraction of its own plain rate: where it is above
     # what any K gives, no K meets the bar without cheaper passes (scripts/trace_generate.py prices a
     # token of each K in plain steps; on the 2-core CPUs measured, every K costs more than a plain step)
     needs = None
-    if "llama.cpp" in best and rows.get("acespec plain", {}).get("tokens_per_s"):
-        needs = round(BAR * rows[f"llama.cpp {best['llama.cpp']}"]["tokens_per_s"] / rows["acespec plain"]["tokens_per_s"], 3)
+    if peer_rate is not None and rows.get("acespec plain", {}).get("tokens_per_s"):
+        needs = round(BAR * peer_rate / rows["acespec plain"]["tokens_per_s"], 3)
     auto = rows.get(f"acespec {AUTO}")
     auto_ratio = None
-    if auto and "llama.cpp" in best:
-        auto_ratio = round(auto["tokens_per_s"] / rows[f"llama.cpp {best['llama.cpp']}"]["tokens_per_s"], 3)
+    if auto and peer_rate is not None:
+        auto_ratio = round(auto["tokens_per_s"] / peer_rate, 3)
     plain_same = None
     pl = {(s.prompt_id, s.side): s.text for s in samples if s.config == "plain"}
     pids = sorted({s.prompt_id for s in samples})
