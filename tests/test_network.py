@@ -357,24 +357,32 @@ def test_bytes_per_block_and_verdict(big_cloud, frame_log, rule, temperature, mo
 
 
 @pytest.mark.parametrize("mode,q_topn", [("sync", 8), ("pipelined", 8), ("sync", V)])
-def test_strict_q_on_the_wire_is_the_q_sampled_from(cloud, monkeypatch, mode, q_topn):
-    """Every q row the cloud verifies against equals, bit for bit, the row the drafter sampled from."""
+def test_strict_q_on_the_wire_is_the_q_sampled_from(monkeypatch, mode, q_topn):
+    """Every q row the cloud verifies against equals, bit for bit, the row the drafter sampled from.
+
+    The spies are patched on the classes, so they see every session in this process (a shared
+    module cloud may still be verifying an earlier test's blocks). This test therefore runs its own
+    server and records only what belongs to it: blocks sent to its port and verified against its own
+    target instance."""
     sent: dict[int, np.ndarray] = {}
     verified: dict[int, np.ndarray] = {}
     real_send, real_prepare = TcpTransport.send, TargetVerifier.prepare
+    target = toy_target()
+    with CloudServerThread(target, ServerConfig(port=0, max_sessions=4)) as own:
 
-    def send(self, block):
-        sent[block.seq] = None if block.q is None else block.q.copy()
-        return real_send(self, block)
+        def send(self, block):
+            if self.s.cfg.port == own.port:
+                sent[block.seq] = None if block.q is None else block.q.copy()
+            return real_send(self, block)
 
-    def prepare(self, seq, base, x, q=None):  # every engine hands each block to the verifier here
-        if len(x):
-            verified[seq] = None if q is None else np.array(q, copy=True)
-        return real_prepare(self, seq, base, x, q)
+        def prepare(self, seq, base, x, q=None):  # every engine hands each block to the verifier here
+            if self.target is target and len(x):
+                verified[seq] = None if q is None else np.array(q, copy=True)
+            return real_prepare(self, seq, base, x, q)
 
-    monkeypatch.setattr(TcpTransport, "send", send)
-    monkeypatch.setattr(TargetVerifier, "prepare", prepare)
-    res = run(cloud.port, mode, k=4, rule="strict", temperature=TEMP, q_topn=q_topn)
+        monkeypatch.setattr(TcpTransport, "send", send)
+        monkeypatch.setattr(TargetVerifier, "prepare", prepare)
+        res = run(own.port, mode, k=4, rule="strict", temperature=TEMP, q_topn=q_topn)
     assert len(res.tokens) == N
     assert verified and set(verified) <= set(sent)
     for seq, q in verified.items():
