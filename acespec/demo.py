@@ -2,8 +2,9 @@
 
 It starts the cloud verifier (`acespec serve`, default target) and the WAN emulator (`acespec wan`)
 as child processes, runs the edge (default drafter) in this process through the emulated link, and
-generates the same prompt three ways with the same seed: AceSpec (pipelined + state cache +
-adaptive depth), `cloud-led` (the cloud streams without waiting; the edge's drafts speed it up),
+generates the same prompt four ways with the same seed: AceSpec (the default mode, `auto`: the
+cloud streams without ever waiting and the edge's drafts join when ready), `edge-led` (pipelined +
+state cache + branches + adaptive depth and window: the edge drafts and the cloud verifies),
 `sync` (stop-and-wait) and `cloud-only` (the cloud streams tokens). It streams
 AceSpec's text, then prints a side-by-side table and a losslessness check. Every child process is
 stopped on exit, also on Ctrl-C or SIGTERM.
@@ -183,12 +184,11 @@ def _run(args: argparse.Namespace, children: ChildProcesses) -> int:
         prompt = tok.chat_prompt([{"role": "user", "content": args.prompt}])
         connect = ConnectConfig(port=wan_port, token=token)
         common = dict(rule=args.rule, temperature=args.temperature, seed=args.seed, max_tokens=args.max_tokens, connect=connect)
-        runs = [
-            ("AceSpec", EdgeConfig(mode="pipelined", k=args.k, policy="controller", cache=True, branches=True, auto_window=True, **common), True),
-        ]
+        runs = [("AceSpec", EdgeConfig(mode="auto", **common), True)]
         if not args.quick:
             runs += [
-                ("cloud-led", EdgeConfig(mode="cloud-led", **common), False),
+                ("edge-led", EdgeConfig(mode="pipelined", k=args.k, policy="controller", cache=True, branches=True,
+                                        auto_window=True, **common), False),
                 ("sync", EdgeConfig(mode="sync", k=args.k, **common), False),
                 ("cloud-only", EdgeConfig(mode="cloud-only", **common), False),
             ]
@@ -200,7 +200,8 @@ def _run(args: argparse.Namespace, children: ChildProcesses) -> int:
         for name, cfg, show in runs:
             stream = TextStream(tok)
             if show:
-                print(f"\n[demo] {name} (pipelined, state cache, branches, adaptive depth and window) over the emulated link:\n", file=sys.stderr, flush=True)
+                print(f"\n[demo] {name} (mode auto: the cloud streams, the edge's drafts join when ready) over the emulated link:\n",
+                      file=sys.stderr, flush=True)
             else:
                 print(f"\n[demo] running {name} for comparison ...", file=sys.stderr, flush=True)
 

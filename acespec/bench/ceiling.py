@@ -43,7 +43,7 @@ import numpy as np
 
 from acespec.engine.stats import RunStats
 
-MODES = ("cloud-only", "sync", "pipelined", "cloud-led")
+MODES = ("cloud-only", "sync", "pipelined", "cloud-led", "auto")
 MIN_PASSES = 5  # passes at one k before their median stands for t(k) instead of the line
 
 
@@ -81,6 +81,7 @@ def ceiling(mode: str, cal: Calibration) -> tuple[float, int]:
     mode could make (e.g. cloud-only's plain step in a run whose every pass verified 4 drafts)."""
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r} for a ceiling: choose from {', '.join(MODES)}")
+    mode = "cloud-led" if mode == "auto" else mode  # auto is cloud-led on the wire: the same schedules
     if mode == "cloud-only":
         return (1.0 / cal.pass_s(0), 0) if cal.priced(0) else (0.0, 0)
     best, best_k = 0.0, 0

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import math
 import os
 import signal
 import sys
@@ -77,6 +78,7 @@ def read_tenants(path: str | None) -> dict[str, bytes] | None:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    from acespec.argtypes import nonneg_float, pos_float_or_inf
     from acespec.argtypes import nonneg_int as _nonnegative_int
     from acespec.cli import _positive_int
 
@@ -113,6 +115,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="vllm: cloud-led sessions under rules that need the drafter's q rows: q entries kept per draft "
                         "token (an edge's row with more is refused; 0: such sessions run as verify requests; default 32, "
                         "the edge's --q-topn default)")
+    p.add_argument("--lead-pass-budget", type=pos_float_or_inf, default=math.inf, metavar="P",
+                   help="cloud-led and auto sessions: target passes per token one session may cost; a step that would "
+                        "go over waits (at most --lead-max-wait) for an edge draft long enough to stay within it. "
+                        "Default inf: the cloud never waits, so no user is slower than cloud-only; lower trades "
+                        "user speed for cloud passes (edge-led modes reach about 0.2 on good drafts)")
+    p.add_argument("--lead-max-wait", type=nonneg_float, default=0.5, metavar="S",
+                   help="with --lead-pass-budget: longest one step waits for a draft (default 0.5 s)")
     p.add_argument("--cpu-kv-gib", type=float, default=1.0, help="vllm on CPU: KV cache in GiB (default 1)")
     p.add_argument("--tensor-parallel", type=_positive_int, default=1, help="vllm: GPUs one model replica spans (default 1)")
     p.add_argument("--idle-timeout", type=float, default=300.0, help="seconds before an idle session is dropped")
@@ -253,6 +262,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         resume_grace_s=args.resume_grace, handshake_timeout_s=args.handshake_timeout, frame_timeout_s=args.frame_timeout,
         max_connections=args.max_connections, max_connections_per_addr=args.max_connections_per_addr,
         auth_failures_per_min=args.auth_failures_per_min, tls=tls, gc_full_s=args.gc_full,
+        lead_pass_budget=args.lead_pass_budget, lead_max_wait_s=args.lead_max_wait,
     )
     server = CloudServer(engine, cfg)
 

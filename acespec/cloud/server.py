@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+import math
 import secrets
 import ssl
 import time
@@ -72,6 +73,8 @@ class ServerConfig:
     tls: ssl.SSLContext | None = None  # TLS server context (acespec.tls.server_context); None = plain TCP
     engine: str = "batched"  # verify engine for a bare target model: batched | serial (see engine.py)
     lead_k_max: int = 16  # cloud-led: most draft tokens one step verifies
+    lead_pass_budget: float = math.inf  # cloud-led: target passes per token a session may cost (inf: never wait for a draft)
+    lead_max_wait_s: float = 0.5  # cloud-led with a budget: longest a step waits for a draft that keeps it within budget
     gc_full_s: float = 0.0  # see _keep_gc: one full garbage collection this often; 0 = leave the process's collector be
     # (`acespec serve`, whose process is the server, uses 300; a server embedded in other code leaves it alone)
 
@@ -102,6 +105,7 @@ class Session:
     owner: asyncio.Task | None = None  # the connection handler serving this session now
     writer: asyncio.StreamWriter | None = None  # that connection's writer (idle expiry closes it)
     lead: LeadState | None = None  # cloud-led: the edge's drafts and the pricing of each step
+    draft_in: asyncio.Event = field(default_factory=asyncio.Event)  # cloud-led: set when a DRAFT arrives
 
     @property
     def verifier(self) -> TargetVerifier:
@@ -659,8 +663,9 @@ class CloudServer:
                 if reading.done():
                     reading.result()  # re-raise a protocol error from the read side
                 start = v.committed
+                short = await self._hold_for_draft(s, closed) if lead and not native else 0
                 t0 = time.perf_counter()
-                draft, q = lead.plan(v) if lead and not native else ([], None)
+                draft, q = lead.plan(v, at_least=short) if lead and not native else ([], None)
                 if native:
                     verdict = await self.engine.lead_step(s.handle, lead.board)
                 elif draft:
@@ -689,6 +694,30 @@ class CloudServer:
         finally:
             reading.cancel()
 
+    async def _hold_for_draft(self, s: Session, closed: asyncio.Event) -> int:
+        """With a pass budget (`lead_pass_budget`), the draft tokens this step must verify to keep the
+        session within it; if the board holds fewer, wait for the edge's next DRAFT, at most
+        `lead_max_wait_s` in all (an edge with no drafter, or drafts that keep missing, still gets its
+        stream, a plain step after each wait). With no budget (the default) the cloud never waits, and
+        the first step never does: the edge's drafter starts on the prompt only after the first token."""
+        budget = self.cfg.lead_pass_budget
+        v, lead = s.verifier, s.lead
+        if not math.isfinite(budget) or lead.steps == 0:  # the first step, the prompt's, waits for nobody
+            return 0
+        left = v.prompt_len + v.max_tokens - v.committed
+        short = min(lead.tokens_short(v, budget), max(0, left - 1))  # never more than the session has left
+        deadline = time.monotonic() + self.cfg.lead_max_wait_s
+        while short and lead.board.reach(v.tokens, lead.pricer.cfg.k_max) < short and not closed.is_set():
+            wait = deadline - time.monotonic()
+            if wait <= 0:
+                break
+            s.draft_in.clear()
+            try:
+                await asyncio.wait_for(s.draft_in.wait(), wait)
+            except asyncio.TimeoutError:
+                break
+        return short
+
     def _check_draft(self, s: Session, f: wire.Draft) -> None:
         """What any DRAFT must be, in either mode: for this connection's session, ids in the target's vocabulary."""
         V = self.target.vocab_size
@@ -711,6 +740,7 @@ class CloudServer:
                                                            f"{room} per draft token (send the drafter's top {room})")
         if s.lead.take(f.base, f.tokens, f.parents, f.q, s.verifier.committed) and self.engine.leads_natively(s.handle):
             self.engine.lead_publish(s.handle, s.lead.board)
+        s.draft_in.set()
 
 
 class CloudServerThread:

@@ -6,14 +6,14 @@
 Requests speak OpenAI's schema (`model`, `max_tokens` / `max_completion_tokens`, `temperature`, `top_p`,
 `seed`, `stop`, `n` = 1, `stream`, `stream_options.include_usage`); AceSpec's own choices ride in extra
 body fields, as vLLM's do: `rule` (e.g. coupled, strict, cactus:delta=0.35), `k`, `top_k`, `mode`
-(acespec, pipelined, sync, cloud-only, cloud-led) and `marks` (stream every token's text and origin and the
+(auto, the default; acespec, pipelined, sync, cloud-only, cloud-led) and `marks` (stream every token's text and origin and the
 round's K, RTT and acceptance under `acespec` in each chunk; the web page asks for it). What a request
 leaves out takes the value the server was started with. `usage` adds `accepted_tokens`,
 `drafted_tokens`, `target_passes`, `cache_hits` and `cache_lookups` to OpenAI's token counts.
 
 Errors have OpenAI's shape, `{"error": {"message", "type", "param", "code"}}`: 422 for a body that
 does not fit the schema (or is not JSON), 400 for values the edge cannot serve (n > 1, a bad rule,
-a prompt past the context), 404 for an unknown model or path, 503 when the drafter queue is full or
+a prompt past the context, `logprobs`, `tools`, a `response_format` other than text), 404 for an unknown model or path, 503 when the drafter queue is full or
 the cloud cannot be reached. A streaming request's errors before its first token come back the same
 way (the response starts only with the first token); a failure later ends the stream with an `error`
 event. A client that goes away stops its generation and closes its cloud session.
@@ -109,7 +109,7 @@ class _Body(BaseModel):
     rule: str | None = None
     k: int | None = Field(None, ge=0, le=64)
     top_k: int | None = Field(None, ge=0, le=1 << 31)  # past any vocabulary it changes nothing; the wire takes 64 bits
-    mode: Literal["acespec", "pipelined", "sync", "cloud-only", "cloud-led"] | None = None
+    mode: Literal["auto", "acespec", "pipelined", "sync", "cloud-only", "cloud-led"] | None = None
     marks: bool = False
 
 
@@ -162,6 +162,13 @@ class EdgeService:
         for name, neutral in _UNSUPPORTED.items():
             if (body.model_extra or {}).get(name) not in neutral:
                 raise ApiError(400, f"`{name}` is not supported by this edge", param=name)
+        fmt = (body.model_extra or {}).get("response_format")
+        if fmt not in (None, {"type": "text"}):
+            # a constrained format is lossless only if the drafter and the target are constrained by one
+            # grammar; the wire carries none yet, and an unconstrained answer would pass for a constrained one
+            raise ApiError(400, "`response_format` other than {\"type\": \"text\"} is not supported: this edge cannot "
+                                "constrain the cloud's target and its own drafter to one grammar, and will not return "
+                                "unconstrained text in its place", param="response_format")
         if not prompt:
             raise ApiError(400, "the prompt is empty after tokenization", param="prompt")
         if any(not 0 <= t < self.vocab_size for t in prompt):

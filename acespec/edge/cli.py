@@ -43,7 +43,9 @@ def add_edge_options(p: argparse.ArgumentParser, *, modes: tuple[str, ...]) -> N
     p.add_argument("--draft", default=DEFAULT_DRAFT, help=f"drafter model (default {DEFAULT_DRAFT})")
     p.add_argument("--cloud", help="HOST:PORT of the cloud verifier (or the WAN emulator); a fleet: HOST:PORT,HOST:PORT,... "
                                    "or a name that resolves to several addresses; required")
-    p.add_argument("--mode", choices=modes, default="pipelined")
+    p.add_argument("--mode", choices=modes, default="auto",
+                   help="auto (default): the cloud streams and never waits, drafts join when ready; "
+                        "sync, pipelined: edge-led; cloud-led; cloud-only: no drafting")
     p.add_argument("--k", type=_positive_int, default=4)
     p.add_argument("--policy", choices=["fixed", "adaptive", "controller"], default="fixed")
     p.add_argument("--window", type=_positive_int, default=2, help="pipelined: blocks in flight")
@@ -71,7 +73,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     from acespec.cli import add_sampling_args
 
     p = sub.add_parser("edge", help="run the edge: draft locally, verify in the cloud (`edge serve`: the HTTP API)")
-    add_edge_options(p, modes=("sync", "pipelined", "cloud-only", "cloud-led"))
+    add_edge_options(p, modes=("auto", "sync", "pipelined", "cloud-only", "cloud-led"))
     p.add_argument("--prompt", help="the prompt (required)")
     p.add_argument("--chat", action="store_true")
     p.add_argument("--json", action="store_true",
@@ -85,9 +87,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     register_serve(edge_sub)
 
 
-def edge_config_from_args(args: argparse.Namespace, *, controller_default: bool = False):
+def edge_config_from_args(args: argparse.Namespace, *, controller_default: bool = False, serving: bool = False):
     """(EdgeConfig, drafter load options) from the edge's options, checked; shared with `edge serve`
-    (`controller_default`: its default mode runs the controller, so --pass-budget has a taker)."""
+    (`controller_default`: its default mode runs the controller, so --pass-budget has a taker;
+    `serving`: --cache and --branches are defaults for the requests whose mode can use them)."""
     from acespec.cloud.cli import read_token
     from acespec.control.depth import DEFAULT_PASS_BUDGET
     from acespec.draft.cache import DRAFTER_SLOTS
@@ -102,14 +105,14 @@ def edge_config_from_args(args: argparse.Namespace, *, controller_default: bool 
     if args.window < 1:
         raise ValueError("--window must be >= 1")
     if args.acespec:
-        if args.mode != "pipelined":
+        if args.mode not in ("pipelined", "auto"):  # auto: the default, i.e. no --mode given
             raise ValueError(f"--acespec runs pipelined; it cannot be combined with --mode {args.mode}")
         args.mode, args.cache, args.branches, args.auto_window, args.policy = "pipelined", True, True, True, "controller"
     if args.pass_budget != DEFAULT_PASS_BUDGET and args.policy != "controller" and not controller_default:
         raise ValueError("--pass-budget is kept by the controller: add --policy controller (or --acespec)")
     if args.branches and not args.cache:
         raise ValueError("--branches needs --cache")
-    if args.cache and args.mode in ("cloud-only", "cloud-led"):
+    if args.cache and args.mode in ("cloud-only", "cloud-led", "auto") and not serving:
         raise ValueError("--cache needs an edge-led mode (sync or pipelined)")
     token = read_token(args.token_file) or b""
     tls = None

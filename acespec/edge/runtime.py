@@ -10,6 +10,13 @@ Modes:
   follows the stream, drafts ahead of it and uploads its drafts, which the cloud verifies when they
   agree with what it has committed and are worth their cost (`engine/follow.py`). A user is never
   slower than cloud-only; the cloud pays for more target passes than in the edge-led modes.
+- `auto` (the default): cloud-led on the wire, arranged so that nothing on the edge can delay the
+  stream either. The drafter joins once the first token is here (its prefill never competes with the
+  cloud's for the first token, as it does when edge and cloud share a box's cores), and a drafter
+  may be handed over late or never (`drafter_source`: an edge serving several apps lends its
+  drafters to whichever stream gets one first; the others stream as cloud-only until one is free).
+  What the cloud spends on the edge's drafts is the cloud operator's to bound
+  (`acespec serve --lead-pass-budget`).
 """
 
 from __future__ import annotations
@@ -33,12 +40,13 @@ from acespec.engine.transport import Clock, Transport
 from acespec.models.base import Model
 from acespec.verify import RuleSpec, SamplingParams
 
-MODES = ("sync", "pipelined", "cloud-only", "cloud-led")
+MODES = ("auto", "sync", "pipelined", "cloud-only", "cloud-led")
+CLOUD_LED_MODES = ("auto", "cloud-led")  # the modes whose HELLO asks the cloud to lead
 
 
 @dataclass
 class EdgeConfig:
-    mode: str = "pipelined"  # sync | pipelined | cloud-only | cloud-led
+    mode: str = "auto"  # auto | sync | pipelined | cloud-only | cloud-led
     rule: str = "greedy"  # verification rule spec
     k: int = 4  # draft depth (starting depth for adaptive policies)
     policy: str = "fixed"  # fixed | adaptive | controller
@@ -76,8 +84,12 @@ def run_edge(
     on_round: Callable[[Round], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
     on_session_closed: Callable[[CloudSession], None] | None = None,
+    drafter_source: Callable[[], Model | None] | None = None,
 ) -> LoopResult:
     """One generation through the cloud. `model_id` is the drafter's tokenizer fingerprint.
+
+    `auto` mode takes its drafter from `drafter_model` or, late, from `drafter_source` (polled without
+    blocking; the caller gives back what it handed out once this returns); with neither it streams.
 
     `on_round` sees every applied verdict (tokens, their origins, K, latencies); `should_stop`, polled
     between verdicts, ends the run early and closes the cloud session (the result has finished=False);
@@ -88,16 +100,24 @@ def run_edge(
     hello = wire.Hello(
         model_id=model_id, max_tokens=cfg.max_tokens, prompt=tuple(int(t) for t in prompt), auth=cfg.connect.token,
         temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, rule=str(rule), seed=cfg.seed,
-        mode={"cloud-only": wire.Mode.CLOUD_ONLY, "cloud-led": wire.Mode.CLOUD_LED}.get(cfg.mode, wire.Mode.SPECULATIVE),
+        mode=(wire.Mode.CLOUD_ONLY if cfg.mode == "cloud-only" else wire.Mode.CLOUD_LED if cfg.mode in CLOUD_LED_MODES
+              else wire.Mode.SPECULATIVE),
     )
     t0 = time.perf_counter()
+    kw = dict(sampling=sp, rule=rule, seed=cfg.seed, q_topn=cfg.q_topn)
+
+    def make_drafter(model: Model) -> ChainDrafter:
+        return (PredictedDrafter(model, Prediction(cfg.prediction, len(prompt)), **kw) if cfg.prediction
+                else ChainDrafter(model, **kw))
+
+    if cfg.mode == "auto":
+        return _auto(drafter_model, drafter_source, make_drafter, prompt, cfg, hello, rule, t0, on_tokens, on_round,
+                     should_stop, on_session_closed)
     drafter = None
     if cfg.mode != "cloud-only":
         if drafter_model is None:
             raise EdgeError("speculative modes need a drafter model")
-        kw = dict(sampling=sp, rule=rule, seed=cfg.seed, q_topn=cfg.q_topn)
-        drafter = (PredictedDrafter(drafter_model, Prediction(cfg.prediction, len(prompt)), **kw) if cfg.prediction
-                   else ChainDrafter(drafter_model, **kw))
+        drafter = make_drafter(drafter_model)
     # cloud-led: the stream starts as soon as the cloud has the prompt, so the drafter's prefill goes on
     # beside the follow loop rather than holding the stream's first tokens until it is done
     session, prefill = _open_while_prefilling(cfg.connect, hello, drafter, prompt, keep_going=cfg.mode == "cloud-led")
@@ -135,6 +155,32 @@ def run_edge(
                 prefill.wait()
             except BaseException:  # noqa: BLE001 - the run's own error is the one on its way out
                 pass
+        session.close()
+        if on_session_closed is not None:
+            on_session_closed(session)
+
+
+def _auto(drafter_model: Model | None, source: Callable[[], Model | None] | None, make_drafter, prompt, cfg: EdgeConfig,
+          hello: wire.Hello, rule: RuleSpec, t0: float, on_tokens, on_round, should_stop, on_session_closed) -> LoopResult:
+    """`auto`: a cloud-led session whose drafter joins after the first token (see the module docstring)."""
+    if drafter_model is not None:
+        given: list[Model] = [drafter_model]
+        source = lambda: given.pop() if given else None  # noqa: E731 - hands the one drafter over once
+    late = (lambda: (m := source()) and make_drafter(m)) if source is not None else None  # noqa: E731
+    session = CloudSession(cfg.connect, hello)
+    try:
+        link = TcpLeadLink(session, send_q=rule.info.needs_q)
+        follow = FollowConfig(max_tokens=cfg.max_tokens, max_lead=min(FollowConfig.max_lead, session.max_draft_tokens))
+        try:
+            res = FollowLoop(link, prompt, drafter=None, source=late, after_first=True, config=follow,
+                             on_tokens=on_tokens, on_round=on_round, should_stop=should_stop, spawn=ThreadJob).run(t0)
+        except StreamError as e:
+            raise EdgeError(f"auto stream: {e}") from None
+        res.stats.bytes_up, res.stats.bytes_down = session.total_bytes()
+        _link_stats(res.stats, session)
+        res.stats.cache["rtt_ms_mean"] = None if link.rtt_s() is None else round(1e3 * link.rtt_s(), 3)
+        return res
+    finally:
         session.close()
         if on_session_closed is not None:
             on_session_closed(session)

@@ -1,7 +1,7 @@
 """`acespec edge serve`: the edge as a long-running OpenAI-compatible endpoint (see api.py).
 
-    acespec edge serve --cloud 127.0.0.1:7070 --port 8000                 # drafter loaded once
-    acespec edge serve --cloud 127.0.0.1:7070 --acespec --drafters 2      # full system by default, 2 drafters
+    acespec edge serve --cloud 127.0.0.1:7070 --port 8000                 # drafter loaded once, mode auto
+    acespec edge serve --cloud 127.0.0.1:7070 --acespec --drafters 2      # edge-led full system by default, 2 drafters
 
 The edge's options (`--mode`, `--rule`, `--k`, `--temperature`, `--max-tokens`, ...) are the defaults
 of every request; a request overrides them with its own fields. `--seed` is the seed of requests that
@@ -50,12 +50,12 @@ def build_service(args: argparse.Namespace):
     if args.drafters < 1:
         raise ValueError("--drafters must be >= 1")
     mode = "acespec" if args.acespec or args.mode == "acespec" else args.mode
-    if args.acespec and args.mode not in ("pipelined", "acespec"):
+    if args.acespec and args.mode not in ("pipelined", "acespec", "auto"):  # auto: the default, i.e. no --mode
         raise ValueError(f"--acespec is the default mode acespec; it cannot be combined with --mode {args.mode}")
     # the options without the full system folded in: a request that names another mode gets that mode
     # with the server's own --cache/--policy/..., and one that names acespec (or none, here) the full system
     args.mode, args.acespec = ("pipelined" if mode == "acespec" else mode), False
-    defaults, _ = edge_config_from_args(args, controller_default=mode == "acespec")
+    defaults, _ = edge_config_from_args(args, controller_default=mode == "acespec", serving=True)
     # every request may ask for mode acespec, whose state cache forks the drafter's KV sequence
     slots = {"n_slots": DRAFTER_SLOTS} if resolve(args.draft).kind == "gguf" else {}
     drafters = [load_model(args.draft, n_ctx=args.n_ctx, **slots) for _ in range(args.drafters)]

@@ -1,13 +1,13 @@
 """The long-running edge behind `acespec edge serve`: drafters loaded once, one generation per request.
 
-Concurrency: **requests queue for a drafter; they do not share one.** A drafter holds one KV sequence
-(plus the state cache's forks) and drafts one token chain at a time, so two generations on one drafter
-would either interleave their KV state or need a batched drafter step across sessions. On an edge
-device the drafter is the scarce part and a queue keeps each generation's speed (and its time to
-first token) what `acespec edge` would give it. `--drafters N` loads N drafters (llama.cpp maps the
-weights from the same file, so they share that memory and each adds only its KV cache); requests
-beyond N wait, first come first served, and beyond `max_waiting` get 503. `cloud-only` requests need no
-drafter and never queue. The metrics show it: `acespec:num_requests_running`,
+Concurrency: **no stream waits for a drafter.** A drafter holds one KV sequence (plus the state cache's
+forks) and drafts one token chain at a time, so generations do not share one: `--drafters N` loads N
+(llama.cpp maps the weights from the same file, so they share that memory and each adds only its KV
+cache). An `auto` request (the default) starts its stream at once and borrows a drafter only when one
+is free, after its first token: until then it streams as cloud-only would, so a busy edge drafts less
+instead of slowing its streams. The edge-led modes (`sync`, `pipelined`, `acespec`) and `cloud-led`
+cannot run without a drafter: they queue for one, first come first served, and beyond `max_waiting`
+get 503. `cloud-only` requests need no drafter. The metrics show it: `acespec:num_requests_running`,
 `acespec:num_requests_waiting`, `acespec:drafters_busy`, `acespec:request_queue_time_seconds`.
 
 Each generation runs `run_edge` in its own thread (it is blocking network code, and llama.cpp
@@ -20,6 +20,7 @@ request while the old run still touches it.
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import secrets
 import threading
@@ -33,7 +34,7 @@ from acespec.edge.runtime import EdgeConfig, run_edge
 from acespec.engine.loop import LoopResult, Round
 from acespec.models.base import Model, TextStream
 
-API_MODES = ("acespec", "pipelined", "sync", "cloud-only", "cloud-led")
+API_MODES = ("auto", "acespec", "pipelined", "sync", "cloud-only", "cloud-led")
 MAX_STOP = 4  # stop strings per request, as OpenAI allows
 
 
@@ -66,7 +67,7 @@ class ServeConfig:
     served_model: str = "acespec"  # the model name /v1/models lists and requests must name
     max_waiting: int = 64  # requests queued for a drafter; more get 503
     defaults: EdgeConfig = field(default_factory=lambda: EdgeConfig(rule="coupled"))  # what a request leaves out
-    default_mode: str = "pipelined"  # mode for requests that name none: one of API_MODES
+    default_mode: str = "auto"  # mode for requests that name none: one of API_MODES
     seed: int | None = None  # seed for requests that give none; None = a fresh random seed per request
 
     def __post_init__(self) -> None:
@@ -99,33 +100,64 @@ class GenRequest:
 
 
 class DrafterPool:
-    """Drafters handed out one generation at a time, first come first served (see the module docstring)."""
+    """Drafters handed out one generation at a time (see the module docstring): `acquire` waits in line,
+    first come first served; `try_acquire`, from any thread, takes one only if it is free and nobody
+    waits for it. `release` from any thread hands it to the first in line."""
 
     def __init__(self, drafters: list[Model], max_waiting: int) -> None:
         self.size = len(drafters)
         self.max_waiting = max_waiting
-        self.waiting = 0
-        self._free: asyncio.Queue[Model] = asyncio.Queue()
-        for d in drafters:
-            self._free.put_nowait(d)
+        self._lock = threading.Lock()
+        self._free: list[Model] = list(drafters)
+        self._line: collections.deque[tuple[asyncio.AbstractEventLoop, asyncio.Future]] = collections.deque()
+
+    @property
+    def waiting(self) -> int:
+        with self._lock:
+            return sum(not f.done() for _, f in self._line)
 
     @property
     def busy(self) -> int:
-        return self.size - self._free.qsize()
+        with self._lock:
+            return self.size - len(self._free)
 
     async def acquire(self) -> Model:
-        if self._free.empty() and self.waiting >= self.max_waiting:
-            raise ApiError(503, f"{self.waiting} requests are already waiting for a drafter; retry later",
-                           type="service_unavailable", code="queue_full")
-        self.waiting += 1
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            if self._free and not self._line:
+                return self._free.pop()
+            if len(self._line) >= self.max_waiting:
+                raise ApiError(503, f"{len(self._line)} requests are already waiting for a drafter; retry later",
+                               type="service_unavailable", code="queue_full")
+            fut: asyncio.Future = loop.create_future()
+            self._line.append((loop, fut))
         try:
-            return await self._free.get()
-        finally:
-            self.waiting -= 1
+            return await fut
+        except asyncio.CancelledError:
+            with self._lock:
+                if (loop, fut) in self._line:
+                    self._line.remove((loop, fut))
+            raise
 
-    def release(self, loop: asyncio.AbstractEventLoop, drafter: Model) -> None:
-        """From any thread."""
-        loop.call_soon_threadsafe(self._free.put_nowait, drafter)
+    def try_acquire(self) -> Model | None:
+        with self._lock:
+            return self._free.pop() if self._free and not self._line else None
+
+    def release(self, loop: asyncio.AbstractEventLoop | None, drafter: Model) -> None:
+        """From any thread (`loop` is unused: each waiter's own loop is woken)."""
+        with self._lock:
+            while self._line:
+                wloop, fut = self._line.popleft()
+                if not fut.done():
+                    wloop.call_soon_threadsafe(self._hand, fut, drafter)
+                    return
+            self._free.append(drafter)
+
+    def _hand(self, fut: asyncio.Future, drafter: Model) -> None:
+        if fut.done():  # the waiter left between the hand-over and now: the next one gets it
+            self.release(None, drafter)
+        else:
+            fut.set_result(drafter)
 
 
 @dataclass
@@ -151,7 +183,7 @@ class Generation:
         """Take a drafter (waiting in line) and start the worker; raises ApiError(503) when the line is full."""
         svc, loop = self.service, asyncio.get_running_loop()
         drafter = None
-        if self.req.cfg.mode != "cloud-only":
+        if self.req.cfg.mode not in ("cloud-only", "auto"):  # auto borrows one later, if any is free
             t = time.perf_counter()
             drafter = await svc.pool.acquire()
             self.queue_s = time.perf_counter() - t
@@ -175,14 +207,23 @@ class Generation:
             tracker.round(r)
             loop.call_soon_threadsafe(put, r)
 
+        borrowed: list[Model] = []
+
+        def borrow() -> Model | None:  # auto: a drafter joins the stream only if one is free now
+            d = svc.pool.try_acquire()
+            if d is not None:
+                borrowed.append(d)
+            return d
+
+        source = borrow if self.req.cfg.mode == "auto" else None
         try:
             done.result = run_edge(drafter, self.req.prompt, self.req.cfg, model_id=svc.model_id, on_round=on_round,
-                                   should_stop=self.stop.is_set, on_session_closed=closed.append)
+                                   should_stop=self.stop.is_set, on_session_closed=closed.append, drafter_source=source)
         except BaseException as e:  # handed to the request, which answers with an error
             done.error = e
         finally:
-            if drafter is not None:
-                svc.pool.release(loop, drafter)
+            for d in ([drafter] if drafter is not None else []) + borrowed:
+                svc.pool.release(loop, d)
             done.session = closed[0] if closed else None
             tracker.finish(done.result, done.session)
             loop.call_soon_threadsafe(put, done)

@@ -111,6 +111,15 @@ class DraftBoard:
         path = path[:k]
         return [d.tokens[i] for i in path], (None if d.q is None else [d.q[i] for i in path])
 
+    def reach(self, committed: Sequence[int], k: int) -> int:
+        """How many tokens `usable` would give now, without counting a step or forgetting a draft."""
+        best = 0
+        for d in self.drafts:
+            node = d.follow(committed)
+            if node is not None:
+                best = max(best, len(d.path_from(node, max(k, 1))))
+        return min(best, k)
+
     def clear(self) -> None:
         self.stats.forgotten += len(self.drafts)
         self.drafts.clear()

@@ -231,16 +231,22 @@ def _alternatives(blk) -> list[tuple[int, float, float]]:
 
 
 class FollowLoop:
-    def __init__(self, link: LeadLink, prompt: Sequence[int], *, drafter: ChainDrafter, config: FollowConfig,
+    def __init__(self, link: LeadLink, prompt: Sequence[int], *, drafter: ChainDrafter | None, config: FollowConfig,
                  on_tokens: Callable[[list[int]], None] | None = None, on_round: Callable[[Round], None] | None = None,
                  should_stop: Callable[[], bool] | None = None, clock: Clock = time.perf_counter,
-                 job: DrafterJob | None = None, spawn: Callable[[Callable[[], None]], DrafterJob] | None = None) -> None:
+                 job: DrafterJob | None = None, spawn: Callable[[Callable[[], None]], DrafterJob] | None = None,
+                 source: Callable[[], ChainDrafter | None] | None = None, after_first: bool = False) -> None:
         """`job`: drafter work already running (the prompt's prefill, started while the handshake was in
         flight); `spawn`: how to run a catch-up beside the loop (`ThreadJob`; the simulator's on virtual
-        time); None catches up inside the next draft call."""
+        time); None catches up inside the next draft call.
+
+        A drafter may also join late: with `drafter` None, `source` is asked (without blocking) for one
+        at each turn of the loop, and the first it gives is prefilled beside the loop (a `spawn` job) on
+        everything committed so far. `after_first`: ask only once the stream's first token is here, so
+        the drafter's prefill never competes with the cloud's for a first token (an edge and a cloud
+        sharing one box's cores). Until then, and with neither, the loop just follows the stream."""
         self.link = link
         self.prompt = [int(t) for t in prompt]
-        self.drafter = drafter
         self.cfg = config
         self.on_tokens = on_tokens
         self.on_round = on_round
@@ -248,16 +254,11 @@ class FollowLoop:
         self.clock = clock
         self.depth = LeadDepth(config)
         self.uplink = UplinkBackoff(config.idle_after, config.idle_gap_max)
-        self.needs_q = drafter.rule.info.needs_q
         self.stats = RunStats()
         self.committed = list(self.prompt)
         self.chain: list[int] = []  # the drafter's guess after `committed`
         self.chain_q: list[np.ndarray] = []  # [V] per chain token, rules that need q
         self.chain_alt: list[tuple[int, float, float]] = []  # per chain token: (second choice, its q, q of the token)
-        model = drafter.model
-        self._main = model.slot
-        self._free = [s for s in range(model.n_slots) if s != model.slot][: config.max_branches]  # KV slots for branches
-        self.branching = config.branch_len > 0 and bool(self._free) and not self.needs_q
         self.branches: dict[int, _Branch] = {}  # absolute position of its alternative -> branch
         self._nomore = -1  # chain end (absolute) at which no position was left worth a branch
         self.branches_drafted = 0
@@ -272,6 +273,37 @@ class FollowLoop:
         self._job = job  # while it runs, the loop leaves the drafter alone
         self._spawn = spawn
         self.catch_ups = 0
+        self._source = source
+        self._after_first = after_first
+        self.drafter_joined_at: int | None = None  # tokens streamed when a late drafter joined
+        self.drafter: ChainDrafter | None = None
+        self.needs_q, self.branching, self._main, self._free = False, False, 0, []
+        if drafter is not None:
+            self._bind(drafter)
+
+    def _bind(self, drafter: ChainDrafter) -> None:
+        """Take `drafter` for the rest of the run: its rule's needs and the KV slots its branches may use."""
+        self.drafter = drafter
+        self.needs_q = drafter.rule.info.needs_q
+        model = drafter.model
+        self._main = model.slot
+        self._free = [s for s in range(model.n_slots) if s != model.slot][: self.cfg.max_branches]  # KV slots for branches
+        self.branching = self.cfg.branch_len > 0 and bool(self._free) and not self.needs_q
+
+    def _join(self) -> bool:
+        """A late drafter, if the source has one now: bound, and its prefill started beside the loop."""
+        if self._source is None or (self._after_first and self.stats.emitted == 0):
+            return False
+        drafter = self._source()
+        if drafter is None:
+            return False
+        self._source = None
+        self._bind(drafter)
+        self.drafter_joined_at = self.stats.emitted
+        ctx = list(self.committed)
+        if self._spawn is not None:
+            self._job = self._spawn(lambda: drafter.prefill(ctx))
+        return True
 
     def run(self, t0: float | None = None) -> LoopResult:
         t0 = self.clock() if t0 is None else t0
@@ -290,7 +322,8 @@ class FollowLoop:
             if self.should_stop is not None and self.should_stop():
                 break
             busy = self._want() > 0 or self._can_branch()
-            got = self.link.recv(0 if busy else self.cfg.poll_s if self._job is not None else None)
+            waiting = self._job is not None or (self._source is not None and self.stats.emitted > 0)
+            got = self.link.recv(0 if busy else self.cfg.poll_s if waiting else None)
             while got is not None:
                 if isinstance(got, Disconnected):
                     self._resume()
@@ -315,13 +348,16 @@ class FollowLoop:
         self.stats.wall_s = self.clock() - t0
         self.stats.cache.update({"drafts_sent": self.drafts_sent, "chain_breaks": self.chain_breaks,
                                  "branches_drafted": self.branches_drafted, "branches_taken": self.branches_taken,
-                                 "catch_ups": self.catch_ups})
+                                 "catch_ups": self.catch_ups, "drafter_joined_at": self.drafter_joined_at})
         return LoopResult(self.committed[len(self.prompt):], self.stats, finished)
 
     # -- drafting ------------------------------------------------------------------------------------
     def _want(self) -> int:
         """Tokens to draft now: up to the lead depth, never past the generation budget (a chain that
         long is of no use, and polling for it would spin)."""
+        if self.drafter is None:
+            self._join()
+            return 0
         if not self.uplink.may_send():
             return 0  # the cloud has been verifying none of our drafts: the drafter rests (UplinkBackoff)
         if not self._drafter_free():

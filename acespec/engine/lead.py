@@ -9,6 +9,7 @@ checked) with no network.
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Sequence
 
@@ -34,14 +35,15 @@ class LeadState:
         return self.board.put(BoardDraft(base, tuple(tokens), None if parents is None else tuple(parents),
                                          None if q is None else tuple(q)), committed_len)
 
-    def plan(self, v: TargetVerifier) -> tuple[list[int], np.ndarray | None]:
+    def plan(self, v: TargetVerifier, at_least: int = 0) -> tuple[list[int], np.ndarray | None]:
         """This step's draft: the priced part of the longest that agrees with the stream, and its q rows
         [k, V] for rules that need them (a token-only draft under `strict` gets a one-hot q, which keeps
         the output law exactly p: a token x is kept with probability p(x), else the residual p(y)/(1-p(x))
-        over y != x is sampled)."""
+        over y != x is sampled). `at_least`: verify that many of it even where the pricer would verify
+        fewer (a pass budget: `passes_short`)."""
         self.steps += 1
         avail, rows = self.board.usable(v.tokens, self.pricer.cfg.k_max)
-        k = self.pricer.choose(len(avail))
+        k = max(self.pricer.choose(len(avail)), min(at_least, len(avail)))
         draft = avail[:k]
         if not draft or not v.rule.info.needs_q:
             return draft, None
@@ -51,6 +53,13 @@ class LeadState:
             q[np.arange(k), draft] = 1.0
             return draft, q
         return draft, np.stack([dense_row([i for i, _ in r], [p for _, p in r], V) for r in rows[:k]])
+
+    def tokens_short(self, v: TargetVerifier, budget: float) -> int:
+        """Draft tokens the next step must verify, all kept, for the session to stay within `budget`
+        target passes per token: with `steps` passes behind it and this one, it must have committed
+        at least (steps + 1) / budget tokens, the step's own target token included (0: within it)."""
+        made = v.committed - v.prompt_len
+        return max(0, math.ceil((self.steps + 1) / budget - 1e-9) - made - 1)
 
     def observe(self, verdict: Verdict, wall_s: float) -> None:
         # the first step's wall time holds the prompt's prefill (seconds, over several engine ticks; its
