@@ -39,10 +39,10 @@ def cloud():
         yield srv
 
 
-def run(port: int, mode: str, drafter=None, **kw):
+def run(port: int, mode: str, drafter=None, source=None, on_tokens=None, **kw):
     cfg = EdgeConfig(mode=mode, connect=ConnectConfig(port=port), max_tokens=kw.pop("max_tokens", 96), **kw)
     fp = drafter_model().tokenizer.fingerprint
-    return run_edge(drafter, PROMPT, cfg, model_id=fp, drafter_source=kw.pop("source", None))
+    return run_edge(drafter, PROMPT, cfg, model_id=fp, drafter_source=source, on_tokens=on_tokens)
 
 
 @pytest.mark.parametrize("rule,temperature", [("greedy", 0.0), ("coupled", 0.9)])
@@ -76,17 +76,16 @@ def test_auto_without_any_drafter_streams_cloud_only_text(cloud):
 
 
 def test_a_drafter_that_becomes_free_mid_stream_joins_it_and_the_text_stays_exact(cloud):
-    asked = []
+    streamed: list[int] = []
     m = drafter_model()
 
-    def source():  # busy for the first few looks, as a drafter another request holds would be
-        asked.append(1)
-        return m if len(asked) > 5 else None
+    def source():  # busy until 20 tokens have streamed, as a drafter another request holds would be
+        return m if len(streamed) >= 20 else None
 
-    ref = run(cloud.port, "cloud-only", max_tokens=96)
-    res = run(cloud.port, "auto", None, source=source, max_tokens=96)
+    ref = run(cloud.port, "cloud-only", max_tokens=160)
+    res = run(cloud.port, "auto", None, source=source, on_tokens=streamed.extend, max_tokens=160)
     assert res.tokens == ref.tokens
-    assert res.stats.cache["drafter_joined_at"] >= 5 and res.stats.drafted > 0
+    assert res.stats.cache["drafter_joined_at"] >= 20 and res.stats.drafted > 0
 
 
 def test_a_pass_budget_keeps_a_session_within_it_when_the_drafts_are_good():

@@ -15,7 +15,7 @@ import argparse
 _BENCH_MODULES = (
     "acespec.bench.local", "acespec.bench.wan", "acespec.bench.acespec_bench", "acespec.bench.sim", "acespec.bench.cost",
     "acespec.bench.tenants", "acespec.bench.faults", "acespec.bench.fleet", "acespec.bench.frontend", "acespec.bench.fuzz", "acespec.bench.fuzz_http", "acespec.bench.api", "acespec.bench.capacity",
-    "acespec.bench.plugin_cost", "acespec.bench.peer",
+    "acespec.bench.plugin_cost", "acespec.bench.peer", "acespec.bench.apps",
 )
 
 

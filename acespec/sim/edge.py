@@ -9,7 +9,7 @@ over a `SimTransport`. The drafter is a replay model whose every call costs the 
 Nothing of the loop is copied here: a change to the loop changes the simulation.
 
 Modes name live configurations: `cloud-only`, `cloud-led` (the live `FollowLoop` over a
-`SimLeadLink`), `sync`, `pipelined`, with `+cache`, `+branches`,
+`SimLeadLink`), `auto` (the same, its drafter joining after the first token), `sync`, `pipelined`, with `+cache`, `+branches`,
 `+adaptive` (the +2/-1 schedule), `+ctrl` (the cost-model controller), `+autowin` (a window sized to
 the round trip), and `:k=N`; `bench acespec`'s variant names (`+cache`, `acespec`, `acespec:k=8`, ...)
 mean what they mean there.
@@ -49,6 +49,7 @@ LIVE_VARIANTS = {
     "acespec:+2/-1": "pipelined+branches+adaptive+autowin",
 }
 FIXED_DEPTH = "pipelined+branches+autowin"  # acespec:k=N: bench acespec's full system at a fixed depth N
+LEAD_MODES = ("cloud-led", "auto")  # the cloud streams; the edge follows (`FollowLoop`)
 
 
 @dataclass
@@ -213,7 +214,7 @@ class SimEdge:
                                   max_tokens=trace.n, stop_ids=frozenset())
         self.session = CloudSession(verifier, self.down, self.inbox, real_id=lambda i: int(self.vocab.real_id[i]),
                                     cloud_only=cfg.mode == "cloud-only",
-                                    lead=LeadState(memory=cloud.lead_memory) if cfg.mode == "cloud-led" else None)
+                                    lead=LeadState(memory=cloud.lead_memory) if cfg.mode in LEAD_MODES else None)
         self.rtt_s = net.rtt_ms / 1e3
         self.result: SimResult | None = None
         self.thread: SimThread = kernel.spawn(self._run, name, at=start)
@@ -235,7 +236,7 @@ class SimEdge:
         cloud_only = self.cfg.mode == "cloud-only"
         nbytes = self.sizer.hello([int(v.real_id[t]) for t in v.prompt], tr.n, cloud_only)
         self.up.send(nbytes, lambda t: self.cloud.hello(self.session))
-        stats, tokens = self._stream(t0) if cloud_only else self._speculate(t0, lead=self.cfg.mode == "cloud-led")
+        stats, tokens = self._stream(t0) if cloud_only else self._speculate(t0, lead=self.cfg.mode in LEAD_MODES)
         stats.bytes_up, stats.bytes_down = self.up.bytes, self.down.bytes
         self.result = SimResult(self.cfg.label, stats, stats.emitted, self.session.passes,
                                 [int(v.real_id[t]) for t in tokens])
@@ -249,19 +250,21 @@ class SimEdge:
         drafter = ChainDrafter(model, sampling=SamplingParams(), rule=RuleSpec.parse("greedy"), clock=self.k.now)
         # the prompt's prefill while HELLO -> WELCOME is in flight, as the live edge does; cloud-led's goes on
         # beside its loop, which would otherwise hold the stream's first tokens until it is done
-        job = None
-        if lead:
+        job, late = None, self.cfg.mode == "auto"  # auto: the drafter joins after the first token, as live
+        if lead and not late:
             job = SimJob(self, lambda: drafter.prefill(self.vocab.prompt))
-        else:
+        elif not lead:
             drafter.prefill(self.vocab.prompt)
         while True:  # the handshake
             item = self.inbox.get(self.thread, None)
             if item[1] == "welcome":
                 break
         if lead:
-            loop = FollowLoop(SimLeadLink(self, self.rtt_s), self.vocab.prompt, drafter=drafter,
+            given = [drafter] if late else []
+            loop = FollowLoop(SimLeadLink(self, self.rtt_s), self.vocab.prompt, drafter=None if late else drafter,
                               config=FollowConfig(max_tokens=self.trace.n), clock=self.k.now,
-                              job=job, spawn=lambda fn: SimJob(self, fn))
+                              job=job, spawn=lambda fn: SimJob(self, fn),
+                              source=(lambda: given.pop() if given else None) if late else None, after_first=late)
         else:
             loop = build_loop(SimTransport(self), drafter, self.vocab.prompt, self.cfg.edge_config(self.trace.n), clock=self.k.now)
         res = loop.run(t0)
