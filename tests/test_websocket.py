@@ -12,6 +12,7 @@ WebSocket client sending the same binary frames as the TCP edge, one frame per m
 
 from __future__ import annotations
 
+import base64
 import json
 import signal
 import socket
@@ -19,6 +20,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -321,6 +323,23 @@ def test_the_port_serves_the_browser_edge_and_its_info(cloud):
     with pytest.raises(urllib.error.HTTPError) as e:
         urllib.request.urlopen(base + "/elsewhere", timeout=IO_TIMEOUT_S)
     assert e.value.code == 426  # not a page, and not a WebSocket upgrade
+
+
+def test_the_port_tokenizes_and_detokenizes_with_the_targets_tokenizer(cloud):
+    base = f"http://{HOST}:{cloud.server.ws_port}"
+    tok = ToyModel(vocab=V, seed=1).tokenizer
+
+    def get(path: str) -> dict:
+        with urllib.request.urlopen(base + path, timeout=IO_TIMEOUT_S) as r:
+            return json.loads(r.read())
+
+    assert get("/tokenize?text=" + urllib.parse.quote("héllo")) == {"ids": tok.encode("héllo")}
+    out = get("/detokenize?ids=1,2,63")
+    assert out["text"] == tok.decode([1, 2, 63]) and base64.b64decode(out["bytes_b64"]) == tok.decode_bytes([1, 2, 63])
+    for bad in ("/detokenize?ids=1,x", f"/detokenize?ids={V}"):  # not ids; an id outside the vocabulary
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(base + bad, timeout=IO_TIMEOUT_S)
+        assert e.value.code == 400 and "error" in json.loads(e.value.read())
 
 
 # ------------------------------------------------------------------------------------------ drain and TLS
