@@ -429,3 +429,10 @@ def test_serve_prints_the_websocket_port_it_bound_and_drains_on_sigterm():
         if srv.poll() is None:
             srv.terminate()
             srv.wait(30)
+
+
+def test_serve_refuses_a_websocket_port_out_of_range():
+    p = subprocess.run([sys.executable, "-m", "acespec.cli", "serve", "--target", "toy:vocab=64,seed=1", "--port", "0",
+                        "--ws-port", "70000"], capture_output=True, text=True, timeout=60,
+                       cwd=Path(__file__).resolve().parent.parent)
+    assert p.returncode == 2 and p.stderr.strip() == "acespec: error: --ws-port must be in 0..65535", p.stderr
