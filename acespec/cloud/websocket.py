@@ -49,6 +49,7 @@ _PAGES = {
     "/ws-edge.js": ("ws-edge.js", "text/javascript; charset=utf-8"),
 }
 _VARINT_MAX = 10  # bytes: the longest length prefix the decoder could still read
+_CLOSE_TIMEOUT_S = 10.0  # the frames still queued and the closing handshake must be through within this
 
 Handler = Callable[["WsReader", "WsWriter"], Awaitable[None]]
 
@@ -163,7 +164,12 @@ class WsWriter:
         self._wake.set()
 
     async def wait_closed(self) -> None:
-        await asyncio.shield(self._task)
+        try:
+            await asyncio.wait_for(asyncio.shield(self._task), _CLOSE_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            # a peer that reads nothing and answers no close: drop the connection, as a TCP reset would
+            self._ws.transport.abort()
+            self._task.cancel()
 
     async def _pump(self) -> None:
         try:
