@@ -412,7 +412,8 @@ def test_wss_with_a_test_certificate_streams_the_reference_and_plain_ws_gets_not
 def test_serve_prints_the_websocket_port_it_bound_and_drains_on_sigterm():
     root = Path(__file__).resolve().parent.parent
     srv = subprocess.Popen([sys.executable, "-m", "acespec.cli", "serve", "--target", "toy:vocab=64,seed=1",
-                            "--port", "0", "--ws-port", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=root)
+                            "--port", "0", "--ws-port", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           cwd=root)
     try:
         assert "listening on" in srv.stdout.readline()
         line = srv.stdout.readline()

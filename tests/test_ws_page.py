@@ -5,8 +5,10 @@ the text as it streams. Checked against a live toy cloud on loopback:
 
 - the streamed tokens equal what a cloud-only edge gets over TCP, in cloud-only and auto (cloud-led) mode,
   from token ids or from text the cloud tokenizes, and the shown text is the target's decoding of them;
-- a connection the cloud drops mid-stream is RESUMEd by the page and the text is still exactly the same;
-- a wrong token shows the cloud's BAD_AUTH.
+- a connection the cloud drops mid-stream is RESUMEd by the page, and a session the cloud lost is reopened
+  carrying the text so far; either way the text is still exactly the same;
+- a wrong token shows the cloud's BAD_AUTH;
+- the page's codec (ws-edge.js) writes frames byte for byte as acespec.wire does and reads what it writes.
 
     python tests/test_ws_page.py http://127.0.0.1:7071 docs/ws-edge-page.png 3,1,4   # any running cloud's page
 """
@@ -23,6 +25,7 @@ from pathlib import Path
 import pytest
 from paced_toy import PassCostToy
 
+from acespec import wire
 from acespec.cloud.server import CloudServerThread, ServerConfig
 from acespec.edge.client import ConnectConfig
 from acespec.edge.runtime import EdgeConfig, run_edge
@@ -152,6 +155,97 @@ def test_the_page_resumes_a_connection_the_cloud_dropped_and_streams_the_same_te
         assert "resumed 1x" in page["status"], page["status"]
         assert srv.server.handshakes["resumed"] == 1
         assert page["tokens"] == tcp_cloud_only(srv.port, PROMPT, n)
+
+
+def test_the_page_reopens_a_session_the_cloud_lost_carrying_its_text(chromium):
+    """The cloud drops the connection and forgets the session (as a restarted replica would): the page's
+    RESUME gets UNKNOWN_SESSION, so it opens a new session whose prompt is the text so far and whose
+    budget is what is left, and the whole text is still what cloud-only decodes."""
+    n = 80
+    cfg = ServerConfig(port=0, ws_port=0, token=TOKEN.encode())
+    with CloudServerThread(PassCostToy(vocab=V, seed=1, pass_s=0.01), cfg) as srv:
+        def lose(_driver) -> None:
+            def forget() -> None:
+                for s in list(srv.server.sessions.values()):
+                    srv.server._end(s)
+                    if s.writer is not None:
+                        s.writer.transport.abort()
+            srv._loop.call_soon_threadsafe(forget)
+
+        page = page_run(chromium, f"http://{HOST}:{srv.server.ws_port}", prompt_ids=",".join(map(str, PROMPT)),
+                        mode="auto", during=lose, **_params(n))
+        assert page["state"] == "done", page["status"]
+        assert "reopened 1x" in page["status"] and srv.server.handshakes == {"opened": 2, "resumed": 0}, page["status"]
+        assert page["tokens"] == tcp_cloud_only(srv.port, PROMPT, n)
+
+
+def test_the_pages_codec_encodes_and_decodes_frames_byte_for_byte_as_the_python_codec(chromium, cloud):
+    """What the browser's module writes is what acespec.wire writes, and it reads what acespec.wire
+    writes; a message that is not one frame, or a frame not for an edge, is a WireError."""
+    chromium.get(f"http://{HOST}:{cloud.server.ws_port}/")
+    committed = PROMPT + [1, 2]
+    out = chromium.execute_async_script("""
+        const [frames, committed, done] = arguments;
+        import('/ws-edge.js').then(async (m) => {
+          const arr = (u8) => Array.from(u8);
+          const show = (f) => JSON.parse(JSON.stringify(f, (k, v) => typeof v === 'bigint' ? v.toString()
+                                                                   : v instanceof Uint8Array ? Array.from(v) : v));
+          const digest = await m.committedDigest(committed);
+          const refused = frames.bad.map((b) => {
+            try { m.decodeFrame(Uint8Array.from(b)); return null; }
+            catch (e) { return e instanceof m.WireError ? e.code : String(e); }
+          });
+          done({
+            hello: arr(m.encodeHello({auth: 'k', modelId: 'toy:vocab=64', temperature: 0.8, topK: 5, topP: 0.9,
+                                      rule: 'coupled', seed: BigInt('9223372036854775813'), mode: m.Mode.CLOUD_LED,
+                                      maxTokens: 40, prompt: committed.slice(0, 8)})),
+            resume: arr(m.encodeResume({auth: 'k', session: 123456, secret: Uint8Array.from({length: 32}, (_, i) => i),
+                                        committed: committed.length, digest})),
+            ping: arr(m.encodePing(BigInt('18446744073709551615'), 12345n)),
+            pong: arr(m.encodePong(7n, 8n)),
+            close: arr(m.encodeClose(m.CloseReason.GOING_AWAY)),
+            decoded: frames.good.map((b) => show(m.decodeFrame(Uint8Array.from(b)))),
+            refused,
+          });
+        }).catch((e) => done({error: String(e)}));
+    """, {"good": [list(wire.encode(f)) for f in _GOOD], "bad": [list(b) for b in _BAD]}, committed)
+    assert "error" not in out, out
+    assert bytes(out["hello"]) == wire.encode(wire.Hello(
+        auth=b"k", model_id="toy:vocab=64", temperature=0.8, top_k=5, top_p=0.9, rule="coupled", seed=2**63 + 5,
+        mode=wire.Mode.CLOUD_LED, max_tokens=40, prompt=tuple(PROMPT)))
+    assert bytes(out["resume"]) == wire.encode(wire.Resume(
+        auth=b"k", session=123456, secret=bytes(range(32)), committed=len(committed),
+        digest=wire.committed_digest(committed)))  # the browser's SHA-256 too
+    assert bytes(out["ping"]) == wire.encode(wire.Ping(nonce=2**64 - 1, sent_us=12345))
+    assert bytes(out["pong"]) == wire.encode(wire.Pong(nonce=7, sent_us=8))
+    assert bytes(out["close"]) == wire.encode(wire.Close(reason=wire.CloseReason.GOING_AWAY))
+    assert out["decoded"] == [
+        {"type": "WELCOME", "session": 2**20 + 3, "committed": 9, "maxDraftTokens": 64, "secret": [1] * 32},
+        {"type": "TOKENS", "start": 8, "tokens": [1, 300, 70000], "finished": True, "drafted": 4, "accepted": 2,
+         "verifyUs": 1234},
+        {"type": "TOKENS", "start": 8, "tokens": [], "finished": False, "drafted": None, "accepted": 0, "verifyUs": 0},
+        {"type": "ERROR", "code": "BAD_AUTH", "message": "authentication failed: é"},
+        {"type": "CLOSE", "reason": 3},
+        {"type": "PING", "nonce": "7", "sentUs": str(2**40)},
+    ]
+    assert out["refused"] == ["BAD_FRAME"] * len(_BAD)
+
+
+_GOOD = [
+    wire.Welcome(session=2**20 + 3, committed=9, max_draft_tokens=64, secret=b"\x01" * 32),
+    wire.Tokens(start=8, tokens=(1, 300, 70000), finished=True, drafted=4, accepted=2, verify_us=1234),
+    wire.Tokens(start=8, tokens=()),
+    wire.Error(code=wire.ErrorCode.BAD_AUTH, message="authentication failed: é"),
+    wire.Close(reason=wire.CloseReason.IDLE),
+    wire.Ping(nonce=7, sent_us=2**40),
+]
+_BAD = [
+    wire.encode(wire.Close()) + wire.encode(wire.Close()),  # two frames in one message
+    wire.encode(wire.Close())[:-1],  # part of one
+    bytes([3, wire.FrameType.TOKENS, 8, 0]),  # TOKENS cut short
+    wire.encode(wire.Tokens(start=1, tokens=()))[:-1] + bytes([0x04]),  # a reserved TOKENS flag bit
+    wire.encode(wire.Verdict(seq=0, accepted=0, next_token=0, verify_us=0, committed=0)),  # not for an edge
+]
 
 
 def main(argv: list[str]) -> int:

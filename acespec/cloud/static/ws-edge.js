@@ -157,7 +157,9 @@ const DECODERS = {
     if (flags & ~(T_FINISHED | T_STEP)) throw new WireError("BAD_FRAME", `TOKENS.flags: reserved bits set (${flags})`);
     const f = { start, tokens, finished: Boolean(flags & T_FINISHED), drafted: null, accepted: 0, verifyUs: 0 };
     if (flags & T_STEP) {
-      f.drafted = r.varint("TOKENS.drafted"); f.accepted = r.varint("TOKENS.accepted"); f.verifyUs = r.varint("TOKENS.verify_us");
+      f.drafted = r.varint("TOKENS.drafted");
+      f.accepted = r.varint("TOKENS.accepted");
+      f.verifyUs = r.varint("TOKENS.verify_us");
       if (f.accepted > f.drafted) throw new WireError("BAD_FRAME", "TOKENS.accepted is more than drafted");
     }
     return f;
@@ -204,7 +206,8 @@ export function streamGeneration(url, opts, on = {}) {
   const mode = opts.mode === "cloud-only" ? Mode.CLOUD_ONLY : Mode.CLOUD_LED;
   const prompt = [...opts.prompt], maxTokens = opts.maxTokens;
   const got = [];
-  const st = { session: null, secret: null, steps: 0, resumed: 0, reopened: 0, tries: 0 };
+  // session: the cloud's id once welcomed; reopen: the cloud lost it, the next greeting opens a new one
+  const st = { session: null, secret: null, reopen: false, steps: 0, resumed: 0, reopened: 0, tries: 0 };
   const say = (s) => on.status && on.status(s);
 
   return new Promise((resolve, reject) => {
@@ -212,7 +215,7 @@ export function streamGeneration(url, opts, on = {}) {
     const finish = (err, value) => { if (!done) { done = true; err ? reject(err) : resolve(value); } };
 
     async function greeting() {
-      if (st.session !== null) { // a session the cloud may still hold: ask for it back
+      if (st.session !== null && !st.reopen) { // a session the cloud may still hold: ask for it back
         const committed = [...prompt, ...got];
         return encodeResume({ auth: opts.auth, session: st.session, secret: st.secret, committed: committed.length,
                               digest: await committedDigest(committed) });
@@ -220,7 +223,8 @@ export function streamGeneration(url, opts, on = {}) {
       // a new session; after a lost one, it carries the text so far and asks only for the rest
       return encodeHello({ auth: opts.auth, modelId: opts.modelId, temperature: opts.temperature ?? 1.0,
                            topK: opts.topK ?? 0, topP: opts.topP ?? 1.0, rule: opts.rule ?? "strict",
-                           seed: opts.seed ?? 0, mode, maxTokens: maxTokens - got.length, prompt: [...prompt, ...got] });
+                           seed: opts.seed ?? 0, mode, maxTokens: maxTokens - got.length,
+                           prompt: [...prompt, ...got] });
     }
 
     function connect() {
@@ -244,11 +248,18 @@ export function streamGeneration(url, opts, on = {}) {
         if (f.type === "WELCOME") {
           welcomed = true;
           st.tries = 0;
-          if (st.session !== null && f.session === st.session) {
-            st.resumed++;
-            got.length = f.committed - prompt.length; // the cloud continues from here (it rolled back what we did not see)
-          } else if (st.session !== null) {
+          if (st.reopen) {
             st.reopened++;
+            st.reopen = false;
+          } else if (st.session !== null) {
+            if (f.session !== st.session) {
+              ended = true;
+              finish(new Error(`RESUME of ${st.session} welcomed as ${f.session}`));
+              ws.close();
+              return;
+            }
+            st.resumed++;
+            got.length = f.committed - prompt.length; // the cloud goes on from here (it undid what we did not see)
           }
           st.session = f.session; st.secret = f.secret;
           say(`session ${f.session}`);
@@ -279,8 +290,8 @@ export function streamGeneration(url, opts, on = {}) {
         } else if (f.type === "PONG") {
           if (on.rtt) on.rtt(Number(nowUs() - f.sentUs) / 1000);
         } else if (f.type === "ERROR") {
-          if (["UNKNOWN_SESSION", "BUSY"].includes(f.code) && st.session !== null && !welcomed) {
-            st.session = null; // the session is gone (or this replica is draining): open one carrying the text
+          if (["UNKNOWN_SESSION", "BUSY"].includes(f.code) && st.session !== null && !st.reopen && !welcomed) {
+            st.reopen = true; // the session is gone (or this replica is draining): open one carrying the text
             retry(`${f.code} on RESUME`);
             return;
           }
@@ -288,7 +299,8 @@ export function streamGeneration(url, opts, on = {}) {
           clearInterval(pinger);
           finish(new CloudError(f.code, f.message));
         } else if (f.type === "CLOSE") {
-          if (f.reason === CloseReason.GOING_AWAY || f.reason === CloseReason.IDLE) retry(f.reason === CloseReason.IDLE ? "idle" : "the cloud is going away");
+          if (f.reason === CloseReason.GOING_AWAY) retry("the cloud is going away");
+          else if (f.reason === CloseReason.IDLE) retry("idle");
         }
       };
       ws.onerror = () => retry("WebSocket error");
