@@ -437,3 +437,31 @@ def test_serve_refuses_a_websocket_port_out_of_range():
                         "--ws-port", "70000"], capture_output=True, text=True, timeout=60,
                        cwd=Path(__file__).resolve().parent.parent)
     assert p.returncode == 2 and p.stderr.strip() == "acespec: error: --ws-port must be in 0..65535", p.stderr
+
+
+def test_serve_with_tls_prints_a_wss_port_that_streams(tmp_path):
+    """`acespec serve --tls-cert/--tls-key --ws-port 0` (on uvloop where it is installed, as `serve` runs)."""
+    trustme = pytest.importorskip("trustme")
+    import ssl
+
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1")
+    cert.private_key_pem.write_to_path(str(tmp_path / "key.pem"))
+    cert.cert_chain_pems[0].write_to_path(str(tmp_path / "cert.pem"))
+    srv = subprocess.Popen([sys.executable, "-m", "acespec.cli", "serve", "--target", "toy:vocab=64,seed=1",
+                            "--port", "0", "--ws-port", "0", "--tls-cert", str(tmp_path / "cert.pem"),
+                            "--tls-key", str(tmp_path / "key.pem")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True, cwd=Path(__file__).resolve().parent.parent)
+    try:
+        assert "(TLS)" in srv.stdout.readline()
+        line = srv.stdout.readline()
+        port = int(line.split("listening on ")[1].split()[0].split(":")[1])
+        assert f"wss://127.0.0.1:{port}/" in line and f"https://127.0.0.1:{port}/" in line, line
+        ctx = ssl.create_default_context()
+        ca.configure_trust(ctx)
+        ws, _ = ws_session(port, "wss", ssl=ctx, auth=b"")
+        assert tokens_of(stream(ws)) == reference()
+        ws.close()
+    finally:
+        srv.terminate()
+        srv.wait(30)
