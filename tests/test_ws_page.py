@@ -73,7 +73,7 @@ def page_run(driver, base: str, *, timeout_s: float = 30.0, during=None, shot: P
     driver.get(f"{base}/?{urllib.parse.urlencode({**params, 'run': '1'})}")
     state = lambda d: d.execute_script("return document.getElementById('output').dataset.state")  # noqa: E731
     if during is not None:
-        WebDriverWait(driver, timeout_s).until(
+        WebDriverWait(driver, timeout_s, poll_frequency=0.02).until(
             lambda d: d.execute_script("return (document.getElementById('output').dataset.tokens || '[]').length > 10"))
         during(driver)
     WebDriverWait(driver, timeout_s).until(lambda d: state(d) in ("done", "error"))
@@ -139,7 +139,7 @@ def test_the_page_resumes_a_connection_the_cloud_dropped_and_streams_the_same_te
     """Mid-stream the cloud aborts the page's connection (as a dead path would): the page reconnects,
     RESUMEs with its committed tokens' digest (computed in the browser) and gets the rest, no token lost
     or repeated."""
-    n = 80
+    n = 150  # 10 ms a step: the stream lasts long enough to be cut in the middle
     cfg = ServerConfig(port=0, ws_port=0, token=TOKEN.encode(), resume_grace_s=30.0)
     with CloudServerThread(PassCostToy(vocab=V, seed=1, pass_s=0.01), cfg) as srv:
         def drop(_driver) -> None:
@@ -161,7 +161,7 @@ def test_the_page_reopens_a_session_the_cloud_lost_carrying_its_text(chromium):
     """The cloud drops the connection and forgets the session (as a restarted replica would): the page's
     RESUME gets UNKNOWN_SESSION, so it opens a new session whose prompt is the text so far and whose
     budget is what is left, and the whole text is still what cloud-only decodes."""
-    n = 80
+    n = 150
     cfg = ServerConfig(port=0, ws_port=0, token=TOKEN.encode())
     with CloudServerThread(PassCostToy(vocab=V, seed=1, pass_s=0.01), cfg) as srv:
         def lose(_driver) -> None:
