@@ -294,6 +294,16 @@ _NOT_ONE_FRAME = [
 ]
 
 
+def test_a_text_message_in_the_middle_of_a_session_ends_it_with_the_same_refusal(cloud):
+    ws, _ = ws_session(cloud.server.ws_port, mode=wire.Mode.CLOUD_LED, max_tokens=500)
+    ws.send("DRAFT 1 2 3")
+    frames, code = until_closed(ws)
+    err, close = frames[-2:]
+    assert all(isinstance(f, wire.Tokens) for f in frames[:-2]), frames[-4:]
+    assert err.code == ErrorCode.BAD_FRAME and "text message" in err.message
+    assert close == wire.Close(reason=wire.CloseReason.ERROR) and code == 1008
+
+
 @pytest.mark.parametrize("name,data,needle", _NOT_ONE_FRAME, ids=[m[0] for m in _NOT_ONE_FRAME])
 def test_a_message_that_is_not_exactly_one_frame_is_refused(cloud, name, data, needle):
     err, close, code = ws_refusal(cloud.server.ws_port, data)
