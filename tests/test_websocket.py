@@ -7,7 +7,8 @@ WebSocket client sending the same binary frames as the TCP edge, one frame per m
   a text message, an empty one and one holding other than one frame are refused clearly;
 - RESUME on a new WebSocket continues a session whose first WebSocket dropped;
 - the drain tells a WebSocket edge GOING_AWAY (close code 1001) as it tells a TCP one, and takes no
-  new connection; wss with a test certificate; `acespec serve --ws-port 0` prints the port it bound.
+  new connection; an idle session is told IDLE (close 1000); wss with a test certificate; `acespec serve
+  --ws-port 0` prints the port it bound.
 """
 
 from __future__ import annotations
@@ -394,6 +395,14 @@ def test_the_drain_tells_a_websocket_edge_going_away_and_takes_no_new_connection
     finally:
         model.gate.set()
         srv.stop()
+
+
+def test_an_idle_session_is_told_idle_and_its_websocket_closed_normally():
+    with CloudServerThread(ToyModel(vocab=V, seed=1), config(idle_timeout_s=0.4)) as srv:
+        ws, _ = ws_session(srv.server.ws_port)
+        assert tokens_of(stream(ws)) == reference()  # then the edge says nothing
+        frames, code = until_closed(ws)
+        assert frames == [wire.Close(reason=wire.CloseReason.IDLE)] and code == 1000
 
 
 def test_wss_with_a_test_certificate_streams_the_reference_and_plain_ws_gets_nothing(tmp_path):
