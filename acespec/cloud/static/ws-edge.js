@@ -215,6 +215,9 @@ export function streamGeneration(url, opts, on = {}) {
     const finish = (err, value) => { if (!done) { done = true; err ? reject(err) : resolve(value); } };
 
     async function greeting() {
+      // RESUME's digest needs crypto.subtle, which a browser gives only to secure pages (https, or
+      // http on localhost): elsewhere the edge reopens with its text instead of resuming
+      if (st.session !== null && !st.reopen && !globalThis.crypto?.subtle) st.reopen = true;
       if (st.session !== null && !st.reopen) { // a session the cloud may still hold: ask for it back
         const committed = [...prompt, ...got];
         return encodeResume({ auth: opts.auth, session: st.session, secret: st.secret, committed: committed.length,
@@ -240,7 +243,16 @@ export function streamGeneration(url, opts, on = {}) {
         say(`reconnecting (${why})`);
         setTimeout(connect, Math.min(2000, 100 * 2 ** st.tries));
       };
-      ws.onopen = async () => { say("connected"); ws.send(await greeting()); };
+      ws.onopen = async () => {
+        say("connected");
+        try {
+          ws.send(await greeting());
+        } catch (e) { // a prompt or option the codec refuses: nothing to retry
+          ended = true;
+          finish(e);
+          ws.close();
+        }
+      };
       ws.onmessage = (ev) => {
         if (typeof ev.data === "string") { finish(new Error("the cloud sent a text message")); ws.close(); return; }
         let f;
