@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The Debian packages the tests drive, as real programs: headless Chromium and its WebDriver for the
-# web page's browser test (tests/test_edge_page.py), and HAProxy for the load-balancer tests and
+# web pages' browser tests (tests/test_edge_page.py, tests/test_ws_page.py), and HAProxy for the load-balancer tests and
 # `acespec bench fleet` (tests/test_haproxy.py). Idempotent: returns at once when all are installed.
 # Needs root (or sudo) for apt.
 set -euo pipefail

@@ -3,6 +3,7 @@
     acespec serve --target qwen2.5-coder-1.5b --port 7070 --token-file token.txt
     acespec serve --slots 16 --kv-budget 32768 --tick-tokens 256     # 16 sessions of 2,048 tokens each
     acespec serve --token-file tenants.txt --tls-cert cloud.pem --tls-key cloud.key   # tenants, TLS
+    acespec serve --ws-port 7071     # also WebSocket edges (browsers): docs/operate/websocket.md
 
 A token file holds one token per tenant, `name:token` on each line (blank lines and `#` comments are
 skipped); a session belongs to the tenant that opened it, and no other tenant can RESUME it. A file
@@ -139,6 +140,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tls-cert", help="TLS: the server's certificate chain (PEM); with --tls-key, the server speaks TLS only")
     p.add_argument("--tls-key", help="TLS: the server's private key (PEM)")
     p.add_argument("--tls-client-ca", help="TLS: require client certificates signed by this CA (PEM)")
+    p.add_argument("--ws-port", type=int, metavar="P",
+                   help="also take edges over WebSocket on this port (0 = any free port, printed at start): the same "
+                        "frames, one per binary message, wss with --tls-cert; GET / there is a browser edge page")
     p.add_argument("--metrics-port", type=int, metavar="P",
                    help="serve Prometheus metrics at http://HOST:P/metrics, and /health and /ready for load balancers "
                         "(0 = any free port, printed at start)")
@@ -237,6 +241,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     faulthandler.register(signal.SIGUSR1)  # `kill -USR1 PID` prints every thread's stack to stderr: a hung replica says where
     if args.metrics_port is not None and not 0 <= args.metrics_port <= 65535:
         raise ValueError("--metrics-port must be in 0..65535")
+    if args.ws_port is not None and not 0 <= args.ws_port <= 65535:
+        raise ValueError("--ws-port must be in 0..65535")
     if args.max_sessions < 1:
         raise ValueError("--max-sessions must be >= 1")
     for name in ("idle_timeout", "resume_grace", "handshake_timeout", "frame_timeout"):
@@ -261,7 +267,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         host=args.host, port=args.port, tenants=tenants, max_sessions=args.max_sessions, idle_timeout_s=args.idle_timeout,
         resume_grace_s=args.resume_grace, handshake_timeout_s=args.handshake_timeout, frame_timeout_s=args.frame_timeout,
         max_connections=args.max_connections, max_connections_per_addr=args.max_connections_per_addr,
-        auth_failures_per_min=args.auth_failures_per_min, tls=tls, gc_full_s=args.gc_full,
+        auth_failures_per_min=args.auth_failures_per_min, tls=tls, gc_full_s=args.gc_full, ws_port=args.ws_port,
         lead_pass_budget=args.lead_pass_budget, lead_max_wait_s=args.lead_max_wait,
     )
     server = CloudServer(engine, cfg)
@@ -271,6 +277,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         m = engine.metrics()
         _say(f"acespec serve: listening on {cfg.host}:{server.port}{' (TLS)' if tls else ''} (target {target.name}, {engine.name} engine, "
              f"{m.get('slots', 1)} KV slot(s) of {engine.max_context} tokens)")
+        if server.ws_port is not None:
+            ws, http = ("wss", "https") if tls else ("ws", "http")
+            where = f"{cfg.host}:{server.ws_port}"
+            _say(f"acespec serve: WebSocket listening on {where} ({ws}://{where}/; browser edge at {http}://{where}/)")
         if args.metrics_port is not None:
             from acespec.cloud.metrics import start_metrics_server
 

@@ -40,6 +40,7 @@ import numpy as np
 from acespec import wire
 from acespec.cloud.auth import Gatekeeper
 from acespec.cloud.engine import EngineBusy, EngineRefused, EngineSession, EngineStopped, SessionSpec, VerifyEngine, make_engine
+from acespec.cloud.websocket import WsListener
 from acespec.control.lead import LeadConfig, LeadMemory
 from acespec.engine.lead import LeadState
 from acespec.engine.verifier import TargetVerifier
@@ -71,6 +72,7 @@ class ServerConfig:
     max_connections_per_addr: int = 32  # open connections at once from one peer address
     limits: wire.Limits = field(default_factory=wire.Limits)  # frame limits we accept
     tls: ssl.SSLContext | None = None  # TLS server context (acespec.tls.server_context); None = plain TCP
+    ws_port: int | None = None  # also take WebSocket connections on this port (websocket.py; 0 = any free port, wss with tls)
     engine: str = "batched"  # verify engine for a bare target model: batched | serial (see engine.py)
     lead_k_max: int = 16  # cloud-led: most draft tokens one step verifies
     lead_pass_budget: float = math.inf  # cloud-led: target passes per token a session may cost (inf: never wait for a draft)
@@ -132,6 +134,8 @@ class CloudServer:
         self.errors_sent: dict[str, int] = {}  # ErrorCode name -> count, for tests, logs and metrics
         self.handshakes = {"opened": 0, "resumed": 0}  # sessions opened by HELLO, reattached by RESUME
         self.port = self.cfg.port
+        self._ws: WsListener | None = None  # cfg.ws_port: the WebSocket listener
+        self.ws_port: int | None = None  # the port it bound
         # cloud-led pricing learned by earlier sessions, per (tenant, rule, temperature): what a
         # tenant's greedy code sessions accept says nothing about another's chat at T = 1
         self.lead_memory: OrderedDict[tuple, LeadMemory] = OrderedDict()
@@ -143,6 +147,10 @@ class CloudServer:
         tls = {} if self.cfg.tls is None else {"ssl": self.cfg.tls, "ssl_handshake_timeout": self.cfg.handshake_timeout_s}
         self._server = await asyncio.start_server(self._on_connect, self.cfg.host, self.cfg.port, **tls)
         self.port = self._server.sockets[0].getsockname()[1]
+        if self.cfg.ws_port is not None:  # the same handler, through the WebSocket adapters
+            self._ws = WsListener(self._on_connect, self.cfg.limits, self.target)
+            await self._ws.start(self.cfg.host, self.cfg.ws_port, self.cfg.tls, self.cfg.handshake_timeout_s)
+            self.ws_port = self._ws.port
         self._sweeper = asyncio.create_task(self._sweep())
         self._gc_task = asyncio.create_task(self._keep_gc()) if self.cfg.gc_full_s > 0 else None
         log.info("cloud verifier listening on %s:%d (target %s)", self.cfg.host, self.port, self.target.name)
@@ -152,6 +160,8 @@ class CloudServer:
         if self._server:
             self._server.close()
             await self._server.wait_closed()
+        if self._ws is not None:
+            self._ws.close()
         if self._sweeper:
             self._sweeper.cancel()
         if self._gc_task is not None:
@@ -184,6 +194,8 @@ class CloudServer:
             for t in late:
                 t.cancel()
             await asyncio.gather(*late, return_exceptions=True)
+        if self._ws is not None:
+            await self._ws.wait_closed()
         await self.engine.stop()
 
     # -- what the HTTP port's checks read (from its own thread) -------------------------------------
