@@ -59,8 +59,8 @@ def cli_page() -> str:
     commands = list(_subcommands(build_parser()))
     out = ["# Command line", "",
            "Every `acespec` subcommand with its `--help`, generated from the command's own parser at each build. "
-           "Bad input to any of them is one line `acespec: error: ...` on stderr and exit status 2.", ""]
-    out += [f"- [`{prog}`](#{_anchor(prog)})" for prog, _ in commands[1:]]
+           "Bad input to any of them is one line `acespec: error: ...` on stderr and exit status 2. "
+           "The table of contents lists every subcommand.", ""]
     for prog, p in commands:
         out += ["", f"## {prog}" + " {#" + _anchor(prog) + "}", "", "```text", p.format_help().rstrip(), "```"]
     return "\n".join(out) + "\n"
@@ -193,14 +193,15 @@ def metrics_page() -> str:
            "vLLM's where the meaning is the same, with the prefix `acespec:`; counters end in `_total`, "
            "histograms add `_bucket`, `_sum` and `_count`. What to watch, and why: "
            "[Operate: metrics](../operate/metrics.md).", "",
-           "## The cloud (`acespec serve --metrics-port P`, at `/metrics`)", "",
-           "Read from the server and its verify engine at scrape time. Some figures exist only on some "
+           "## The cloud", "",
+           "`acespec serve --metrics-port P` serves these at `http://HOST:P/metrics`, read from the server and its "
+           "verify engine at scrape time. Some figures exist only on some "
            "engines (`--engine`): the column says which.", "",
            "| metric | type | labels | meaning |", "|---|---|---|---|"]
     for name, (typ, doc, labels) in cloud.items():
         where = "" if len(engines[name]) == len(kinds) else f" (engine: {', '.join(engines[name])})"
         out.append(row(name, typ, doc, labels, where))
-    out += ["", "## The edge (`acespec edge serve`, at `/metrics` on its HTTP port)", "",
+    out += ["", "## The edge", "", "`acespec edge serve` serves these at `/metrics` on its HTTP port.", "",
             "| metric | type | labels | meaning |", "|---|---|---|---|"]
     out += [row(*f) for f in edge]
     return "\n".join(out) + "\n"
