@@ -38,7 +38,7 @@ for r in project["optional-dependencies"]["docs"] + project["dependencies"]:
         print(r)
 EOF
 )
-  step "install the docs profile (pyproject's docs extra and runtime dependencies; pins in requirements/docs.txt, runtime.txt)" \
+  step "install the docs profile (pyproject's docs extra, runtime dependencies; pins: requirements/docs.txt, runtime.txt)" \
     "$retry" -- "$venv/bin/python" -m pip install -q --disable-pip-version-check \
     -c requirements/runtime.txt -c requirements/docs.txt "${reqs[@]}"
   echo "$want" > "$stamp"
