@@ -1,4 +1,4 @@
-"""Oracles for the relaxed rules' output laws, re-derived from DESIGN.md's table independently of the
+"""Oracles for the relaxed rules' output laws, re-derived from the formulas in docs/research/rules.md independently of the
 code in acespec/verify/relaxed.py: the first emitted token's exact distribution for a draft x ~ q, and
 the hand-built (q, p) cases that take every rule's relaxed branch. Shared by tests/test_verify_relaxed.py
 (the numpy rules) and tests/test_vllm.py (the same rules inside vLLM's rejection sampler); no scipy, so
@@ -25,7 +25,7 @@ def rand_dist(rng: np.random.Generator, V: int, *, sparse: bool = False, conc: f
 
 
 def analytic_targets(rule: str, x: int, q: np.ndarray, p: np.ndarray, prm: dict) -> tuple[np.ndarray, np.ndarray]:
-    """pi_rej and pi_res of the template rules, straight from DESIGN.md's table."""
+    """pi_rej and pi_res of the template rules, straight from the formulas in docs/research/rules.md."""
     if rule == "cactus":
         px, d = p[x], prm["delta"]
         h = np.clip(px + np.sqrt(2 * d * px * (1 - px)), 0, 1)

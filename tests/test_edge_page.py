@@ -1,7 +1,8 @@
 """The edge's web page in a real browser: headless Chromium (Debian's, installed by
 scripts/setup-system.sh) driven through selenium loads `/`, sends a prompt, waits for the streamed
 answer, and checks it against the API's text and its origin marks. The screenshot goes to
-docs/screenshots/ (not committed; the README's comes from the real pair, see `main` below).
+docs/screenshots/ (not committed; the Quickstart's, docs/edge-page.png, comes from the real pair, see `main`
+below).
 
     python tests/test_edge_page.py http://127.0.0.1:8000 docs/edge-page.png "a prompt"   # any running edge
 """
@@ -115,7 +116,7 @@ def test_the_page_streams_the_apis_text_with_origin_marks(chromium):
 
 
 def main(argv: list[str]) -> int:
-    """Screenshot of a running edge: URL OUT PROMPT [MAX_TOKENS] (the README's picture)."""
+    """Screenshot of a running edge: URL OUT PROMPT [MAX_TOKENS] (the Quickstart's picture)."""
     url, out, prompt = argv[:3]
     d = browser()
     try:

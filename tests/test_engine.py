@@ -1,6 +1,6 @@
 """The draft/verify loop and the target-side verifier, on the exact toy model.
 
-Stats follow DESIGN.md (the vLLM definitions): tau = 1 + accepted/rounds, acceptance rate =
+Stats follow docs/concepts/glossary.md (the vLLM definitions): tau = 1 + accepted/rounds, acceptance rate =
 accepted/drafted, target passes per token = rounds/emitted (1.0 for plain decoding).
 """
 

@@ -1,7 +1,7 @@
 """A real load balancer in front of real replicas: HAProxy (Debian's package, installed by
 scripts/setup-system.sh) in TCP mode, health-checking each `acespec serve`'s /ready, TLS end to end.
 
-The configuration is `acespec.bench.fleet.haproxy_config`, the one docs/fleet.md shows."""
+The configuration is `acespec.bench.fleet.haproxy_config`, the one docs/operate/fleet.md shows."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ def hello() -> wire.Hello:
 
 
 def test_the_docs_show_the_configuration_the_tests_run():
-    doc = (ROOT / "docs" / "fleet.md").read_text()
+    doc = (ROOT / "docs" / "operate" / "fleet.md").read_text()
     assert haproxy_config("0.0.0.0:7070", [("10.0.0.11", 7070, 9100), ("10.0.0.12", 7070, 9100),
                                            ("10.0.0.13", 7070, 9100)]) in doc
 

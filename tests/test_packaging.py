@@ -34,8 +34,10 @@ REQ = ROOT / "requirements"
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 TOY_DRAFT, TOY_TARGET = "toy:vocab=64,seed=1,noise=0.5", "toy:vocab=64,seed=1"
 
-# profile -> (pyproject extras it installs, the constraint files that pin it); scripts/setup.sh's table
-PROFILES = {"runtime": ([], ["runtime.txt"]), "dev": (["dev"], ["runtime.txt", "dev.txt"])}
+# profile -> (pyproject extras it installs, the constraint files that pin it); scripts/setup.sh's table, and
+# scripts/docs.sh's: the docs extra beside the runtime dependencies (all but llama-cpp-python, pinned all the same)
+PROFILES = {"runtime": ([], ["runtime.txt"]), "dev": (["dev"], ["runtime.txt", "dev.txt"]),
+            "docs": (["docs"], ["runtime.txt", "docs.txt"])}
 
 
 def read_pins(*files: str) -> dict[str, Version]:
@@ -86,6 +88,11 @@ def drift(reqs: list[Requirement], pins: dict[str, Version]) -> list[str]:
 def test_every_declared_dependency_has_a_pin_that_satisfies_it(profile):
     extras, files = PROFILES[profile]
     assert drift(requirements_of(extras), read_pins(*files)) == []
+
+
+def test_a_package_pinned_by_two_profiles_has_the_same_version_in_both():
+    """The docs venv and the dev venv never share one, but a person may install both sets of pins at once."""
+    assert read_pins("runtime.txt", "dev.txt", "docs.txt")  # read_pins refuses a name pinned twice, differently
 
 
 def test_the_drift_check_catches_a_missing_pin_and_a_pin_out_of_range():

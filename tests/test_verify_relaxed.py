@@ -2,7 +2,7 @@
 hand-built and seeded random distributions, parametrised sizes, empirical output distributions
 compared with a chi-square test against the distribution the rule's definition implies.
 
-The analytic distributions below are re-derived from DESIGN.md's table, independently of the code.
+The analytic distributions below are re-derived from the formulas in docs/research/rules.md, independently of the code.
 """
 
 from __future__ import annotations

@@ -62,7 +62,7 @@ def main():
     llm = LLM(model=target, skip_tokenizer_init=True, max_model_len=256, dtype="float32", block_size=32, enforce_eager=True,
               max_num_seqs=8, seed=0, gpu_memory_utilization=0.1, distributed_executor_backend="uni", speculative_config={"method": "draft_model", "model": draft, "num_speculative_tokens": 3,
                                                           "draft_sample_method": "probabilistic"})
-    # vLLM 0.32's CPU expand kernel leaves sampled speculative rows uninitialised (README, vLLM section):
+    # vLLM 0.32's CPU expand kernel leaves sampled speculative rows uninitialised (docs/operate/vllm.md):
     # without the repair its sampled outputs are not even the same from run to run, so both runs have it
     # (once the engine, in this process, has set up its kernels)
     ensure_expand_is_right()

@@ -1,4 +1,4 @@
-"""Benchmarks: ratios measured side by side in one run (see DESIGN.md, Measuring)."""
+"""Benchmarks: ratios measured side by side in one run (see docs/design/architecture.md, Measuring)."""
 
 import json
 import subprocess

@@ -16,7 +16,7 @@ connections at random. `--edges` edges at once run `--generations` generations t
 
 Every text is compared with the undisturbed text (the target alone, same prompt, rule and seed).
 One line per rule, then texts lost (generations that failed), texts changed, and failed runs last.
-The HAProxy configuration is `haproxy_config()`, the one `docs/fleet.md` shows.
+The HAProxy configuration is `haproxy_config()`, the one `docs/operate/fleet.md` shows.
 """
 
 from __future__ import annotations

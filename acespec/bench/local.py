@@ -2,7 +2,7 @@
 
     acespec bench local [--n-prompts 8] [--max-tokens 128] [--k 4] [--json OUT] [--draft ..] [--target ..]
 
-One process, one run (DESIGN.md, "Measuring": compare configurations as ratios measured together):
+One process, one run (docs/design/architecture.md, "Measuring": compare configurations as ratios measured together):
 the drafter and the target are loaded once each, and every prompt runs under every configuration:
 
 - `autoregressive`: the target alone, greedy (the baseline, through the same loop with no drafter);

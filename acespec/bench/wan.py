@@ -2,7 +2,7 @@
 
     acespec bench wan [--rtt 0,50,100,200] [--n-prompts 2] [--max-tokens 64] [--k 4] [--profile wan] [--json OUT]
 
-One process, one run, side by side (DESIGN.md, "Measuring": compare ratios measured together, never
+One process, one run, side by side (docs/design/architecture.md, "Measuring": compare ratios measured together, never
 numbers from different runs):
 
 - the drafter and the target are loaded once each;

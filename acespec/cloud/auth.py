@@ -1,6 +1,6 @@
 """Who may talk to the cloud: tenant tokens, and a per-address limit on failed authentication.
 
-Tenants are mutually untrusted (DESIGN.md, "Trust"). Each has its own token; a session belongs to the
+Tenants are mutually untrusted (docs/operate/security.md). Each has its own token; a session belongs to the
 tenant that opened it. An address that fails authentication `failures_per_min` times within a minute
 is refused unheard until its oldest failure is a minute old, so tokens and session secrets cannot be
 guessed at line rate.

@@ -1,4 +1,4 @@
-"""Adaptive draft depth (DESIGN.md, protocol point 4): a cost-model controller for K and fan-out B.
+"""Adaptive draft depth (docs/concepts/modes.md, the adaptive controller): a cost-model controller for K and fan-out B.
 
 Each round the controller picks the draft depth K (and the branch fan-out B, 1 = a plain chain) that
 maximises the expected committed tokens per second, from estimates it keeps online. All estimates

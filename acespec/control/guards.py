@@ -1,4 +1,4 @@
-"""Run-time guards for relaxed verification (DESIGN.md, "Guards"): the net-win guard and budget forcing.
+"""Run-time guards for relaxed verification (docs/research/rules.md, "Guards"): the net-win guard and budget forcing.
 
 Net-win guard. A relaxed rule accepts more tokens per round (l) but can make the model write more
 tokens (length ratio lambda = mean length under the rule / mean length under strict). It pays only if

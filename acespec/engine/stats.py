@@ -1,4 +1,4 @@
-"""Run statistics, named as in DESIGN.md (same definitions as vLLM, so numbers compare)."""
+"""Run statistics, named as in docs/concepts/glossary.md (same definitions as vLLM, so numbers compare)."""
 
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ like with like):
 
 - `L`: mean output length (tokens); `lambda = L / L_strict` on the same pairs.
 - `l`: mean accepted draft tokens per round, pooled (`sum accepted / sum rounds`); `tau = l + 1`.
-- `gain = (l + 1) / (l_strict + 1)`; the point estimate of DESIGN.md's test is `gain > lambda`.
+- `gain = (l + 1) / (l_strict + 1)`; the point estimate of the net-win test (docs/research/rules.md) is `gain > lambda`.
 - rounds per answer relative to strict (`mean rounds / mean rounds_strict`, about `lambda / gain`),
   time to last token relative to strict (mean over mean; noisy, see DESIGN "Measuring").
 - accuracy (math: parsed answer; humaneval: pass@1; sharegpt: n/a).
@@ -60,7 +60,7 @@ def pooled_l(recs: list[dict]) -> float | None:
 
 
 def net_win(l_rule: float, l_strict: float, lam: float) -> bool:
-    """DESIGN.md: a relaxed rule is a net win only if (l + 1) / (l_strict + 1) > lambda."""
+    """The net-win test: a relaxed rule is a net win only if (l + 1) / (l_strict + 1) > lambda."""
     return (l_rule + 1.0) / (l_strict + 1.0) > lam
 
 
@@ -437,7 +437,7 @@ def render_markdown(agg: dict, settings: dict, command: str, *, dataset: str, th
               "tokens per round, pooled (mean acceptance length τ = l + 1).",
               "- *rounds vs strict*: target passes per answer relative to strict (≈ λ / gain): below 1 saves "
               "target work. *TTLT vs strict*: time to the last token relative to strict (wall clock, noisy on "
-              "shared CPUs; see DESIGN.md, Measuring).",
+              "shared CPUs; see docs/design/architecture.md, Measuring).",
               "- *median p acc.*, *median rank*, *p<0.1 share*: the target probability and rank (1 = argmax) "
               "of every accepted draft token (n/a for runs on `--engine vllm`, which does not report them; there "
               "*rounds* counts vLLM's prefill pass, which emits the first token with no drafts, and times include "

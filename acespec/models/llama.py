@@ -147,7 +147,7 @@ class LlamaCppModel(Model):
         step_threads: int | str | None = None,  # threads of a one-token pass, or "auto" / "pad"; None: ACESPEC_STEP_THREADS, else "pad"
     ) -> None:
         """`batch_invariant=True` is for the cloud's batching engine, where slots are sessions: a session's
-        logits rows must be the same bits whatever else shares its llama_decode call (DESIGN.md: the
+        logits rows must be the same bits whatever else shares its llama_decode call (docs/design/architecture.md: the
         same text whatever the load). Measured on this llama.cpp build (tests/test_batched.py compares
         every row): a K-quant matmul switches to a tiled kernel once a pass has 8 or more rows, and a
         pass over several adjacent KV streams attends through one strided view of the cache; both

@@ -1,4 +1,4 @@
-"""Trace-driven simulation of edge-cloud runs under device and network profiles (DESIGN.md, "Measuring").
+"""Trace-driven simulation of edge-cloud runs under device and network profiles (docs/design/architecture.md, "Measuring").
 
 Record real per-position acceptance from the real model pair once (`trace`), then replay it through the
 live edge's own loop on virtual time (`edge`, `kernel`): replay models (`replay`) stand in for the

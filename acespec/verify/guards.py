@@ -1,4 +1,4 @@
-"""The support filter: a guard any rule can run under (DESIGN.md, "Guards").
+"""The support filter: a guard any rule can run under (docs/research/rules.md, "Guards").
 
 A relaxed rule may accept a draft token the target finds implausible. The support filter rejects a
 draft token x at position i, whatever the rule says, when

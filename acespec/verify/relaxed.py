@@ -1,4 +1,4 @@
-"""The relaxed (lossy) verification rules of DESIGN.md, one small pure function each.
+"""The relaxed (lossy) verification rules (docs/research/rules.md), one small pure function each.
 
 Every rule has the signature of `acespec.verify.rules` and the vLLM rejection-sampler vocabulary:
 

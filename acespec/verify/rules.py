@@ -178,7 +178,7 @@ def template_verify(
     pi_bonus: np.ndarray,  # [V] bonus distribution after a full accept
     rng: np.random.Generator,
 ) -> tuple[int, int]:
-    """The general template of DESIGN.md (Xia et al. 2026) that strict and the relaxed rules share:
+    """The general template (Xia et al. 2026; docs/research/rules.md) that strict and the relaxed rules share:
     one u per position, accept iff u < `template_accept`, else emit a sample of `residual`."""
     k = len(draft)
     accept = template_accept(np.asarray(draft, dtype=np.int64), q, pi_rej) if k else None  # [k]

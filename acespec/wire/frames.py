@@ -1,7 +1,7 @@
 r"""AceSpec wire format, protocol version 2: the binary frames between edge and cloud.
 
 This docstring is the specification. The code below implements it, and tests/test_wire.py pins it
-byte by byte. Why the protocol is shaped this way is in DESIGN.md, "The edge-cloud protocol".
+byte by byte. Why the protocol is shaped this way is in docs/design/architecture.md, "The protocol".
 
 Primitive encodings
 -------------------
@@ -87,8 +87,8 @@ Frames (field | encoding | meaning)
                             each < Limits.max_draft_tokens.
        A typical verdict (seq < 2**14, accepted < 128, ids, verify_us and committed < 2**21) is 15
        bytes including length and type.
-5  RESUME   edge -> cloud. Reconnects to a session; the cloud answers WELCOME (see DESIGN.md,
-            "Sessions and faults", for how the committed prefix is agreed).
+5  RESUME   edge -> cloud. Reconnects to a session; the cloud answers WELCOME (see
+            docs/design/architecture.md, "The protocol", for how the committed prefix is agreed).
        version      u8      PROTOCOL_VERSION
        auth         bytes   the tenant's token (the tenant that opened the session)
        session      varint
