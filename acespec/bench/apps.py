@@ -23,6 +23,7 @@ and whether every text equals cloud-only's (greedy and coupled are exact, so the
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import platform
 import statistics
@@ -37,7 +38,7 @@ FOLLOW_UP = "Thank you. Now say the same thing again in two sentences."
 
 
 def add_parser(bench_subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    from acespec.argtypes import pos_int
+    from acespec.argtypes import pos_float_or_inf, pos_int
     from acespec.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
 
     p = bench_subparsers.add_parser("apps", help="speculation as apps see it: the edge's API, every mode against "
@@ -57,6 +58,8 @@ def add_parser(bench_subparsers: argparse._SubParsersAction) -> argparse.Argumen
                    help="split (default): the cloud gets one core and the edge the rest, like two devices; shared: "
                         "both use every core, as on a developer's laptop")
     p.add_argument("--drafters", type=pos_int, default=1, help="drafters the edge loads (default 1)")
+    p.add_argument("--lead-pass-budget", type=pos_float_or_inf, default=math.inf, metavar="P",
+                   help="the cloud's `acespec serve --lead-pass-budget` (default inf: no budget)")
     p.add_argument("--n-ctx", type=pos_int, default=4096)
     p.add_argument("--json", metavar="OUT")
     p.set_defaults(func=cmd_bench_apps)
@@ -148,7 +151,7 @@ def _start_stack(args: argparse.Namespace, rtt: int, kids) -> int:
     edge_cpus, cloud_cpus = split_cpus(args.cores)
     with on_cpus(cloud_cpus):
         cloud = kids.start([*exe, "serve", "--target", args.target, "--port", "0", "--n-ctx", str(args.n_ctx),
-                            "--max-sessions", "16"], env=cloud_env)
+                            "--max-sessions", "16", "--lead-pass-budget", str(args.lead_pass_budget)], env=cloud_env)
     port = int(wait_for_line(cloud, r"listening on [\d.]+:(\d+)", 300, "the cloud").group(1))
     with on_cpus(edge_cpus):
         if rtt > 0:
@@ -260,8 +263,9 @@ def summarize(rows: list[dict], modes: list[str]) -> dict:
 
 def format_table(result: dict) -> str:
     cfg = result["config"]
+    budget = "" if math.isinf(cfg["lead_pass_budget"]) else f", cloud pass budget {cfg['lead_pass_budget']:g}"
     lines = [f"=== acespec bench apps: cores {cfg['cores']}, rule {cfg['rule']}, T {cfg['temperature']:g}, "
-             f"{cfg['max_tokens']} tokens, {cfg['turns']} turn(s); speed and TTFT against cloud-only in the same run ==="]
+             f"{cfg['max_tokens']} tokens, {cfg['turns']} turn(s){budget}; against cloud-only in the same run ==="]
     head = (f"{'mode':<11}{'speed p50':>10}{'worst':>8}{'TTFT p50':>10}{'p99':>8}{'TTFT/c-o':>10}"
             f"{'turn2 TTFT':>11}{'passes/tok':>11}{'same text':>10}")
     fmt = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731

@@ -1,0 +1,37 @@
+"""`acespec bench apps` end to end on toy models: real child processes (cloud, edge serve), the openai
+client, every mode against cloud-only, 1 and 2 chats of two turns; the figures it prints are checked
+against the rows it recorded."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+TOY = ["--draft", "toy:vocab=64,seed=1,noise=0.5,noise_seed=3", "--target", "toy:vocab=64,seed=1"]
+
+
+def test_bench_apps_runs_every_mode_against_cloud_only_and_every_text_is_exact(tmp_path):
+    out = tmp_path / "apps.json"
+    p = subprocess.run([sys.executable, "-m", "acespec.cli", "bench", "apps", *TOY, "--sets", "humaneval",
+                        "--n-prompts", "2", "--chats", "1,2", "--rtts", "0", "--max-tokens", "12", "--json", str(out)],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "rtt 0 ms, humaneval, 2 chat(s) at once" in p.stdout
+    r = json.loads(out.read_text())
+    assert r["provenance"]["command"].startswith("acespec bench apps")
+    # 2 prompts x 2 turns, once alone and once as one group of 2 chats, in 4 modes
+    assert len(r["rows"]) == 4 * 2 * 2 * 2
+    for cell in r["summary"].values():
+        assert set(cell) == {"cloud-only", "auto", "acespec", "cloud-led"}
+        assert cell["cloud-only"]["speed_median"] == 1.0 and cell["cloud-only"]["passes_per_token"] == 1.0
+        assert all(m["same_text"] for m in cell.values())
+        assert cell["acespec"]["passes_per_token"] < 1.0  # edge-led always drafts
+    for row in r["rows"]:
+        assert row["tokens"] == 12 and row["ttft_s"] <= row["wall_s"]
+
+
+def test_bench_apps_refuses_a_bad_list_with_a_clear_error():
+    p = subprocess.run([sys.executable, "-m", "acespec.cli", "bench", "apps", *TOY, "--chats", "one"],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode != 0 and "--chats must be a comma-separated list of integers" in p.stderr
