@@ -139,6 +139,8 @@ class CloudServer:
         # cloud-led pricing learned by earlier sessions, per (tenant, rule, temperature): what a
         # tenant's greedy code sessions accept says nothing about another's chat at T = 1
         self.lead_memory: OrderedDict[tuple, LeadMemory] = OrderedDict()
+        self.lead_holds = 0  # cloud-led steps that waited for a draft (a pass budget; never without one)
+        self.lead_held_s = 0.0  # and the seconds they waited in all
 
     # -- lifecycle --------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -718,16 +720,20 @@ class CloudServer:
             return 0
         left = v.prompt_len + v.max_tokens - v.committed
         short = min(lead.tokens_short(v, budget), max(0, left - 1))  # never more than the session has left
-        deadline = time.monotonic() + self.cfg.lead_max_wait_s
-        while short and lead.board.reach(v.tokens, lead.pricer.cfg.k_max) < short and not closed.is_set():
-            wait = deadline - time.monotonic()
-            if wait <= 0:
-                break
-            s.draft_in.clear()
-            try:
-                await asyncio.wait_for(s.draft_in.wait(), wait)
-            except asyncio.TimeoutError:
-                break
+        t0 = time.monotonic()
+        deadline = t0 + self.cfg.lead_max_wait_s
+        if short and lead.board.reach(v.tokens, lead.pricer.cfg.k_max) < short:
+            self.lead_holds += 1
+            while lead.board.reach(v.tokens, lead.pricer.cfg.k_max) < short and not closed.is_set():
+                wait = deadline - time.monotonic()
+                if wait <= 0:
+                    break
+                s.draft_in.clear()
+                try:
+                    await asyncio.wait_for(s.draft_in.wait(), wait)
+                except asyncio.TimeoutError:
+                    break
+            self.lead_held_s += time.monotonic() - t0
         return short
 
     def _check_draft(self, s: Session, f: wire.Draft) -> None:
