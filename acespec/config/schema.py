@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import ast
 import dataclasses
+import difflib
 import functools
 import inspect
 import io
@@ -48,7 +49,7 @@ class ConfigError(ValueError):
     def render(self, file: str | None = None) -> str:
         if self.key is None:
             return self.message + (f" (with the settings of {file})" if file else "")
-        name = f"{self.key} in {file}" if file else "--" + self.key.replace("_", "-")
+        name = f"{self.key.replace('_', '-')} in {file}" if file else "--" + self.key.replace("_", "-")
         return self.message.replace("{key}", name)
 
 
@@ -275,8 +276,10 @@ def file_settings(instance: Any, path: str) -> dict[str, Any]:
         name = str(key).replace("-", "_")
         leaf = by_name.get(name)
         if leaf is None or not isinstance(key, str):
-            known = ", ".join(sorted(n.replace("_", "-") for n in by_name))
-            raise ConfigError(None, f"unknown key {key!r} in {path} (this role's keys: {known})")
+            close = difflib.get_close_matches(name, list(by_name), n=1)
+            hint = f"did you mean {close[0].replace('_', '-')!r}? " if close else ""
+            raise ConfigError(None, f"unknown key {key!r} in {path} ({hint}`acespec config show ROLE` lists "
+                                    "every key a role takes)")
         if name in out:
             raise ConfigError(None, f"{path} sets {name} twice (as - and _)")
         out[name] = _coerce(leaf, key, value, path)
