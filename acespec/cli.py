@@ -25,7 +25,8 @@ __all__ = ["main", "build_parser", "CliError", "TextOutput", "print_stats", "pro
 
 # ------------------------------------------------------------------------------------------ helpers
 def add_model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--draft", default=DEFAULT_DRAFT, help=f"drafter model (default {DEFAULT_DRAFT}; a registry name, GGUF path, HF dir or toy:...)")
+    p.add_argument("--draft", default=DEFAULT_DRAFT,
+                   help=f"drafter model (default {DEFAULT_DRAFT}; a registry name, GGUF path, HF dir or toy:...)")
     p.add_argument("--target", default=DEFAULT_TARGET, help=f"target model (default {DEFAULT_TARGET})")
     p.add_argument("--n-ctx", type=pos_int, default=4096, help="context window for llama.cpp models")
 

@@ -20,7 +20,8 @@ class EnvVar:
     meaning: str  # one line, for the docs' table and `acespec config env`
 
 
-THREADS = EnvVar("ACESPEC_THREADS", "the CPU count", "threads a llama.cpp model computes on (a model's own n_threads wins)")
+THREADS = EnvVar("ACESPEC_THREADS", "the CPU count",
+                 "threads a llama.cpp model computes on (a model's own n_threads wins)")
 EXACT_PASSES = EnvVar("ACESPEC_EXACT_PASSES", "1", "0 lets llama.cpp verify passes use its faster multi-row kernels "
                                                    "(verified text may then part from plain decoding's)")
 STEP_THREADS = EnvVar("ACESPEC_STEP_THREADS", "pad", "one-token passes of a llama.cpp model past position 256: "

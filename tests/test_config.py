@@ -86,7 +86,8 @@ def test_serve_starts_with_the_settings_of_a_yaml_file_and_a_flag_overrides_one(
     try:
         port, line = cloud_port(srv)
         assert "batched engine, 2 KV slot(s) of 512 tokens" in line, line
-        edge = run("edge", "--cloud", f"127.0.0.1:{port}", "--draft", DRAFT, "--prompt", "hi", "--max-tokens", "9", "--json")
+        edge = run("edge", "--cloud", f"127.0.0.1:{port}", "--draft", DRAFT, "--prompt", "hi", "--max-tokens", "9",
+                   "--json")
         assert edge.returncode == 0, edge.stderr
         assert len(json.loads(edge.stdout)["tokens"]) == 9
     finally:
@@ -237,7 +238,8 @@ def test_the_config_spells_the_runtime_choices_as_the_runtime_does():
 def test_the_runtime_configurations_are_built_from_the_tree():
     full = edge_config(EdgeRole(cloud="127.0.0.1:7070,10.0.0.2:7071", acespec=True,
                                 sampling=SamplingConfig(rule="coupled", temperature=0.8, seed=5)))
-    assert (full.mode, full.cache, full.branches, full.auto_window, full.policy) == ("pipelined", True, True, True, "controller")
+    assert (full.mode, full.cache, full.branches, full.auto_window, full.policy) == \
+        ("pipelined", True, True, True, "controller")
     assert (full.rule, full.temperature, full.seed, full.connect.port, full.connect.replicas) == \
         ("coupled", 0.8, 5, 7070, (("10.0.0.2", 7071),))
     api = serve_config(EdgeServeRole(cloud="127.0.0.1:7070", acespec=True, pass_budget=0.3))
@@ -267,7 +269,8 @@ def test_no_module_but_acespec_env_reads_the_environment():
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
                 owner = ast.unparse(node.func.value)
-                if (owner == "os.environ" and node.func.attr in ("get", "pop")) or ast.unparse(node.func) == "os.getenv":
+                if (owner == "os.environ" and node.func.attr in ("get", "pop")) \
+                        or ast.unparse(node.func) == "os.getenv":
                     readers.append(f"{path.relative_to(ROOT)}:{node.lineno}")
             if isinstance(node, ast.Subscript) and ast.unparse(node.value) == "os.environ" \
                     and isinstance(node.ctx, ast.Load):

@@ -83,8 +83,9 @@ def _vllm_engine(role: CloudRole):
 def server_config(role: CloudRole, *, tenants: dict[str, bytes] | None, tls: ssl.SSLContext | None) -> ServerConfig:
     """The server's ServerConfig from the role's settings (tenants and TLS context already read)."""
     return ServerConfig(
-        host=role.host, port=role.port, tenants=tenants, max_sessions=role.max_sessions, idle_timeout_s=role.idle_timeout,
-        resume_grace_s=role.resume_grace, handshake_timeout_s=role.handshake_timeout, frame_timeout_s=role.frame_timeout,
+        host=role.host, port=role.port, tenants=tenants, max_sessions=role.max_sessions,
+        idle_timeout_s=role.idle_timeout, resume_grace_s=role.resume_grace, handshake_timeout_s=role.handshake_timeout,
+        frame_timeout_s=role.frame_timeout,
         max_connections=role.max_connections, max_connections_per_addr=role.max_connections_per_addr,
         auth_failures_per_min=role.auth_failures_per_min, tls=tls, gc_full_s=role.gc_full,
         lead_pass_budget=role.lead_pass_budget, lead_max_wait_s=role.lead_max_wait,
@@ -106,8 +107,10 @@ def run_loop(coro, loop: str = "auto"):
 
 def cmd_serve(args: argparse.Namespace) -> int:
     role: CloudRole = resolve(CloudRole(), args).config
-    logging.basicConfig(level=logging.INFO if role.verbose else logging.WARNING, format="%(asctime)s %(name)s %(message)s")
-    faulthandler.register(signal.SIGUSR1)  # `kill -USR1 PID` prints every thread's stack to stderr: a hung replica says where
+    logging.basicConfig(level=logging.INFO if role.verbose else logging.WARNING,
+                        format="%(asctime)s %(name)s %(message)s")
+    # `kill -USR1 PID` prints every thread's stack to stderr: a hung replica says where
+    faulthandler.register(signal.SIGUSR1)
     tls = server_context(role.tls_cert, role.tls_key, role.tls_client_ca) if role.tls_cert and role.tls_key else None
     tenants = read_tenants(role.token_file)
     engine = engine_from_role(role)
@@ -118,7 +121,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     async def main() -> None:
         await server.start()
         m = engine.metrics()
-        _say(f"acespec serve: listening on {cfg.host}:{server.port}{' (TLS)' if tls else ''} (target {target.name}, {engine.name} engine, "
+        _say(f"acespec serve: listening on {cfg.host}:{server.port}{' (TLS)' if tls else ''} "
+             f"(target {target.name}, {engine.name} engine, "
              f"{m.get('slots', 1)} KV slot(s) of {engine.max_context} tokens)")
         if role.metrics_port is not None:
             httpd, _ = start_metrics_server(server, role.metrics_port, cfg.host)

@@ -12,7 +12,8 @@ from acespec import env
 from acespec.config.roles import ROLES
 from acespec.config.schema import add_cli_args, add_config_arg, render_toml, resolve
 
-COMMANDS = {"edge": "acespec edge", "edge-serve": "acespec edge serve", "serve": "acespec serve", "demo": "acespec demo"}
+COMMANDS = {"edge": "acespec edge", "edge-serve": "acespec edge serve", "serve": "acespec serve",
+            "demo": "acespec demo"}
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -200,7 +200,8 @@ class EdgeServeRole(EdgeOptions):
 
     def __post_init__(self) -> None:
         if self.acespec and self.mode not in ("pipelined", "acespec", "auto"):  # auto: the default, i.e. no --mode
-            raise ConfigError(None, f"--acespec is the default mode acespec; it cannot be combined with --mode {self.mode}")
+            raise ConfigError(None, "--acespec is the default mode acespec; it cannot be combined with "
+                                    f"--mode {self.mode}")
         in_range("port", self.port, 0, 65535)
         at_least("drafters", self.drafters, 1)
         at_least("max_waiting", self.max_waiting, 0)
@@ -235,7 +236,7 @@ class CloudRole:
     slots: int | None = None  # batched: KV sequences, i.e. sessions resident at once (unset: --max-sessions)
     n_ctx: int = 4096  # tokens one session may hold (prompt + output)
     kv_budget: int | None = None  # batched: KV tokens all slots share (unset: slots x n-ctx); n-ctx = kv-budget / slots
-    batching: Literal["exact", "shared"] = "exact"  # batched llama.cpp: each session's rows as if alone, or one KV cache
+    batching: Literal["exact", "shared"] = "exact"  # batched llama.cpp: rows as if each session were alone, or shared
     tick_tokens: int = 256  # batched: most tokens one batch evaluates; prompt prefill is chunked to fit
     swap_idle: float = 2.0  # batched: seconds a session idles before a newcomer may take its KV
     prefix_reuse: bool = True  # batched: a newcomer keeps the prompt KV a closed session with its prefix left

@@ -200,8 +200,9 @@ def add_cli_args(parser: argparse.ArgumentParser, instance: Any) -> None:
     for leaf in leaves(instance):
         help_text = leaf.doc
         if leaf.base is bool:
+            help_text += " (on by default)" if leaf.default else ""
             parser.add_argument(leaf.flag, dest=leaf.name, action=argparse.BooleanOptionalAction,
-                                default=argparse.SUPPRESS, help=help_text + (" (on by default)" if leaf.default else ""))
+                                default=argparse.SUPPRESS, help=help_text)
             continue
         if leaf.default is not None:
             help_text += f" (default {_show(leaf.default)})"
@@ -316,7 +317,9 @@ def _toml_value(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, float):
-        return "inf" if value == math.inf else "-inf" if value == -math.inf else "nan" if value != value else repr(value)
+        if math.isnan(value):
+            return "nan"
+        return repr(value) if math.isfinite(value) else "inf" if value > 0 else "-inf"
     if isinstance(value, int):
         return str(value)
     return json.dumps(value, ensure_ascii=False)  # a JSON string is a TOML basic string

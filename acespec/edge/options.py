@@ -26,8 +26,8 @@ def edge_config(opts: EdgeOptions, *, mode: str | None = None) -> EdgeConfig:
     """The runtime's EdgeConfig, with `--acespec` folded in (`mode`: the runtime mode instead of the options')."""
     o = opts.preset()
     return EdgeConfig(
-        mode=mode or o.mode, k=o.k, policy=o.policy, window=o.window, auto_window=o.auto_window, pass_budget=o.pass_budget,
-        cache=o.cache, cache_budget_mb=o.cache_budget_mb, branches=o.branches, connect=connect_config(o),
+        mode=mode or o.mode, k=o.k, policy=o.policy, window=o.window, auto_window=o.auto_window,
+        pass_budget=o.pass_budget, cache=o.cache, cache_budget_mb=o.cache_budget_mb, branches=o.branches, connect=connect_config(o),
         **o.sampling.hello_fields(),
     )
 
@@ -41,8 +41,8 @@ def drafter_options(opts: EdgeOptions) -> dict:
 def serve_config(role: EdgeServeRole) -> ServeConfig:
     """The HTTP API's ServeConfig: each request's defaults are the options without the full system folded
     in (a request that names another mode gets it with the server's own --cache/--policy/...)."""
-    return ServeConfig(host=role.host, port=role.port, served_model=role.served_model_name, max_waiting=role.max_waiting,
-                       defaults=edge_config(role, mode=role.request_mode), default_mode=role.default_mode,
+    return ServeConfig(host=role.host, port=role.port, served_model=role.served_model_name,
+                       max_waiting=role.max_waiting, defaults=edge_config(role, mode=role.request_mode), default_mode=role.default_mode,
                        seed=role.sampling.seed)
 
 
