@@ -310,3 +310,11 @@ def test_the_docs_examples_are_config_files_their_roles_take(tmp_path):
         path.write_text(body)
         resolved = resolve(ROLES[roles[cmd]](), argparse.Namespace(config=str(path)))
         assert any(src.startswith("file ") for src in resolved.sources.values())
+
+
+def test_a_config_file_or_flag_given_before_edge_serve_is_kept():
+    from acespec.cli import build_parser
+
+    args = build_parser().parse_args(["edge", "--config", "edge.toml", "--draft", DRAFT, "serve", "--port", "0"])
+    assert (args.config, args.draft, args.port) == ("edge.toml", DRAFT, 0)
+    assert not hasattr(build_parser().parse_args(["edge", "serve"]), "max_tokens")  # defaults come from the role

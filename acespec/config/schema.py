@@ -212,7 +212,9 @@ def add_cli_args(parser: argparse.ArgumentParser, instance: Any) -> None:
 
 
 def add_config_arg(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", metavar="FILE", default=None,
+    # SUPPRESS, as for the settings: `acespec edge --config F serve` keeps F (a subcommand's own default
+    # would overwrite what its parent parsed)
+    parser.add_argument("--config", metavar="FILE", default=argparse.SUPPRESS,
                         help="settings from a YAML (.yaml, .yml) or TOML (.toml) file, keys named as the flags; "
                              "a flag given here wins over the file")
 
