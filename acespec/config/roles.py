@@ -45,7 +45,7 @@ class SamplingConfig:
     temperature: float = 0.0  # 0 = greedy sampling
     top_k: int = 0  # sample among the k likeliest tokens; 0 = off
     top_p: float = 1.0  # nucleus sampling: the smallest set of tokens with this much mass; 1.0 = off
-    seed: int | None = 0  # drives every random choice; coupled sampling shares it with the cloud
+    seed: int | None = 0  # drives every random choice, shared with the cloud (edge serve: unset = fresh per request)
     max_tokens: int = 128  # generation budget, in tokens
 
     def __post_init__(self) -> None:

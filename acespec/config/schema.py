@@ -187,6 +187,7 @@ def _parse_float(text: str) -> float:
 
 _PARSERS = {int: _parse_int, float: _parse_float, str: str}
 _METAVARS = {int: "N", float: "X", str: "TEXT"}
+_PATH_SUFFIXES = ("_file", "_ca", "_cert", "_key")  # settings that name a file
 
 
 def _show(value: Any) -> str:
@@ -208,7 +209,8 @@ def add_cli_args(parser: argparse.ArgumentParser, instance: Any) -> None:
             help_text += f" (default {_show(leaf.default)})"
         parser.add_argument(leaf.flag, dest=leaf.name, type=_PARSERS[leaf.base], choices=leaf.choices,
                             default=argparse.SUPPRESS, help=help_text,
-                            metavar=None if leaf.choices else _METAVARS[leaf.base])
+                            metavar=None if leaf.choices else "PATH" if leaf.name.endswith(_PATH_SUFFIXES)
+                            else _METAVARS[leaf.base])
 
 
 def add_config_arg(parser: argparse.ArgumentParser) -> None:
