@@ -318,3 +318,26 @@ def test_a_config_file_or_flag_given_before_edge_serve_is_kept():
     args = build_parser().parse_args(["edge", "--config", "edge.toml", "--draft", DRAFT, "serve", "--port", "0"])
     assert (args.config, args.draft, args.port) == ("edge.toml", DRAFT, 0)
     assert not hasattr(build_parser().parse_args(["edge", "serve"]), "max_tokens")  # defaults come from the role
+
+
+def test_the_sampling_settings_are_fields_of_hello_edge_config_and_spec_config():
+    from dataclasses import fields
+
+    from acespec import wire
+    from acespec.edge.runtime import EdgeConfig
+    from acespec.engine.local import SpecConfig
+
+    names = {f.name for f in fields(SamplingConfig)}
+    for cls in (wire.Hello, EdgeConfig, SpecConfig):
+        assert names <= {f.name for f in fields(cls)}, cls
+    assert set(SamplingConfig().hello_fields()) == names
+
+
+def test_demo_runs_with_the_settings_of_a_yaml_file_and_a_flag_overrides_one(tmp_path):
+    cfg = tmp_path / "demo.yaml"
+    cfg.write_text(f"draft: '{DRAFT}'\ntarget: '{TARGET}'\nprofile: lan\nquick: true\nmax-tokens: 12\n"
+                   "temperature: 0.8\nseed: 5\n")
+    p = run("demo", "--config", str(cfg), "--seed", "6", timeout=180)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "rule coupled, temperature 0.8, seed 6 ===" in p.stdout, p.stdout
+    assert "cloud-only" not in p.stdout  # quick: AceSpec alone
