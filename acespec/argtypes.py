@@ -9,6 +9,10 @@ import argparse
 import math
 
 
+class CliError(Exception):
+    """A user-facing error: printed as one line, exit status 2."""
+
+
 def _number(text: str, kind):
     try:
         return kind(text)

@@ -1,7 +1,9 @@
 """The `acespec` command.
 
 Every subcommand reports bad input (unknown model, bad rule spec, bad numbers) as one line
-`acespec: error: ...` on stderr with exit status 2, never a traceback.
+`acespec: error: ...` on stderr with exit status 2, never a traceback. The long-running roles'
+flags (`serve`, `edge`, `edge serve`, `demo`) are generated from their settings in `acespec.config`,
+which also reads their `--config FILE`; `acespec config show ROLE` prints what a role would run with.
 """
 
 from __future__ import annotations
@@ -11,42 +13,22 @@ import json
 import sys
 from typing import Sequence
 
-from acespec.argtypes import nonneg_float as _nonneg_float
-from acespec.argtypes import nonneg_int as _positive_int
-from acespec.argtypes import unit_float as _unit_float
+from acespec.argtypes import CliError, nonneg_int, pos_int
+from acespec.cli_output import TextOutput, print_stats, prompt_tokens  # noqa: F401  (importable from here, as before)
+from acespec.config import SamplingConfig, add_cli_args, resolve
 from acespec.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
 
 EXIT_USAGE = 2
 
-
-class CliError(Exception):
-    """A user-facing error: printed as one line, exit status 2."""
+__all__ = ["main", "build_parser", "CliError", "TextOutput", "print_stats", "prompt_tokens", "EXIT_USAGE"]
 
 
 # ------------------------------------------------------------------------------------------ helpers
-def add_sampling_args(p: argparse.ArgumentParser, *, rule_default: str = "greedy") -> None:
-    p.add_argument("--rule", default=rule_default, help="verification rule, e.g. greedy, strict, coupled, cactus:delta=0.35")
-    p.add_argument("--temperature", type=_nonneg_float, default=0.0, help="0 = greedy sampling (default)")
-    p.add_argument("--top-k", type=_positive_int, default=0, help="0 = off")
-    p.add_argument("--top-p", type=_unit_float, default=1.0, help="1.0 = off")
-    p.add_argument("--seed", type=_positive_int, default=0)
-    p.add_argument("--max-tokens", type=_positive_int, default=128)
-
-
 def add_model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--draft", default=DEFAULT_DRAFT, help=f"drafter model (default {DEFAULT_DRAFT}; a registry name, GGUF path, HF dir or toy:...)")
+    p.add_argument("--draft", default=DEFAULT_DRAFT,
+                   help=f"drafter model (default {DEFAULT_DRAFT}; a registry name, GGUF path, HF dir or toy:...)")
     p.add_argument("--target", default=DEFAULT_TARGET, help=f"target model (default {DEFAULT_TARGET})")
-    p.add_argument("--n-ctx", type=_positive_int, default=4096, help="context window for llama.cpp models")
-
-
-def prompt_tokens(tokenizer, text: str, chat: bool) -> list[int]:
-    if chat:
-        ids = tokenizer.chat_prompt([{"role": "user", "content": text}])
-    else:
-        ids = tokenizer.encode(text)
-    if not ids:
-        raise CliError("the prompt is empty after tokenization")
-    return ids
+    p.add_argument("--n-ctx", type=pos_int, default=4096, help="context window for llama.cpp models")
 
 
 # ------------------------------------------------------------------------------------------ models
@@ -89,12 +71,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from acespec.engine import SpecConfig, generate
     from acespec.models import load_model
 
-    cfg = SpecConfig(
-        rule=args.rule, k=args.k, policy=args.policy, temperature=args.temperature, top_k=args.top_k,
-        top_p=args.top_p, seed=args.seed, max_tokens=args.max_tokens, spec=not args.no_spec,
-    )
-    cfg.rule_spec  # validate before loading anything slow  # noqa: B018
-    cfg.sampling  # noqa: B018
+    sampling: SamplingConfig = resolve(SamplingConfig(), args).config  # checked before loading anything slow
+    cfg = SpecConfig(k=args.k, policy=args.policy, spec=not args.no_spec, **sampling.hello_fields())
     target = load_model(args.target, n_ctx=args.n_ctx)
     draft = None if args.no_spec else load_model(args.draft, n_ctx=args.n_ctx)
     ids = prompt_tokens(target.tokenizer, args.prompt, args.chat)
@@ -104,52 +82,6 @@ def cmd_generate(args: argparse.Namespace) -> int:
     summary.update(mode="autoregressive" if args.no_spec else "speculative", rule=str(cfg.rule_spec), k=args.k, policy=args.policy)
     out.finish(res.tokens, summary, as_json=args.json)
     return 0
-
-
-class TextOutput:
-    """Streams generated text to stdout as tokens commit, then prints the statistics (or one JSON object)."""
-
-    def __init__(self, tokenizer, *, to_stdout: bool) -> None:
-        from acespec.models import TextStream
-
-        self.stream = TextStream(tokenizer)
-        self.pieces: list[str] = []
-        self.to_stdout = to_stdout
-
-    def push(self, toks: list[int]) -> None:
-        text = self.stream.push(toks)
-        self.pieces.append(text)
-        if self.to_stdout:
-            sys.stdout.write(text)
-            sys.stdout.flush()
-
-    def finish(self, tokens: list[int], summary: dict, *, as_json: bool, error: dict | None = None) -> None:
-        tail = self.stream.flush()
-        self.pieces.append(tail)
-        if as_json:
-            obj = {"text": "".join(self.pieces), "tokens": tokens, "stats": summary}
-            if error is not None:
-                obj["error"] = error  # the run failed; text and tokens are what was committed before it did
-            print(json.dumps(obj), flush=True)
-        else:
-            sys.stdout.write(tail + "\n")
-            print_stats(summary, sys.stderr)
-
-
-def print_stats(s: dict, out) -> None:
-    keys = [
-        ("mode", "mode"), ("rule", "rule"), ("emitted", "tokens"), ("tokens_per_s", "tokens/s"),
-        ("rounds", "rounds"), ("drafted", "drafted"), ("accepted", "accepted"),
-        ("mean_acceptance_length", "mean acceptance length"), ("acceptance_rate", "acceptance rate"),
-        ("target_passes_per_token", "target passes/token"), ("draft_s", "draft s"), ("verify_s", "verify s"),
-        ("wall_s", "wall s"), ("ttft_s", "time to first token s"),
-    ]
-    out.write("--- stats ---\n")
-    for k, label in keys:
-        if k in s:
-            out.write(f"{label:>24}: {s[k]}\n")
-    if s.get("per_position_acceptance"):
-        out.write(f"{'per-position acceptance':>24}: {s['per_position_acceptance']}\n")
 
 
 # ------------------------------------------------------------------------------------------ parser
@@ -181,10 +113,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--prompt", required=True)
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     add_model_args(g)
-    g.add_argument("--k", type=_positive_int, default=4, help="draft depth")
+    g.add_argument("--k", type=nonneg_int, default=4, help="draft depth (0: plain steps)")
     g.add_argument("--policy", choices=["fixed", "adaptive", "controller"], default="fixed",
                    help="draft-depth policy; controller prices K every round, down to plain steps where no block pays")
-    add_sampling_args(g)
+    add_cli_args(g, SamplingConfig())
     g.add_argument("--no-spec", action="store_true", help="plain autoregressive decoding with the target (baseline)")
     g.add_argument("--json", action="store_true", help="print one JSON object (text, tokens, stats) instead of streaming")
     g.set_defaults(func=cmd_generate)
@@ -204,6 +136,7 @@ def _extra_commands():
         ("acespec.edge.cli", "register"),
         ("acespec.net.cli", "register"),
         ("acespec.demo", "register"),
+        ("acespec.config.cli", "register"),
     ):
         try:
             module = __import__(mod, fromlist=[fn])

@@ -25,9 +25,11 @@ import threading
 import time
 from pathlib import Path
 
-from acespec.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
-
-DEFAULT_PROMPT = "Write a Python function `is_prime(n)` that checks whether a number is prime, with a short docstring."
+from acespec.argtypes import CliError
+from acespec.config import DemoRole, add_cli_args, add_config_arg, resolve
+from acespec.config.roles import DEFAULT_PROMPT  # noqa: F401  (its old home: importable from here)
+from acespec.config.schema import flat
+from acespec.models.registry import resolve as resolve_model
 
 
 class ChildProcesses:
@@ -83,43 +85,21 @@ def wait_for_line(p: subprocess.Popen, pattern: str, timeout: float, what: str) 
     threading.Thread(target=pump, daemon=True).start()
     if not ready.wait(timeout) or not found:
         tail = "\n  ".join(seen[-10:]) or "(no output)"
-        from acespec.cli import CliError
-
         raise CliError(f"{what} did not start within {timeout:.0f} s:\n  {tail}")
     return found[0]
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from acespec.cli import _nonneg_float, _positive_int
-
     p = sub.add_parser("demo", help="run cloud verifier + WAN emulator + edge on this machine and compare modes")
-    p.add_argument("--profile", default="wan", help="WAN profile: lan, wan, transcontinental, lte (default wan)")
-    p.add_argument("--rtt", help="override the profile's round-trip time (ms)")
-    p.add_argument("--prompt", default=DEFAULT_PROMPT)
-    p.add_argument("--draft", default=DEFAULT_DRAFT)
-    p.add_argument("--target", default=DEFAULT_TARGET)
-    p.add_argument("--rule", default="coupled", help="verification rule (default coupled: lossless, drafter-invariant)")
-    p.add_argument("--temperature", type=_nonneg_float, default=0.0)
-    p.add_argument("--seed", type=_positive_int, default=0)
-    p.add_argument("--max-tokens", type=_positive_int, default=96)
-    p.add_argument("--k", type=_positive_int, default=4, help="starting draft depth")
-    p.add_argument("--quick", action="store_true", help="AceSpec only (no comparison runs)")
-    p.add_argument("--cores", choices=("split", "shared"), default="split" if (os.cpu_count() or 1) >= 2 else "shared",
-                   help="split (default on 2+ cores): the edge gets one core and the cloud the rest, like two devices; "
-                        "shared: both use every core")
-    p.add_argument("--json", help="also write the table as JSON to this file")
+    add_config_arg(p)
+    add_cli_args(p, DemoRole())
     p.set_defaults(func=cmd_demo)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from acespec.models.registry import resolve
-    from acespec.net.profile import PROFILES
-    from acespec.verify import RuleSpec
-
-    if args.profile not in PROFILES:
-        raise ValueError(f"unknown profile {args.profile!r}; choose from {', '.join(sorted(PROFILES))}")
-    RuleSpec.parse(args.rule)
-    resolve(args.draft), resolve(args.target)  # clear errors before starting anything
+    role: DemoRole = resolve(DemoRole(), args).config
+    resolve_model(role.draft), resolve_model(role.target)  # clear errors before starting anything
+    args = argparse.Namespace(**flat(role))  # what _run reads: every setting by its flag's name
     children = ChildProcesses()
     interrupted = threading.Event()
 

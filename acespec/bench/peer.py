@@ -50,6 +50,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from acespec import env as acespec_env
 from acespec.argtypes import pos_int
 from acespec.bench import write_result
 
@@ -89,7 +90,7 @@ def peer_version() -> str:
 
 
 def default_build_dir() -> Path:
-    return Path(os.environ.get("ACESPEC_CACHE", Path.home() / ".cache" / "acespec")) / "peer" / f"llama-cpp-python-{peer_version()}"
+    return acespec_env.cache_dir() / "peer" / f"llama-cpp-python-{peer_version()}"
 
 
 def _tool(name: str) -> str:

@@ -48,11 +48,11 @@ vLLM's strict sampler.
 from __future__ import annotations
 
 import logging
-import os
 from typing import Sequence
 
 import numpy as np
 
+from acespec import env as acespec_env
 from acespec.cloud.vllm_guard import NET_WIN_ARG, PLACEHOLDER, GuardedRequests, net_win_of
 from acespec.verify import RULES, RuleSpec
 from acespec.verify.relaxed import ROW_LAWS
@@ -63,7 +63,7 @@ log = logging.getLogger("acespec.vllm.plugin")
 VLLM_VERSION = "0.32.0"  # the vLLM whose rejection_sample this replaces (its signature and batch layout)
 RULE_ARG = "acespec_rule"  # SamplingParams.extra_args key
 SUPPORT_ARG = "acespec_support"  # extra_args key: the support filter around the rule, "min_p=0.1,max_rank=10"
-ENV_RULE = "ACESPEC_VLLM_RULE"  # every sampled request's rule unless it names its own
+ENV_RULE = acespec_env.VLLM_RULE.name  # every sampled request's rule unless it names its own
 
 _state = {"patched": False, "original": None}
 
@@ -75,7 +75,7 @@ def _version_ok() -> bool:
 
 
 def engine_rule() -> RuleSpec | None:
-    text = os.environ.get(ENV_RULE, "").strip()
+    text = acespec_env.vllm_rule()
     return RuleSpec.parse(text) if text else None
 
 
@@ -86,7 +86,7 @@ def register() -> None:
     if not _version_ok():
         import vllm
 
-        if os.environ.get(ENV_RULE):
+        if acespec_env.vllm_rule():
             raise RuntimeError(f"{ENV_RULE} asks for AceSpec's rules, but the plugin patches vLLM {VLLM_VERSION} and this "
                                f"is vLLM {getattr(vllm, '__version__', '?')}: its rejection sampler is left as it is")
         log.warning("acespec's vLLM plugin knows vLLM %s, not %s: leaving the rejection sampler alone", VLLM_VERSION,

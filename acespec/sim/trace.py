@@ -47,6 +47,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from acespec import env as acespec_env
+
 BUNDLED = resources.files("acespec.sim").joinpath("traces")  # the default pair's recorded traces (package data)
 TRACE_FORMAT = "acespec-sim-trace"
 TRACE_VERSION = 1
@@ -477,7 +479,7 @@ def record_traces(target, drafter, prompts: Sequence[tuple[str, list[int]]], *, 
     meta = {
         "created": time.strftime("%Y-%m-%dT%H:%M:%S"), "host": platform.node(), "cpus": os.cpu_count(),
         "load_avg": system_load(),
-        "threads": os.environ.get("ACESPEC_THREADS", str(os.cpu_count())), "max_tokens": max_tokens, "k": k,
+        "threads": str(acespec_env.threads()), "max_tokens": max_tokens, "k": k,
         "engine_agreement": [round(t.engine_agreement(), 4) for t in traces],
     }
     return TraceSet(traces, getattr(drafter, "name", ""), getattr(target, "name", ""),
