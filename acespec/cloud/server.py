@@ -695,7 +695,7 @@ class CloudServer:
         """A stream with nothing left to generate (HELLO with max_tokens 0, or a RESUME at the end of the
         generation) still ends in a FINISHED TOKENS frame, here an empty one, right after WELCOME: the
         step loop would send none, and the edge would wait for it until its own timeout
-        (docs/reference/wire.md, "Streaming")."""
+        (docs/reference/wire.md, section 9.3)."""
         step = {"drafted": 0} if s.mode == wire.Mode.CLOUD_LED else {}
         writer.write(wire.encode(wire.Tokens(start=s.verifier.committed, tokens=(), finished=True, **step)))
         await writer.drain()
