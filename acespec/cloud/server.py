@@ -292,6 +292,8 @@ class CloudServer:
                 return
             session = await self._handshake(first, writer)
             if session.mode in (wire.Mode.CLOUD_ONLY, wire.Mode.CLOUD_LED):
+                if session.verifier.finished:
+                    await self._finished_at_once(session, writer)
                 await self._stream_tokens(session, reader, writer, decoder)
             else:
                 await self._serve_drafts(session, reader, writer, decoder)
@@ -735,6 +737,15 @@ class CloudServer:
                     break
             self.lead_held_s += time.monotonic() - t0
         return short
+
+    async def _finished_at_once(self, s: Session, writer) -> None:
+        """A stream with nothing left to generate (HELLO with max_tokens 0, or a RESUME at the end of the
+        generation) still ends in a FINISHED TOKENS frame, here an empty one, right after WELCOME: the
+        step loop would send none, and the edge would wait for it until its own timeout
+        (docs/reference/wire.md, section 9.3)."""
+        step = {"drafted": 0} if s.mode == wire.Mode.CLOUD_LED else {}
+        writer.write(wire.encode(wire.Tokens(start=s.verifier.committed, tokens=(), finished=True, **step)))
+        await writer.drain()
 
     def _check_draft(self, s: Session, f: wire.Draft) -> None:
         """What any DRAFT must be, in either mode: for this connection's session, ids in the target's vocabulary."""

@@ -1,7 +1,10 @@
 r"""AceSpec wire format, protocol version 2: the binary frames between edge and cloud.
 
-This docstring is the specification. The code below implements it, and tests/test_wire.py pins it
-byte by byte. Why the protocol is shaped this way is in docs/design/architecture.md, "The protocol".
+This docstring specifies the frames; docs/reference/wire.md is the whole protocol (the frames with
+every limit and error, the session state machine of every mode, RESUME's agreement rule, the tokenizer
+fingerprint, rule strings, coupled sampling, versioning) and what an implementation in another language
+follows. The code below implements it; tests/test_wire.py pins it byte by byte and tests/test_vectors.py
+checks it against the language-neutral vectors in spec/vectors/.
 
 Primitive encodings
 -------------------
@@ -74,8 +77,10 @@ Frames (field | encoding | meaning)
 4  VERDICT  cloud -> edge. The outcome of one DRAFT.
        seq          varint  the DRAFT's seq
        flags        u8      0x01 DROPPED: the block was built on a stale prefix and not verified;
-                            0x02 HAS_P; 0x04 HAS_PATH; 0x08 FINISHED: generation has ended (EOS,
-                            stop or max_tokens), no later block will be verified. Other bits must be 0.
+                            0x02 HAS_P; 0x04 HAS_PATH; 0x08 FINISHED: generation has ended (an
+                            end-of-generation token of the target, EOS or another end-of-turn token such
+                            as <|im_end|>, was committed, or max_tokens was reached), no later block will
+                            be verified. Other bits must be 0.
        accepted     varint  draft tokens kept, <= Limits.max_draft_tokens (senders put 0 when DROPPED)
        next_token   varint  the token emitted after them: recovered on a rejection, bonus after a full
                             accept (senders put 0 when DROPPED; receivers ignore it)
@@ -87,8 +92,8 @@ Frames (field | encoding | meaning)
                             each < Limits.max_draft_tokens.
        A typical verdict (seq < 2**14, accepted < 128, ids, verify_us and committed < 2**21) is 15
        bytes including length and type.
-5  RESUME   edge -> cloud. Reconnects to a session; the cloud answers WELCOME (see
-            docs/design/architecture.md, "The protocol", for how the committed prefix is agreed).
+5  RESUME   edge -> cloud. Reconnects to a session; the cloud answers WELCOME (how the committed prefix
+            is agreed: docs/reference/wire.md, "RESUME and the agreement rule").
        version      u8      PROTOCOL_VERSION
        auth         bytes   the tenant's token (the tenant that opened the session)
        session      varint
@@ -111,8 +116,9 @@ Frames (field | encoding | meaning)
 10 TOKENS   cloud -> edge, cloud-only and cloud-led modes: a chunk of generated tokens.
        start        varint  position of tokens[0]
        tokens       tokens  at most Limits.max_prompt_tokens
-       flags        u8      0x01 FINISHED: the last chunk of the generation; 0x02 HAS_STEP; other bits
-                            must be 0
+       flags        u8      0x01 FINISHED: the last chunk of the generation (a stream with nothing left to
+                            generate, e.g. max_tokens 0, gets one empty FINISHED chunk right after WELCOME);
+                            0x02 HAS_STEP; other bits must be 0
        drafted      varint  only if HAS_STEP: draft tokens the step verified (0: a plain step),
                             <= Limits.max_draft_tokens
        accepted     varint  only if HAS_STEP: how many of them were kept, <= drafted
