@@ -453,7 +453,7 @@ def test_serve_refuses_a_websocket_port_out_of_range():
     p = subprocess.run([sys.executable, "-m", "acespec.cli", "serve", "--target", "toy:vocab=64,seed=1", "--port", "0",
                         "--ws-port", "70000"], capture_output=True, text=True, timeout=60,
                        cwd=Path(__file__).resolve().parent.parent)
-    assert p.returncode == 2 and p.stderr.strip() == "acespec: error: --ws-port must be in 0..65535", p.stderr
+    assert p.returncode == 2 and p.stderr.strip() == "acespec: error: --ws-port must be in 0..65535, got 70000", p.stderr
 
 
 def test_serve_with_tls_prints_a_wss_port_that_streams(tmp_path):
