@@ -157,3 +157,17 @@ def test_a_waiter_that_leaves_does_not_lose_the_drafter():
         assert pool.try_acquire() == "d1" and pool.waiting == 0
 
     asyncio.run(scenario())
+
+
+def test_no_drafter_is_lent_while_another_stream_waits_for_its_first_token():
+    from acespec.edge.service import FirstTokens
+
+    board = FirstTokens()
+    a, b = object(), object()
+    mark_a, mark_b = board.waiting(a), board.waiting(b)
+    assert board.others_waiting(a) and board.others_waiting(b)
+    mark_b.done()  # b has its first token
+    assert not board.others_waiting(a) and board.others_waiting(b)  # a still waits: b borrows nothing yet
+    mark_a.done()
+    mark_a.done()  # a finished stream marks itself done again: harmless
+    assert not board.others_waiting(b)

@@ -42,7 +42,7 @@ from acespec.draft.prediction import prediction_usage
 from acespec.edge.client import EdgeError
 from acespec.edge.metrics import EdgeMetrics
 from acespec.edge.service import (
-    MAX_STOP, ApiError, Done, DrafterPool, GenRequest, Generation, ServeConfig, TextAssembler,
+    MAX_STOP, ApiError, Done, DrafterPool, FirstTokens, GenRequest, Generation, ServeConfig, TextAssembler,
     edge_config_for, edge_error_to_api, new_seed,
 )
 from acespec.engine.loop import Round
@@ -140,6 +140,7 @@ class EdgeService:
         self.vocab_size = drafters[0].vocab_size
         self.slots = min(d.n_slots for d in drafters)
         self.pool = DrafterPool(drafters, cfg.max_waiting)
+        self.first_tokens = FirstTokens()  # auto streams lend no drafter while another waits for its first token
         self.metrics = EdgeMetrics(len(drafters), self.pool)
         self.started = int(time.time())
 

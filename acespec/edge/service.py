@@ -4,8 +4,9 @@ Concurrency: **no stream waits for a drafter.** A drafter holds one KV sequence 
 forks) and drafts one token chain at a time, so generations do not share one: `--drafters N` loads N
 (llama.cpp maps the weights from the same file, so they share that memory and each adds only its KV
 cache). An `auto` request (the default) starts its stream at once and borrows a drafter only when one
-is free, after its first token: until then it streams as cloud-only would, so a busy edge drafts less
-instead of slowing its streams. The edge-led modes (`sync`, `pipelined`, `acespec`) and `cloud-led`
+is free, after its first token, and only while no other stream on this edge still waits for its first
+token (a drafter's prefill would compete with the cloud's for it where edge and cloud share cores):
+until then it streams as cloud-only would, so a busy edge drafts less instead of slowing its streams. The edge-led modes (`sync`, `pipelined`, `acespec`) and `cloud-led`
 cannot run without a drafter: they queue for one, first come first served, and beyond `max_waiting`
 get 503. `cloud-only` requests need no drafter. The metrics show it: `acespec:num_requests_running`,
 `acespec:num_requests_waiting`, `acespec:drafters_busy`, `acespec:request_queue_time_seconds`.
@@ -160,6 +161,31 @@ class DrafterPool:
             fut.set_result(drafter)
 
 
+class FirstTokens:
+    """The streams on this edge that still wait for their first token (any thread)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._waiting: set[int] = set()
+
+    def waiting(self, owner: object) -> "FirstTokens.Mark":
+        with self._lock:
+            self._waiting.add(id(owner))
+        return FirstTokens.Mark(self, id(owner))
+
+    def others_waiting(self, owner: object) -> bool:
+        with self._lock:
+            return bool(self._waiting - {id(owner)})
+
+    class Mark:
+        def __init__(self, board: "FirstTokens", key: int) -> None:
+            self.board, self.key = board, key
+
+        def done(self) -> None:
+            with self.board._lock:
+                self.board._waiting.discard(self.key)
+
+
 @dataclass
 class Done:
     """The end of a generation's event stream."""
@@ -203,17 +229,22 @@ class Generation:
         done = Done(None)
         tracker = svc.metrics.tracker(self.req.received)
 
-        def on_round(r: Round) -> None:
-            tracker.round(r)
-            loop.call_soon_threadsafe(put, r)
-
         borrowed: list[Model] = []
+        first = svc.first_tokens.waiting(self)
 
         def borrow() -> Model | None:  # auto: a drafter joins the stream only if one is free now
+            if svc.first_tokens.others_waiting(self):
+                return None
             d = svc.pool.try_acquire()
             if d is not None:
                 borrowed.append(d)
             return d
+
+        def on_round(r: Round) -> None:
+            if r.tokens:
+                first.done()
+            tracker.round(r)
+            loop.call_soon_threadsafe(put, r)
 
         source = borrow if self.req.cfg.mode == "auto" else None
         try:
@@ -222,6 +253,7 @@ class Generation:
         except BaseException as e:  # handed to the request, which answers with an error
             done.error = e
         finally:
+            first.done()
             for d in ([drafter] if drafter is not None else []) + borrowed:
                 svc.pool.release(loop, d)
             done.session = closed[0] if closed else None
