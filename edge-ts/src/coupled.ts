@@ -111,8 +111,31 @@ export class Pcg64 {
     s.set(t);
   }
 
+  /** The 128-bit state and increment as 32 hex digits (for the vectors' checks). */
+  stateHex(): string {
+    return this.getBig(this.s).toString(16).padStart(32, "0");
+  }
+
+  incHex(): string {
+    return this.getBig(this.inc).toString(16).padStart(32, "0");
+  }
+
+  /** The next 64-bit output as a bigint (slow; nextDouble is the generator's hot path). */
+  nextUint64(): bigint {
+    this.next();
+    return (BigInt(this.xhi) << 32n) | BigInt(this.xlo);
+  }
+
   /** The next output's top 53 bits as a double in [0, 1): numpy's next_double. */
   nextDouble(): number {
+    this.next();
+    return (this.xhi * 2097152 + (this.xlo >>> 11)) / 9007199254740992; // ((x >> 11) as 53 bits) * 2**-53
+  }
+
+  private xhi = 0;
+  private xlo = 0;
+
+  private next(): void {
     this.step();
     const s = this.s;
     // XSL-RR: x = hi64 ^ lo64, rotated right by the state's top 6 bits
@@ -131,7 +154,8 @@ export class Pcg64 {
       xhi = h;
       xlo = l;
     }
-    return (xhi * 2097152 + (xlo >>> 11)) / 9007199254740992; // ((x >> 11) as 53 bits) * 2**-53
+    this.xhi = xhi;
+    this.xlo = xlo;
   }
 
   /** numpy's random_gumbel(loc=0, scale=1). */

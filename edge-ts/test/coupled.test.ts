@@ -1,0 +1,50 @@
+// Coupled sampling's shared noise against the vectors (spec/vectors/coupled.json): the generator bit for
+// bit, the Gumbel values and the sampled tokens.
+
+import assert from "node:assert/strict";
+import { describe, it } from "node:test";
+import { coupledSample, gumbelNoise, Pcg64, seedSequenceState } from "../src/coupled.js";
+import { vectors, VECTORS_DIR } from "./helpers.js";
+
+const V = vectors("coupled.json");
+const skip = V === null ? `no coupled-sampling vectors at ${VECTORS_DIR}/coupled.json` : false;
+
+describe("coupled sampling against the vectors", { skip }, () => {
+  it("derives the generator's seed, state and first outputs exactly as numpy does", () => {
+    for (const v of V.rng) {
+      const entropy = [BigInt(v.seed), BigInt(v.pos)];
+      assert.deepEqual(Array.from(seedSequenceState(entropy, 8)), v.state_words, `seed ${v.seed} pos ${v.pos}`);
+      const g = Pcg64.fromEntropy(entropy);
+      assert.equal(g.stateHex(), v.pcg64_state);
+      assert.equal(g.incHex(), v.pcg64_inc);
+      const outs = v.first_uint64.map(() => g.nextUint64().toString(16).padStart(16, "0"));
+      assert.deepEqual(outs, v.first_uint64);
+      const d = Pcg64.fromEntropy(entropy);
+      assert.deepEqual(v.first_doubles.map(() => d.nextDouble()), v.first_doubles);
+    }
+  });
+
+  it("draws the same Gumbel noise, to within the last bits of the platform's log", () => {
+    // the uniform draws are exact (above); -log(-log(u)) goes through V8's log, which may differ from the
+    // C library's in the last bit: a 1e-15 difference, which changes an argmax only on an exact tie
+    for (const v of V.noise) {
+      const g = gumbelNoise(BigInt(v.seed), Number(v.pos), v.vocab);
+      assert.equal(g.length, v.vocab);
+      // small vocabularies list every value; the full-size one samples a few positions (`gumbel_at`)
+      const want: [number, number][] = v.gumbel ? v.gumbel.map((x: number, i: number) => [i, x])
+        : Object.entries(v.gumbel_at).map(([i, x]) => [Number(i), x as number]);
+      let worst = 0;
+      for (const [i, x] of want) worst = Math.max(worst, Math.abs(g[i] - x) / Math.max(1, Math.abs(x)));
+      assert.ok(worst < 1e-13, `seed ${v.seed} pos ${v.pos}: relative difference ${worst}`);
+    }
+  });
+
+  it("samples the vectors' tokens from their distributions", () => {
+    for (const v of V.samples) assert.equal(coupledSample(Float64Array.from(v.dist), BigInt(v.seed), Number(v.pos)), v.token, v.name);
+  });
+
+  it("writes the vectors' text, one position after another", () => {
+    const got = V.text.steps.map((s: { dist: number[]; pos: string }) => coupledSample(Float64Array.from(s.dist), BigInt(V.text.seed), Number(s.pos)));
+    assert.deepEqual(got, V.text.steps.map((s: { token: number }) => s.token));
+  });
+});
