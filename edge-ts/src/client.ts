@@ -134,8 +134,12 @@ export class Link {
   }
 
   send(frame: Frame): boolean {
+    return this.sendBytes(encode(frame));
+  }
+
+  /** Bytes already framed (a recorded frame, or one no encoder would write, in a test). */
+  sendBytes(data: Uint8Array): boolean {
     if (!this.alive || this.sock.destroyed) return false;
-    const data = encode(frame);
     this.sock.write(data);
     this.bytesUp += data.length;
     return true;

@@ -58,7 +58,13 @@ export async function runEdge(model: DraftModel, prompt: number[], cfg: EdgeConf
   }
   try {
     let res: RunResult;
-    if (drafter === null) {
+    if (cfg.maxTokens === 0) {
+      // nothing to generate: the WELCOME was the cloud's whole answer (a cloud may add an empty FINISHED
+      // TOKENS frame, an older one sends nothing more, so there is nothing to wait for)
+      const stats = new RunStats();
+      stats.wallS = (performance.now() - t0) / 1000;
+      res = { tokens: [], stats, finished: true };
+    } else if (drafter === null) {
       res = await cloudOnly(session, prompt, t0, onTokens);
     } else if (cfg.mode === "sync") {
       await prefill;
@@ -124,8 +130,7 @@ async function syncLoop(session: CloudSession, prompt: number[], drafter: ChainD
     stats.draftS += d.seconds;
     stats.draftTokens += d.tokens.length;
     seq += 1;
-    const base = committed.length;
-    session.link.send({ type: FrameType.DRAFT, session: session.sid, seq, base, tokens: d.tokens, q: null, parents: null });
+    session.link.send({ type: FrameType.DRAFT, session: session.sid, seq, base: committed.length, tokens: d.tokens, q: null, parents: null });
     for (;;) { // until this block's verdict, or a resume that makes it void
       const a = await session.link.next(session.cfg.replyTimeoutMs);
       const f = a?.frame ?? null;
@@ -150,7 +155,6 @@ async function syncLoop(session: CloudSession, prompt: number[], drafter: ChainD
       stats.verifyS += Number(f.verify_us) / 1e6;
       deliver(stats, emitted, t0, onTokens);
       finished = f.finished;
-      void base;
       break;
     }
   }
