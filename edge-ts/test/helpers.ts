@@ -81,20 +81,26 @@ export function frameToJson(f: Frame): Record<string, any> {
 
 // -- the Python side, for the live tests ------------------------------------------------------------
 
-/** The Python interpreter that runs the repository's acespec (ACESPEC_PYTHON, else the venv's, else python3). */
-export function python(): string | null {
-  const candidates = [process.env.ACESPEC_PYTHON, join(REPO_DIR, ".venv", "bin", "python"), "/work/main/.venv/bin/python", "python3"];
+/** The Python interpreter that runs the repository's acespec (ACESPEC_PYTHON, else the repository's
+ * .venv, else python3), or null when none can; `llama`: it must load GGUF models too. */
+export function python(llama = true): string | null {
+  const candidates = [process.env.ACESPEC_PYTHON, join(REPO_DIR, ".venv", "bin", "python"), "python3"];
+  const imports = "import acespec.cloud.server" + (llama ? ", llama_cpp" : "");
   for (const c of candidates) {
     if (!c) continue;
-    const r = spawnSync(c, ["-c", "import acespec, llama_cpp"], { env: pyEnv(), stdio: "ignore" });
+    const r = spawnSync(c, ["-c", imports], { env: pyEnv(), cwd: PY_ROOT, stdio: "ignore" });
     if (r.status === 0) return c;
   }
   return null;
 }
 
+/** Where the acespec package that the Python side runs lives: this repository, or ACESPEC_PYTHONPATH. */
+export const PY_ROOT = process.env.ACESPEC_PYTHONPATH || REPO_DIR;
+
 export function pyEnv(): NodeJS.ProcessEnv {
-  // the repository's own acespec package, whichever interpreter runs it
-  return { ...process.env, PYTHONPATH: process.env.ACESPEC_PYTHONPATH || REPO_DIR };
+  // the repository's own acespec package, whichever interpreter runs it (`python -m` puts the working
+  // directory first on sys.path, so the Python processes also run from PY_ROOT)
+  return { ...process.env, PYTHONPATH: PY_ROOT };
 }
 
 export function freePort(): Promise<number> {
@@ -119,7 +125,7 @@ export interface Cloud {
 export async function startCloud(py: string, args: string[], readyTimeoutMs = 120_000): Promise<Cloud> {
   const port = await freePort();
   const proc = spawn(py, ["-m", "acespec.cli", "serve", "--host", "127.0.0.1", "--port", String(port), ...args], {
-    env: pyEnv(), cwd: REPO_DIR, stdio: ["ignore", "pipe", "pipe"],
+    env: pyEnv(), cwd: PY_ROOT, stdio: ["ignore", "pipe", "pipe"],
   });
   let out = "";
   proc.stdout!.on("data", (d) => (out += d));
@@ -157,7 +163,7 @@ async function accepts(port: number): Promise<boolean> {
 export function run(cmd: string, args: string[], env: NodeJS.ProcessEnv = process.env, timeoutMs = 600_000):
   Promise<[number | null, string, string]> {
   return new Promise((res) => {
-    const p = spawn(cmd, args, { env, cwd: REPO_DIR, stdio: ["ignore", "pipe", "pipe"] });
+    const p = spawn(cmd, args, { env, cwd: PY_ROOT, stdio: ["ignore", "pipe", "pipe"] });
     let out = "", err = "";
     p.stdout.on("data", (d) => (out += d));
     p.stderr.on("data", (d) => (err += d));

@@ -14,9 +14,9 @@ import { Frame, FrameType } from "../src/wire/frames.js";
 import { Cloud, frameFromJson, frameToJson, hex, python, startCloud, vectors, VECTORS_DIR } from "./helpers.js";
 
 const V = vectors("sessions.json");
-const py = V === null ? null : python();
+const py = V === null ? null : python(false);
 const skip = V === null ? `no recorded sessions at ${VECTORS_DIR}/sessions.json`
-  : py === null ? "no Python with acespec and llama_cpp to run `acespec serve` (set ACESPEC_PYTHON)" : false;
+  : py === null ? "no Python with acespec to run `acespec serve` (set ACESPEC_PYTHON)" : false;
 
 const clouds = new Map<string, Promise<Cloud>>();
 

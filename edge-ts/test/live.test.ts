@@ -1,0 +1,112 @@
+// The Node edge against a real `acespec serve` on loopback with the default model pair (the Python
+// side's qwen2.5-coder 1.5B target, the 0.5B drafter this edge loads): the same prompt tokens and
+// tokenizer fingerprint as the Python edge, the same greedy text in every mode with drafts accepted, an
+// answer for max_tokens 0, and coupled sampling at temperature 1.0 writing the Python edge's text.
+
+import assert from "node:assert/strict";
+import { existsSync } from "node:fs";
+import { join } from "node:path";
+import { after, before, describe, it } from "node:test";
+import { defaultDraftPath } from "../src/args.js";
+import { DraftModel } from "../src/drafter.js";
+import { CLI, Cloud, pyEnv, python, run, startCloud } from "./helpers.js";
+
+const DRAFT = process.env.ACESPEC_DRAFT_GGUF || defaultDraftPath();
+const TARGET = process.env.ACESPEC_TARGET_GGUF || join(DRAFT, "..", "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf");
+const PROMPT = "Write a Python function that returns the n-th Fibonacci number.";
+const TOKENS = 24;
+
+const py = python();
+const skip = !existsSync(DRAFT) || !existsSync(TARGET)
+  ? `the default models are not installed (${DRAFT}, ${TARGET}): run \`acespec models install\``
+  : py === null ? "no Python with acespec and llama_cpp to run `acespec serve` (set ACESPEC_PYTHON)" : false;
+
+interface EdgeOut {
+  text: string;
+  tokens: number[];
+  drafted: number;
+  accepted: number;
+  target_passes: number;
+  tok_s: number;
+}
+
+async function nodeEdge(port: number, args: string[]): Promise<EdgeOut> {
+  const [code, out, err] = await run(process.execPath, [CLI, "--cloud", `127.0.0.1:${port}`, "--draft", DRAFT, "--prompt", PROMPT,
+    "--chat", "--json", ...args]);
+  assert.equal(code, 0, `acespec-edge ${args.join(" ")} failed: ${err}`);
+  return JSON.parse(out);
+}
+
+async function pythonEdge(port: number, args: string[]): Promise<{ text: string; tokens: number[] }> {
+  const [code, out, err] = await run(py!, ["-m", "acespec.cli", "edge", "--cloud", `127.0.0.1:${port}`, "--draft", DRAFT,
+    "--prompt", PROMPT, "--chat", "--json", ...args], pyEnv());
+  assert.equal(code, 0, `acespec edge ${args.join(" ")} failed: ${err}`);
+  return JSON.parse(out.trim().split("\n").pop()!);
+}
+
+describe("the Node edge against a live cloud with the default models", { skip, timeout: 600_000 }, () => {
+  let cloud: Cloud;
+  let reference: EdgeOut; // cloud-only, greedy
+
+  before(async () => {
+    cloud = await startCloud(py!, ["--target", TARGET]);
+    reference = await nodeEdge(cloud.port, ["--mode", "cloud-only", "--max-tokens", String(TOKENS)]);
+  });
+  after(async () => {
+    await cloud?.stop();
+  });
+
+  it("tokenizes prompts exactly as the Python edge does, and names the same vocabulary", async () => {
+    const prompts = [PROMPT, "  two  spaces\tand a tab\n", "héllo wörld ✓ 你好 🙂", "<|im_end|> is text here", "x"];
+    const script = "import json,sys\nfrom acespec.models import load_model\nfrom acespec.cli import prompt_tokens\n" +
+      "m=load_model(sys.argv[1]); t=m.tokenizer; ps=json.loads(sys.argv[2])\n" +
+      "print(json.dumps({'fp': t.fingerprint, 'plain': [t.encode(p) for p in ps], 'chat': [prompt_tokens(t, p, True) for p in ps]}))";
+    const [code, out, err] = await run(py!, ["-c", script, DRAFT, JSON.stringify(prompts)], pyEnv());
+    assert.equal(code, 0, err);
+    const want = JSON.parse(out);
+    const model = await DraftModel.load(DRAFT, { vocabOnly: true });
+    try {
+      assert.equal(model.fingerprint, want.fp);
+      assert.deepEqual(prompts.map((p) => model.encode(p)), want.plain);
+      assert.deepEqual(prompts.map((p) => model.chatPrompt(p)), want.chat);
+    } finally {
+      await model.dispose();
+    }
+  });
+
+  it("streams a whole greedy text in cloud-only mode", () => {
+    assert.equal(reference.tokens.length, TOKENS);
+    assert.ok(reference.text.length > 0);
+    assert.equal(reference.drafted, 0);
+  });
+
+  for (const mode of ["auto", "cloud-led", "sync"]) {
+    it(`writes cloud-only's greedy text in ${mode} mode, with drafts accepted`, async () => {
+      const r = await nodeEdge(cloud.port, ["--mode", mode, "--max-tokens", String(TOKENS)]);
+      assert.deepEqual(r.tokens, reference.tokens);
+      assert.equal(r.text, reference.text);
+      assert.ok(r.drafted > 0 && r.accepted > 0, `drafted ${r.drafted}, accepted ${r.accepted}`);
+      assert.ok(r.target_passes > 0 && r.tok_s > 0);
+    });
+  }
+
+  for (const mode of ["cloud-only", "auto", "sync"]) {
+    it(`answers max_tokens 0 with an empty text in ${mode} mode`, async () => {
+      const t0 = performance.now();
+      const r = await nodeEdge(cloud.port, ["--mode", mode, "--max-tokens", "0"]);
+      assert.deepEqual([r.tokens, r.text], [[], ""]);
+      assert.ok(performance.now() - t0 < 30_000, "it did not wait for a timeout");
+    });
+  }
+
+  it("writes the Python edge's text with coupled sampling at temperature 1.0 and the same seed", async () => {
+    const args = ["--rule", "coupled", "--temperature", "1.0", "--seed", "7", "--max-tokens", String(TOKENS)];
+    const mine = await nodeEdge(cloud.port, ["--mode", "auto", ...args]);
+    const theirs = await pythonEdge(cloud.port, ["--mode", "cloud-led", ...args]);
+    assert.deepEqual(mine.tokens, theirs.tokens);
+    assert.equal(mine.text, theirs.text);
+    assert.ok(mine.drafted > 0 && mine.accepted > 0, `drafted ${mine.drafted}, accepted ${mine.accepted}`);
+    const sync = await nodeEdge(cloud.port, ["--mode", "sync", ...args]);
+    assert.deepEqual(sync.tokens, theirs.tokens);
+  });
+});
