@@ -42,6 +42,11 @@ function exec(cmd: string, args: string[], env: NodeJS.ProcessEnv): Promise<stri
   });
 }
 
+// One thread for each side (the cloud, and each edge's drafter), as `--cores split` arranges it, unless
+// ACESPEC_THREADS says otherwise: on a two-core machine two-thread models on both sides take turns at every
+// pass and spin while they wait, which buries both edges' own costs in noise.
+process.env.ACESPEC_THREADS ??= "1";
+
 async function main(): Promise<void> {
   const { values } = parseArgs({
     options: {
@@ -91,7 +96,8 @@ async function main(): Promise<void> {
   }
   const f = (x: number, d = 2): string => x.toFixed(d);
   const lines = [
-    `prompts: ${prompts.length}, max tokens: ${maxTokens}, greedy, --chat; cloud ${values.cloud ? addr : "acespec serve (default target) on loopback"}`,
+    `prompts: ${prompts.length}, max tokens: ${maxTokens}, greedy, --chat; cloud ${values.cloud ? addr : "acespec serve (default target) on loopback"}; ` +
+      `ACESPEC_THREADS=${process.env.ACESPEC_THREADS}`,
     "",
     `${"edge".padEnd(7)} ${"mode".padEnd(10)} ${"prompt".padStart(6)} ${"tok/s".padStart(8)} ${"ttft s".padStart(8)} ` +
       `${"passes/tok".padStart(10)} ${"accept".padStart(7)}  text = cloud-only's`,

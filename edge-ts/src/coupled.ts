@@ -8,6 +8,8 @@
 // g proposes exactly the target's sample whenever the two distributions agree, so the text depends on
 // the cloud alone and the drafter's choices only decide how much of it is accepted.
 
+import { uniformRow } from "./pcgwasm.js";
+
 const INIT_A = 0x43b0d7e5;
 const MULT_A = 0x931e8875;
 const INIT_B = 0x8b51f9dd;
@@ -111,6 +113,14 @@ export class Pcg64 {
     s.set(t);
   }
 
+  stateBig(): bigint {
+    return this.getBig(this.s);
+  }
+
+  incBig(): bigint {
+    return this.getBig(this.inc);
+  }
+
   /** The 128-bit state and increment as 32 hex digits (for the vectors' checks). */
   stateHex(): string {
     return this.getBig(this.s).toString(16).padStart(32, "0");
@@ -169,32 +179,80 @@ export class Pcg64 {
 
 const U64 = (1n << 64n) - 1n;
 
+/** The uniform draws of a whole row at (seed, pos), from the WebAssembly loop; null in the one case it
+ * cannot serve: a draw of exactly 0, which numpy's Gumbel rejects and redraws, shifting the row after it
+ * (probability 2**-53 a draw); the JS generator then does the row. */
+function fastRow(seed: bigint | number, pos: number, vocab: number): Float64Array | null {
+  const g = Pcg64.fromEntropy([BigInt(seed) & U64, BigInt(pos)]);
+  const u = uniformRow(vocab, g.stateBig(), g.incBig());
+  for (let i = 0; i < vocab; i++) if (u[i] === 0) return null;
+  return u;
+}
+
 /** The shared noise at one absolute position: gumbel_noise(seed, pos, vocab). */
 export function gumbelNoise(seed: bigint | number, pos: number, vocab: number): Float64Array {
-  const g = Pcg64.fromEntropy([BigInt(seed) & U64, BigInt(pos)]);
   const out = new Float64Array(vocab);
+  const u = fastRow(seed, pos, vocab);
+  if (u !== null) {
+    for (let i = 0; i < vocab; i++) out[i] = -Math.log(-Math.log(1.0 - u[i]));
+    return out;
+  }
+  const g = Pcg64.fromEntropy([BigInt(seed) & U64, BigInt(pos)]);
   for (let i = 0; i < vocab; i++) out[i] = g.nextGumbel();
   return out;
 }
 
 /** argmax(log dist + g): coupled_sample(dist, seed, pos). `dist` is dense over the vocabulary. */
 export function coupledSample(dist: Float64Array | Float32Array, seed: bigint | number, pos: number): number {
-  let nonzero = 0, first = 0, best = -1, bestScore = -Infinity;
+  let nonzero = 0, first = 0;
   for (let i = 0; i < dist.length; i++) if (dist[i] > 0) {
     if (!nonzero) first = i;
     nonzero++;
   }
   if (nonzero <= 1) return nonzero ? first : argmax(dist); // a point mass: no noise can move it
-  const g = Pcg64.fromEntropy([BigInt(seed) & U64, BigInt(pos)]);
+  const u = fastRow(seed, pos, dist.length);
+  const noise = u === null ? gumbelNoise(seed, pos, dist.length) : null;
+  let best = -1, bestScore = -Infinity;
   for (let i = 0; i < dist.length; i++) {
-    const noise = g.nextGumbel(); // drawn for every id, as numpy draws the whole row
-    const score = dist[i] > 0 ? Math.log(dist[i]) + noise : -Infinity;
-    if (score > bestScore || best < 0) {
+    if (!(dist[i] > 0)) continue; // log 0 = -inf: never the argmax while some id has mass
+    const g = noise !== null ? noise[i] : -Math.log(-Math.log(1.0 - u![i]));
+    const score = Math.log(dist[i]) + g;
+    if (score > bestScore || best < 0) { // the lowest id on a tie, as numpy's argmax
       bestScore = score;
       best = i;
     }
   }
   return best;
+}
+
+/** coupled_sample over a distribution known by its likeliest tokens `top` (token -> q, renormalised over
+ * them): the token, or null when a token outside `top` could still win (its q is at most the smallest in
+ * `top`, its noise is known). `complete`: `top` is the whole support (a top-k cut), nothing else can win. */
+export function coupledTop(top: Map<number, number>, vocab: number, seed: bigint | number, pos: number, complete: boolean): number | null {
+  let nonzero = 0, first = -1, smallest = Infinity;
+  for (const [t, p] of top) if (p > 0) {
+    nonzero++;
+    if (first < 0 || t < first) first = t;
+    smallest = Math.min(smallest, p);
+  }
+  if (nonzero === 0) return null;
+  if (nonzero === 1 && complete) return first; // a point mass
+  const u = fastRow(seed, pos, vocab);
+  if (u === null) return null;
+  const gumbel = (x: number): number => -Math.log(-Math.log(1.0 - x));
+  let best = -1, bestScore = -Infinity;
+  for (const [t, p] of top) {
+    if (!(p > 0)) continue;
+    const score = Math.log(p) + gumbel(u[t]);
+    if (score > bestScore || (score === bestScore && t < best)) {
+      bestScore = score;
+      best = t;
+    }
+  }
+  if (complete) return best;
+  let umin = 2; // the smallest draw outside `top`: the noise -log(-log(1 - u)) decreases as u grows
+  for (let i = 0; i < vocab; i++) if (u[i] < umin && !top.has(i)) umin = u[i];
+  return umin > 1 || Math.log(smallest) + gumbel(umin) < bestScore ? best : null;
 }
 
 function argmax(a: ArrayLike<number>): number {

@@ -7,7 +7,7 @@
 import { Template } from "@huggingface/jinja";
 import { getLlama, Llama, LlamaContext, LlamaContextSequence, LlamaLogLevel, LlamaModel, Token } from "node-llama-cpp";
 import { availableParallelism } from "node:os";
-import { coupledSample } from "./coupled.js";
+import { coupledSample, coupledTop } from "./coupled.js";
 import { readGgufMetadata } from "./gguf.js";
 import { Vocab } from "./vocab.js";
 
@@ -29,6 +29,9 @@ export interface DraftResult {
   seconds: number;
 }
 
+// how many of the likeliest tokens a coupled pick asks llama.cpp for (see DraftModel.eval)
+const TOP_K = 8192;
+
 let llamaPromise: Promise<Llama> | null = null;
 
 function llama(): Promise<Llama> {
@@ -43,6 +46,7 @@ export class DraftModel {
   private context: LlamaContext | null = null;
   held: number[] = []; // the tokens the KV sequence holds, in order
   evals = 0; // model passes run
+  fallbacks = 0; // coupled picks that needed the whole distribution
 
   private constructor(readonly model: LlamaModel, readonly vocab: Vocab, readonly path: string) {}
 
@@ -105,31 +109,49 @@ export class DraftModel {
   /** Evaluate `tokens` after what the sequence holds; with `picker`, the token chosen after the last one. */
   async eval(tokens: readonly number[], picker: Picker | null): Promise<number | null> {
     if (tokens.length === 0) return null;
-    const seq = this.seq();
     const pos = this.held.length + tokens.length; // the absolute position of the token to pick
-    const last = tokens[tokens.length - 1] as Token;
-    const wantProbs = picker !== null && picker.mode === "coupled" && picker.sampling.temperature > 0;
-    const options = picker === null ? null : wantProbs
-      ? { temperature: picker.sampling.temperature, topK: picker.sampling.topK, topP: picker.sampling.topP, minP: 0 }
-      : { temperature: 0, topK: 0, topP: 1, minP: 0 };
-    const input = [
-      ...(tokens.slice(0, -1) as Token[]),
-      options === null ? last : ([last, { generateNext: { token: true, probabilities: wantProbs, options } }] as const),
-    ];
-    const out = await seq.controlledEvaluate(input as Parameters<LlamaContextSequence["controlledEvaluate"]>[0]);
-    this.held.push(...tokens);
-    this.evals++;
-    if (picker === null) return null;
-    const next = out[tokens.length - 1]?.next;
-    if (!wantProbs) {
+    if (picker === null) {
+      await this.evaluate(tokens, null);
+      return null;
+    }
+    const sp = picker.sampling;
+    if (picker.mode !== "coupled" || sp.temperature <= 0) {
+      const next = await this.evaluate(tokens, { temperature: 0, topK: 0, topP: 1, minP: 0 }, false);
       if (next?.token == null) throw new Error("the drafter produced no token");
       return next.token;
     }
-    const probs = next?.probabilities;
-    if (probs === undefined) throw new Error("the drafter produced no distribution");
+    // Coupled: argmax(log q + g) over the whole vocabulary. llama.cpp hands over the TOP_K likeliest
+    // tokens cheaply (their q renormalised over them, which shifts every log q alike); a token outside
+    // them has q <= the smallest inside, so if even the largest noise among them cannot lift that q past
+    // the best score inside, the argmax is inside. Otherwise (rare) the position is evaluated again with
+    // the whole distribution.
+    const k = sp.topK > 0 ? Math.min(sp.topK, TOP_K) : TOP_K;
+    const opts = { temperature: sp.temperature, topK: k, topP: sp.topP, minP: 0 };
+    const top = (await this.evaluate(tokens, opts, true))?.probabilities;
+    if (top === undefined) throw new Error("the drafter produced no distribution");
+    const x = coupledTop(top, this.vocab.size, picker.seed, pos, sp.topK > 0 && sp.topK <= TOP_K);
+    if (x !== null) return x;
+    this.fallbacks++;
+    const last = this.held.length - 1;
+    await this.seq().eraseContextTokenRanges([{ start: last, end: this.held.length }]);
+    this.held.length = last;
+    const full = (await this.evaluate(tokens.slice(-1), { ...opts, topK: sp.topK }, true))?.probabilities;
+    if (full === undefined) throw new Error("the drafter produced no distribution");
     const dense = new Float64Array(this.vocab.size);
-    for (const [tok, p] of probs) dense[tok] = p;
+    for (const [tok, p] of full) dense[tok] = p;
     return coupledSample(dense, picker.seed, pos);
+  }
+
+  private async evaluate(tokens: readonly number[], options: object | null, probabilities = false) {
+    const last = tokens[tokens.length - 1] as Token;
+    const input = [
+      ...(tokens.slice(0, -1) as Token[]),
+      options === null ? last : ([last, { generateNext: { token: !probabilities, probabilities, options } }] as const),
+    ];
+    const out = await this.seq().controlledEvaluate(input as Parameters<LlamaContextSequence["controlledEvaluate"]>[0]);
+    this.held.push(...tokens);
+    this.evals++;
+    return out[tokens.length - 1]?.next;
   }
 
   async dispose(): Promise<void> {

@@ -75,7 +75,8 @@ export async function runEdge(model: DraftModel, prompt: number[], cfg: EdgeConf
       res = await new FollowLoop(session, prompt, drafter, follow, onTokens, prefill).run(t0);
     }
     [res.stats.bytesUp, res.stats.bytesDown] = session.totalBytes();
-    Object.assign(res.stats.extra, { reconnects: session.reconnects, recoveries: session.recoveries, busy_waits: session.busyWaits });
+    Object.assign(res.stats.extra, { reconnects: session.reconnects, recoveries: session.recoveries, busy_waits: session.busyWaits,
+      drafter_fallbacks: model.fallbacks });
     return res;
   } finally {
     await prefill?.catch(() => undefined);

@@ -3,7 +3,7 @@
 
 import assert from "node:assert/strict";
 import { describe, it } from "node:test";
-import { coupledSample, gumbelNoise, Pcg64, seedSequenceState } from "../src/coupled.js";
+import { coupledSample, coupledTop, gumbelNoise, Pcg64, seedSequenceState } from "../src/coupled.js";
 import { vectors, VECTORS_DIR } from "./helpers.js";
 
 const V = vectors("coupled.json");
@@ -46,5 +46,45 @@ describe("coupled sampling against the vectors", { skip }, () => {
   it("writes the vectors' text, one position after another", () => {
     const got = V.text.steps.map((s: { dist: number[]; pos: string }) => coupledSample(Float64Array.from(s.dist), BigInt(V.text.seed), Number(s.pos)));
     assert.deepEqual(got, V.text.steps.map((s: { token: number }) => s.token));
+  });
+});
+
+describe("the WebAssembly generator", () => {
+  it("draws exactly the JS generator's doubles for a whole vocabulary row", async () => {
+    const { uniformRow } = await import("../src/pcgwasm.js");
+    for (const [seed, pos] of [[0n, 0n], [7n, 12n], [(1n << 64n) - 1n, 4294967297n], [5n, 1000n]]) {
+      const js = Pcg64.fromEntropy([seed, pos]);
+      const fast = Pcg64.fromEntropy([seed, pos]);
+      const row = uniformRow(151936, fast.stateBig(), fast.incBig());
+      for (let i = 0; i < row.length; i++) assert.equal(row[i], js.nextDouble(), `seed ${seed} pos ${pos} draw ${i}`);
+    }
+  });
+
+  it("gives coupled sampling the same noise through either generator", () => {
+    const g = gumbelNoise(5n, 1000, 4096);
+    const js = Pcg64.fromEntropy([5n, 1000n]);
+    for (let i = 0; i < g.length; i++) assert.equal(g[i], js.nextGumbel());
+  });
+});
+
+describe("coupled sampling from the likeliest tokens only", () => {
+  it("picks what the whole distribution picks, or says it cannot tell", () => {
+    let decided = 0;
+    for (let pos = 0; pos < 200; pos++) {
+      // a peaked, long-tailed distribution over 4096 ids, like a language model's
+      const q = new Float64Array(4096);
+      let z = 0;
+      for (let i = 0; i < q.length; i++) z += q[i] = Math.exp(-0.01 * ((i * 7919 + pos * 31) % 4096) - (i % 97 === pos % 97 ? -6 : 0));
+      for (let i = 0; i < q.length; i++) q[i] /= z;
+      const order = Array.from(q.keys()).sort((a, b) => q[b] - q[a]).slice(0, 256);
+      const mass = order.reduce((s, i) => s + q[i], 0);
+      const top = new Map(order.map((i) => [i, q[i] / mass]));
+      const got = coupledTop(top, q.length, 3n, pos, false);
+      if (got !== null) {
+        decided++;
+        assert.equal(got, coupledSample(q, 3n, pos), `position ${pos}`);
+      }
+    }
+    assert.ok(decided > 100, `decided only ${decided} of 200`);
   });
 });

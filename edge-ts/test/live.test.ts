@@ -11,10 +11,14 @@ import { defaultDraftPath } from "../src/args.js";
 import { DraftModel } from "../src/drafter.js";
 import { CLI, Cloud, pyEnv, python, run, startCloud } from "./helpers.js";
 
+// one thread for each side (the cloud, and each edge's drafter), as `--cores split` arranges it: on a
+// two-core machine two-thread models on both sides take turns at every pass and spin while they wait
+process.env.ACESPEC_THREADS ??= "1";
+
 const DRAFT = process.env.ACESPEC_DRAFT_GGUF || defaultDraftPath();
 const TARGET = process.env.ACESPEC_TARGET_GGUF || join(DRAFT, "..", "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf");
 const PROMPT = "Write a Python function that returns the n-th Fibonacci number.";
-const TOKENS = 24;
+const TOKENS = 16;
 
 const py = python();
 const skip = !existsSync(DRAFT) || !existsSync(TARGET)
