@@ -21,7 +21,8 @@ async function main(): Promise<number> {
     }
     throw e;
   }
-  const model = await DraftModel.load(args.draft, { vocabOnly: args.cfg.mode === "cloud-only" });
+  // the weights only when there is something to draft: cloud-only, and max_tokens 0, need the vocabulary alone
+  const model = await DraftModel.load(args.draft, { vocabOnly: args.cfg.mode === "cloud-only" || args.cfg.maxTokens === 0 });
   try {
     const ids = args.chat ? model.chatPrompt(args.prompt) : model.encode(args.prompt);
     if (!ids.length) throw new UsageError("the prompt is empty after tokenization");

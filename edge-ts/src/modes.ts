@@ -39,7 +39,7 @@ export async function runEdge(model: DraftModel, prompt: number[], cfg: EdgeConf
   const t0 = performance.now();
   let drafter: ChainDrafter | null = null;
   let prefill: Promise<void> | null = null;
-  if (cfg.mode !== "cloud-only") {
+  if (cfg.mode !== "cloud-only" && cfg.maxTokens > 0) {
     const picker: Picker = {
       mode: cfg.rule === "coupled" && cfg.temperature > 0 ? "coupled" : "greedy", seed: cfg.seed,
       sampling: { temperature: cfg.temperature, topK: cfg.topK, topP: cfg.topP },
@@ -93,7 +93,7 @@ function deliver(stats: RunStats, fresh: number[], t0: number, onTokens: ((t: nu
   onTokens?.(fresh);
 }
 
-async function cloudOnly(session: CloudSession, prompt: number[], t0: number,
+export async function cloudOnly(session: CloudSession, prompt: number[], t0: number,
   onTokens: ((t: number[]) => void) | null): Promise<RunResult> {
   const stats = new RunStats();
   const out: number[] = [];

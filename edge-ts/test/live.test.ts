@@ -84,7 +84,7 @@ describe("the Node edge against a live cloud with the default models", { skip, t
     assert.equal(reference.drafted, 0);
   });
 
-  for (const mode of ["auto", "cloud-led", "sync"]) {
+  for (const mode of ["auto", "sync"]) { // (cloud-led is auto on the wire)
     it(`writes cloud-only's greedy text in ${mode} mode, with drafts accepted`, async () => {
       const r = await nodeEdge(cloud.port, ["--mode", mode, "--max-tokens", String(TOKENS)]);
       assert.deepEqual(r.tokens, reference.tokens);
@@ -105,12 +105,15 @@ describe("the Node edge against a live cloud with the default models", { skip, t
 
   it("writes the Python edge's text with coupled sampling at temperature 1.0 and the same seed", async () => {
     const args = ["--rule", "coupled", "--temperature", "1.0", "--seed", "7", "--max-tokens", String(TOKENS)];
-    const mine = await nodeEdge(cloud.port, ["--mode", "auto", ...args]);
     const theirs = await pythonEdge(cloud.port, ["--mode", "cloud-led", ...args]);
+    const mine = await nodeEdge(cloud.port, ["--mode", "auto", ...args]);
     assert.deepEqual(mine.tokens, theirs.tokens);
     assert.equal(mine.text, theirs.text);
-    assert.ok(mine.drafted > 0 && mine.accepted > 0, `drafted ${mine.drafted}, accepted ${mine.accepted}`);
+    // stop-and-wait has every block verified, so the drafter's coupled picks show: with the shared noise
+    // they are the target's own samples wherever the two models agree (a cloud-led stream verifies
+    // drafts only when its pricing says they pay, which at temperature 1.0 may be none in 16 tokens)
     const sync = await nodeEdge(cloud.port, ["--mode", "sync", ...args]);
     assert.deepEqual(sync.tokens, theirs.tokens);
+    assert.ok(sync.drafted > 0 && sync.accepted > 0, `drafted ${sync.drafted}, accepted ${sync.accepted}`);
   });
 });
