@@ -7,8 +7,9 @@ import assert from "node:assert/strict";
 import { existsSync } from "node:fs";
 import { join } from "node:path";
 import { after, before, describe, it } from "node:test";
-import { defaultDraftPath } from "../src/args.js";
+import { defaultDraftPath, parseCli, resultJson } from "../src/args.js";
 import { DraftModel } from "../src/drafter.js";
+import { runEdge } from "../src/modes.js";
 import { CLI, Cloud, pyEnv, python, run, startCloud } from "./helpers.js";
 
 // one thread for each side (the cloud, and each edge's drafter), as `--cores split` arranges it: on a
@@ -34,11 +35,20 @@ interface EdgeOut {
   tok_s: number;
 }
 
-async function nodeEdge(port: number, args: string[]): Promise<EdgeOut> {
+/** The CLI, as a user runs it. */
+async function cliEdge(port: number, args: string[]): Promise<EdgeOut> {
   const [code, out, err] = await run(process.execPath, [CLI, "--cloud", `127.0.0.1:${port}`, "--draft", DRAFT, "--prompt", PROMPT,
     "--chat", "--json", ...args]);
   assert.equal(code, 0, `acespec-edge ${args.join(" ")} failed: ${err}`);
   return JSON.parse(out);
+}
+
+/** The same run in this process, with the drafter loaded once for every test (loading it is most of a
+ * short run's time); the options as the CLI reads them. */
+async function nodeEdge(model: DraftModel, port: number, args: string[]): Promise<EdgeOut> {
+  const a = parseCli(["--cloud", `127.0.0.1:${port}`, "--draft", DRAFT, "--prompt", PROMPT, "--chat", "--json", ...args]);
+  const res = await runEdge(model, model.chatPrompt(PROMPT), a.cfg);
+  return resultJson(res, new TextDecoder().decode(model.vocab.decodeBytes(res.tokens)), a.cfg) as unknown as EdgeOut;
 }
 
 async function pythonEdge(port: number, args: string[]): Promise<{ text: string; tokens: number[] }> {
@@ -50,14 +60,15 @@ async function pythonEdge(port: number, args: string[]): Promise<{ text: string;
 
 describe("the Node edge against a live cloud with the default models", { skip, timeout: 600_000 }, () => {
   let cloud: Cloud;
-  let reference: EdgeOut; // cloud-only, greedy
+  let model: DraftModel;
+  let reference: EdgeOut; // cloud-only, greedy, through the CLI
 
   before(async () => {
-    cloud = await startCloud(py!, ["--target", TARGET]);
-    reference = await nodeEdge(cloud.port, ["--mode", "cloud-only", "--max-tokens", String(TOKENS)]);
+    [cloud, model] = await Promise.all([startCloud(py!, ["--target", TARGET]), DraftModel.load(DRAFT)]);
+    reference = await cliEdge(cloud.port, ["--mode", "cloud-only", "--max-tokens", String(TOKENS)]);
   });
   after(async () => {
-    await cloud?.stop();
+    await Promise.all([cloud?.stop(), model?.dispose()]);
   });
 
   it("tokenizes prompts exactly as the Python edge does, and names the same vocabulary", async () => {
@@ -68,17 +79,12 @@ describe("the Node edge against a live cloud with the default models", { skip, t
     const [code, out, err] = await run(py!, ["-c", script, DRAFT, JSON.stringify(prompts)], pyEnv());
     assert.equal(code, 0, err);
     const want = JSON.parse(out);
-    const model = await DraftModel.load(DRAFT, { vocabOnly: true });
-    try {
-      assert.equal(model.fingerprint, want.fp);
-      assert.deepEqual(prompts.map((p) => model.encode(p)), want.plain);
-      assert.deepEqual(prompts.map((p) => model.chatPrompt(p)), want.chat);
-    } finally {
-      await model.dispose();
-    }
+    assert.equal(model.fingerprint, want.fp);
+    assert.deepEqual(prompts.map((p) => model.encode(p)), want.plain);
+    assert.deepEqual(prompts.map((p) => model.chatPrompt(p)), want.chat);
   });
 
-  it("streams a whole greedy text in cloud-only mode", () => {
+  it("streams a whole greedy text in cloud-only mode through the command line", () => {
     assert.equal(reference.tokens.length, TOKENS);
     assert.ok(reference.text.length > 0);
     assert.equal(reference.drafted, 0);
@@ -86,7 +92,7 @@ describe("the Node edge against a live cloud with the default models", { skip, t
 
   for (const mode of ["auto", "sync"]) { // (cloud-led is auto on the wire)
     it(`writes cloud-only's greedy text in ${mode} mode, with drafts accepted`, async () => {
-      const r = await nodeEdge(cloud.port, ["--mode", mode, "--max-tokens", String(TOKENS)]);
+      const r = await nodeEdge(model, cloud.port, ["--mode", mode, "--max-tokens", String(TOKENS)]);
       assert.deepEqual(r.tokens, reference.tokens);
       assert.equal(r.text, reference.text);
       assert.ok(r.drafted > 0 && r.accepted > 0, `drafted ${r.drafted}, accepted ${r.accepted}`);
@@ -97,7 +103,7 @@ describe("the Node edge against a live cloud with the default models", { skip, t
   for (const mode of ["cloud-only", "auto", "sync"]) {
     it(`answers max_tokens 0 with an empty text in ${mode} mode`, async () => {
       const t0 = performance.now();
-      const r = await nodeEdge(cloud.port, ["--mode", mode, "--max-tokens", "0"]);
+      const r = await nodeEdge(model, cloud.port, ["--mode", mode, "--max-tokens", "0"]);
       assert.deepEqual([r.tokens, r.text], [[], ""]);
       assert.ok(performance.now() - t0 < 30_000, "it did not wait for a timeout");
     });
@@ -106,13 +112,13 @@ describe("the Node edge against a live cloud with the default models", { skip, t
   it("writes the Python edge's text with coupled sampling at temperature 1.0 and the same seed", async () => {
     const args = ["--rule", "coupled", "--temperature", "1.0", "--seed", "7", "--max-tokens", String(TOKENS)];
     const theirs = await pythonEdge(cloud.port, ["--mode", "cloud-led", ...args]);
-    const mine = await nodeEdge(cloud.port, ["--mode", "auto", ...args]);
+    const mine = await nodeEdge(model, cloud.port, ["--mode", "auto", ...args]);
     assert.deepEqual(mine.tokens, theirs.tokens);
     assert.equal(mine.text, theirs.text);
     // stop-and-wait has every block verified, so the drafter's coupled picks show: with the shared noise
     // they are the target's own samples wherever the two models agree (a cloud-led stream verifies
     // drafts only when its pricing says they pay, which at temperature 1.0 may be none in 16 tokens)
-    const sync = await nodeEdge(cloud.port, ["--mode", "sync", ...args]);
+    const sync = await nodeEdge(model, cloud.port, ["--mode", "sync", ...args]);
     assert.deepEqual(sync.tokens, theirs.tokens);
     assert.ok(sync.drafted > 0 && sync.accepted > 0, `drafted ${sync.drafted}, accepted ${sync.accepted}`);
   });
