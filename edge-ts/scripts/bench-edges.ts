@@ -70,7 +70,8 @@ async function main(): Promise<void> {
   }
   // the Python edge names the cloud-led preset `auto` once it has one; on the wire the two are the same
   const pyHelp = await exec(py, ["-m", "acespec.cli", "edge", "--help"], pyEnv());
-  const pyMode = (m: string): string => (m === "auto" && !/\bauto\b/.test(pyHelp) ? "cloud-led" : m);
+  const pyModes = /--mode \{([^}]*)\}/.exec(pyHelp)?.[1].split(",") ?? [];
+  const pyMode = (m: string): string => (m === "auto" && !pyModes.includes("auto") ? "cloud-led" : m);
   const rows: Row[] = [];
   const reference: number[][] = [];
   const common = (p: string): string[] => ["--cloud", addr!, "--draft", draft, "--prompt", p, "--chat", "--json", "--max-tokens", maxTokens];

@@ -81,8 +81,12 @@ export function parseCli(argv: string[]): CliArgs {
     } catch (e) {
       throw new UsageError(`cannot read the token file ${values["token-file"]}: ${(e as Error).message}`);
     }
-    // the bytes of the file less surrounding whitespace, as the Python edge sends them (read_token)
-    token = new Uint8Array(Buffer.from(raw.toString("latin1").trim(), "latin1"));
+    // the bytes of the file less surrounding ASCII whitespace, as the Python edge sends them (bytes.strip())
+    const space = (b: number): boolean => b === 0x20 || (b >= 0x09 && b <= 0x0d);
+    let a = 0, z = raw.length;
+    while (a < z && space(raw[a])) a++;
+    while (z > a && space(raw[z - 1])) z--;
+    token = new Uint8Array(raw.subarray(a, z));
     if (!token.length) throw new UsageError(`the token file ${values["token-file"]} is empty`);
   }
   const tlsCa = values["tls-ca"] ?? null;

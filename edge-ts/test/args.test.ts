@@ -1,6 +1,9 @@
 // The command line: bad arguments get a clear error and a non-zero exit, before anything is loaded.
 
 import assert from "node:assert/strict";
+import { mkdtempSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
 import { describe, it } from "node:test";
 import { parseCli, UsageError } from "../src/args.js";
 import { CLI, run } from "./helpers.js";
@@ -21,6 +24,14 @@ describe("the command line", () => {
     assert.equal(a.cfg.seed, (1n << 64n) - 1n);
     assert.equal(a.cfg.maxTokens, 0);
     assert.deepEqual([a.cfg.connect.host, a.cfg.connect.port, a.chat, a.json], ["127.0.0.1", 7070, true, true]);
+  });
+
+  it("sends the token file's bytes less surrounding ASCII whitespace, as the Python edge does", () => {
+    const file = join(mkdtempSync(join(tmpdir(), "acespec-edge-ts-")), "token");
+    writeFileSync(file, Buffer.from([0x20, 0x0a, 0xa0, 0x61, 0x62, 0x20, 0x63, 0xa0, 0x0d, 0x0a]));
+    assert.deepEqual(Array.from(parseCli([...ok, "--token-file", file]).cfg.connect.token), [0xa0, 0x61, 0x62, 0x20, 0x63, 0xa0]);
+    writeFileSync(file, " \n");
+    refused([...ok, "--token-file", file], /the token file .* is empty/);
   });
 
   it("defaults to the auto mode, greedy, 128 tokens", () => {
