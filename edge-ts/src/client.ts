@@ -10,7 +10,8 @@
 import { readFileSync } from "node:fs";
 import * as net from "node:net";
 import * as tls from "node:tls";
-import { committedDigest, encode, FrameDecoder } from "./wire/codec.js";
+import { encode } from "./wire/codec.js";
+import { committedDigest, FrameDecoder } from "./wire/framing.js";
 import {
   CloseReason, DEFAULT_LIMITS, ErrorCode, Frame, FrameType, Hello, Limits, resume, Welcome,
 } from "./wire/frames.js";

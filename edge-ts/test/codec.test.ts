@@ -3,7 +3,8 @@
 
 import assert from "node:assert/strict";
 import { describe, it } from "node:test";
-import { committedDigest, decode, decodeUvarint, encode, encodeUvarint, FrameDecoder, zigzagDecode, zigzagEncode } from "../src/wire/codec.js";
+import { decode, encode } from "../src/wire/codec.js";
+import { committedDigest, decodeUvarint, encodeUvarint, FrameDecoder, zigzagDecode, zigzagEncode } from "../src/wire/framing.js";
 import { ErrorCode, FrameType, WireError } from "../src/wire/frames.js";
 import { vocabFingerprint } from "../src/vocab.js";
 import { frameFromJson, frameToJson, hex, toHex, vectors, VECTORS_DIR } from "./helpers.js";
