@@ -47,7 +47,7 @@ export function parseCli(argv: string[]): CliArgs {
         chat: { type: "boolean", default: false }, "max-tokens": { type: "string", default: "128" },
         json: { type: "boolean", default: false }, rule: { type: "string", default: "greedy" },
         temperature: { type: "string" }, seed: { type: "string", default: "0" }, "top-k": { type: "string", default: "0" },
-        "top-p": { type: "string", default: "1" }, k: { type: "string", default: "4" }, "token-file": { type: "string" },
+        "top-p": { type: "string", default: "1" }, k: { type: "string", default: "4" }, window: { type: "string", default: "2" }, "token-file": { type: "string" },
         "tls-ca": { type: "string" }, "tls-server-name": { type: "string" }, draft: { type: "string" },
         "busy-retry": { type: "string", default: "60" },
       },
@@ -72,6 +72,7 @@ export function parseCli(argv: string[]): CliArgs {
   const topK = num(values["top-k"]!, "--top-k", isCount, "an integer >= 0");
   const topP = num(values["top-p"]!, "--top-p", (v) => v > 0 && v <= 1, "a number in (0, 1]");
   const k = num(values.k!, "--k", (v) => Number.isInteger(v) && v >= 1, "an integer >= 1");
+  const window = num(values.window!, "--window", (v) => Number.isInteger(v) && v >= 1, "an integer >= 1");
   const busyRetry = num(values["busy-retry"]!, "--busy-retry", (v) => v >= 0, "a number of seconds >= 0");
   let token: Uint8Array = new Uint8Array(0);
   if (values["token-file"] !== undefined) {
@@ -98,7 +99,7 @@ export function parseCli(argv: string[]): CliArgs {
   return {
     prompt: values.prompt, chat: values.chat!, json: values.json!, draft,
     cfg: {
-      mode, rule, k, temperature, topK, topP, seed: BigInt(values.seed!), maxTokens,
+      mode, rule, k, window, temperature, topK, topP, seed: BigInt(values.seed!), maxTokens,
       connect: connectConfig({ host, port, token, tlsCa, tlsServerName: values["tls-server-name"] ?? null, busyRetryMs: busyRetry * 1000 }),
     },
   };

@@ -4,14 +4,16 @@
 //               ahead of the stream (follow.ts). `auto` is this mode: on the wire it is cloud-led, and the
 //               stream's first token never waits for the drafter's prefill.
 // - sync:       stop-and-wait: draft K tokens, send a DRAFT, wait for its VERDICT, repeat.
+// - pipelined:  edge-led with `window` blocks in flight (pipelined.ts).
 
 import { CloudSession, ConnectConfig, EdgeError } from "./client.js";
 import { ChainDrafter, DraftModel, Picker } from "./drafter.js";
 import { FOLLOW_DEFAULTS, FollowLoop } from "./follow.js";
+import { pipelinedLoop } from "./pipelined.js";
 import { RunResult, RunStats } from "./stats.js";
 import { ErrorCode, FrameType, hello, Mode } from "./wire/frames.js";
 
-export const MODES = ["auto", "cloud-led", "cloud-only", "sync"] as const;
+export const MODES = ["auto", "cloud-led", "cloud-only", "sync", "pipelined"] as const;
 export type EdgeMode = (typeof MODES)[number];
 export const RULES = ["greedy", "coupled"] as const;
 export type RuleName = (typeof RULES)[number];
@@ -19,7 +21,8 @@ export type RuleName = (typeof RULES)[number];
 export interface EdgeConfig {
   mode: EdgeMode;
   rule: RuleName;
-  k: number; // sync: draft tokens per block
+  k: number; // sync, pipelined: draft tokens per block
+  window: number; // pipelined: blocks in flight
   temperature: number;
   topK: number;
   topP: number;
@@ -31,7 +34,8 @@ export interface EdgeConfig {
 /** One generation through the cloud. `model` is the drafter (its tokenizer fingerprint names the vocabulary). */
 export async function runEdge(model: DraftModel, prompt: number[], cfg: EdgeConfig,
   onTokens: ((t: number[]) => void) | null = null): Promise<RunResult> {
-  const wireMode = cfg.mode === "cloud-only" ? Mode.CLOUD_ONLY : cfg.mode === "sync" ? Mode.SPECULATIVE : Mode.CLOUD_LED;
+  const wireMode = cfg.mode === "cloud-only" ? Mode.CLOUD_ONLY
+    : cfg.mode === "sync" || cfg.mode === "pipelined" ? Mode.SPECULATIVE : Mode.CLOUD_LED;
   const h = hello({
     model_id: model.fingerprint, max_tokens: cfg.maxTokens, prompt, auth: cfg.connect.token, temperature: cfg.temperature,
     top_k: cfg.topK, top_p: cfg.topP, rule: cfg.rule, seed: cfg.seed, mode: wireMode,
@@ -69,6 +73,9 @@ export async function runEdge(model: DraftModel, prompt: number[], cfg: EdgeConf
     } else if (cfg.mode === "sync") {
       await prefill;
       res = await syncLoop(session, prompt, drafter, cfg, t0, onTokens);
+    } else if (cfg.mode === "pipelined") {
+      await prefill;
+      res = await pipelinedLoop(session, prompt, drafter, cfg, t0, onTokens);
     } else {
       const follow = { ...FOLLOW_DEFAULTS, maxTokens: cfg.maxTokens, maxLead: Math.min(FOLLOW_DEFAULTS.maxLead, session.maxDraftTokens) };
       // the stream starts as soon as the cloud has the prompt: the prefill goes on beside the loop

@@ -44,9 +44,10 @@ describe("the command line", () => {
     refused(["--cloud", "nohost", "--prompt", "x"], /--cloud: expected HOST:PORT/);
     refused(["--cloud", "h:70000", "--prompt", "x"], /--cloud port/);
     refused(["--cloud", "h:1"], /--prompt is required/);
-    refused([...ok, "--mode", "fast"], /--mode must be one of auto, cloud-led, cloud-only, sync/);
+    refused([...ok, "--mode", "fast"], /--mode must be one of auto, cloud-led, cloud-only, sync, pipelined/);
     refused([...ok, "--rule", "strict"], /--rule must be one of greedy, coupled/);
     refused([...ok, "--max-tokens", "1.5"], /--max-tokens must be an integer >= 0/);
+    refused([...ok, "--window", "0"], /--window must be an integer >= 1/);
     refused([...ok, "--temperature=-1"], /--temperature must be a number >= 0/);
     refused([...ok, "--seed", "x"], /--seed must be an integer/);
     refused([...ok, "--token-file", "/nonexistent/token"], /cannot read the token file/);

@@ -90,7 +90,7 @@ describe("the Node edge against a live cloud with the default models", { skip, t
     assert.equal(reference.drafted, 0);
   });
 
-  for (const mode of ["auto", "sync"]) { // (cloud-led is auto on the wire)
+  for (const mode of ["auto", "sync", "pipelined"]) { // (cloud-led is auto on the wire)
     it(`writes cloud-only's greedy text in ${mode} mode, with drafts accepted`, async () => {
       const r = await nodeEdge(model, cloud.port, ["--mode", mode, "--max-tokens", String(TOKENS)]);
       assert.deepEqual(r.tokens, reference.tokens);
