@@ -174,3 +174,33 @@ export function run(cmd: string, args: string[], env: NodeJS.ProcessEnv = proces
     });
   });
 }
+
+/** A TCP relay to 127.0.0.1:`port` that cuts its first connection (both ways, no CLOSE) once `after`
+ * bytes have come down from the cloud: a link that dies mid-session. Later connections pass through. */
+export async function cuttingRelay(port: number, after: number): Promise<{ port: number; cuts: () => number; close: () => void }> {
+  const { createServer: tcpServer, connect } = await import("node:net");
+  let cuts = 0, first = true;
+  const server = tcpServer((edge) => {
+    const cut = first;
+    first = false;
+    const cloud = connect({ host: "127.0.0.1", port });
+    let down = 0;
+    edge.on("data", (d) => cloud.write(d));
+    cloud.on("data", (d) => {
+      down += d.length;
+      if (cut && down >= after) {
+        cuts++;
+        edge.destroy();
+        cloud.destroy();
+        return;
+      }
+      edge.write(d);
+    });
+    edge.on("error", () => cloud.destroy());
+    cloud.on("error", () => edge.destroy());
+    edge.on("close", () => cloud.destroy());
+    cloud.on("close", () => edge.destroy());
+  });
+  await new Promise<void>((r) => server.listen(0, "127.0.0.1", r));
+  return { port: (server.address() as { port: number }).port, cuts: () => cuts, close: () => server.close() };
+}

@@ -10,7 +10,7 @@ import { after, before, describe, it } from "node:test";
 import { defaultDraftPath, parseCli, resultJson } from "../src/args.js";
 import { DraftModel } from "../src/drafter.js";
 import { runEdge } from "../src/modes.js";
-import { CLI, Cloud, pyEnv, python, run, startCloud } from "./helpers.js";
+import { CLI, Cloud, cuttingRelay, pyEnv, python, run, startCloud } from "./helpers.js";
 
 // one thread for each side (the cloud, and each edge's drafter), as `--cores split` arranges it: on a
 // two-core machine two-thread models on both sides take turns at every pass and spin while they wait
@@ -97,6 +97,20 @@ describe("the Node edge against a live cloud with the default models", { skip, t
       assert.equal(r.text, reference.text);
       assert.ok(r.drafted > 0 && r.accepted > 0, `drafted ${r.drafted}, accepted ${r.accepted}`);
       assert.ok(r.target_passes > 0 && r.tok_s > 0);
+    });
+  }
+
+  for (const mode of ["auto", "sync", "pipelined"]) {
+    it(`resumes ${mode === "auto" ? "an" : "a"} ${mode} session whose connection is cut mid-stream, and writes the same text`, async () => {
+      const relay = await cuttingRelay(cloud.port, 60);
+      try {
+        const r = await nodeEdge(model, relay.port, ["--mode", mode, "--max-tokens", String(TOKENS)]);
+        assert.equal(relay.cuts(), 1);
+        assert.equal((r as unknown as { stats: { reconnects: number } }).stats.reconnects, 1);
+        assert.deepEqual(r.tokens, reference.tokens);
+      } finally {
+        relay.close();
+      }
     });
   }
 
