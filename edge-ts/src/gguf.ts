@@ -5,8 +5,6 @@ import { closeSync, openSync, readSync } from "node:fs";
 
 export type GgufValue = number | bigint | boolean | string | GgufValue[];
 
-const SCALAR_SIZE: Record<number, number> = { 0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8 };
-
 class FileReader {
   private buf = Buffer.alloc(0);
   private bufStart = 0; // file offset of buf[0]
@@ -68,7 +66,6 @@ class FileReader {
       case 11: return this.take(8).readBigInt64LE(0);
       case 12: return this.take(8).readDoubleLE(0);
       default:
-        if (type in SCALAR_SIZE) throw new Error("unreachable");
         throw new Error(`GGUF: unknown value type ${type}`);
     }
   }
