@@ -45,7 +45,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from acespec.cloud.engine import EngineBusy, EngineSession, EngineStopped, SessionSpec, VerifyEngine
+from acespec.cloud.engine_api import EngineBusy, EngineSession, EngineStopped, SessionSpec, VerifyEngine
 from acespec.engine.verifier import Verdict, VerifyJob
 from acespec.models.base import Model
 

@@ -47,7 +47,7 @@ from pathlib import Path
 
 import numpy as np
 
-from acespec.cloud.engine import EngineRefused, EngineSession, EngineStopped, SessionSpec, VerifyEngine
+from acespec.cloud.engine_api import EngineRefused, EngineSession, EngineStopped, SessionSpec, VerifyEngine
 from acespec.engine.verifier import Verdict
 from acespec.models.base import ModelError, Tokenizer
 from acespec.verify.topk import TopKRuleError, dense_logits, tail_mass_bound, topk_exactness

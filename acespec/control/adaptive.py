@@ -158,7 +158,7 @@ from typing import Sequence
 
 import numpy as np
 
-from acespec.control.depth import DepthPolicy
+from acespec.control.policy import DepthPolicy
 
 __all__ = ["AdaptiveConfig", "AdaptiveController", "VerifyTimeFit", "expected_tokens"]
 

@@ -35,7 +35,7 @@ import numpy as np
 from acespec.control.depth import DepthPolicy, FixedDepth
 from acespec.draft.chain import ChainDrafter, DraftBlock
 from acespec.engine.planner import CachePlanner
-from acespec.engine.records import BonusGuess, Block, Disconnected, InFlight, Outcome
+from acespec.engine.records import Block, BonusGuess, Disconnected, InFlight, LoopConfig, Outcome
 from acespec.engine.schedule import Scheduler
 from acespec.engine.stats import RunStats
 from acespec.engine.transport import Clock, LocalTransport, Transport
@@ -63,23 +63,6 @@ class Round:
     latency_s: float | None  # block sent -> verdict applied: round trip, queueing and verify time (None: cloud-only streaming)
     verify_s: float  # the target's verify time, as it reported it
     rtt_s: float | None  # the path's round trip estimate (None before the first sample)
-
-
-@dataclass
-class LoopConfig:
-    mode: str = "sync"  # "sync" (stop-and-wait) or "pipelined"
-    window: int = 2  # pipelined: most blocks in flight (the least, with auto_window)
-    auto_window: bool = False  # pipelined: grow the window to cover the round trip (see Scheduler.window)
-    max_window: int = 8  # auto_window's ceiling
-    min_conf: float = 0.0  # stop a block early when q(x) drops below this (a policy with min_conf overrides it)
-    max_tokens: int = 128  # generation budget (the target enforces it too)
-    branches: bool = False  # send pre-drafted outcomes as branch blocks, so the target can continue past a rejection
-
-    def __post_init__(self) -> None:
-        if self.mode not in ("sync", "pipelined"):
-            raise ValueError(f"mode must be sync or pipelined, got {self.mode!r}")
-        if self.window < 1:
-            raise ValueError(f"window must be >= 1, got {self.window}")
 
 
 @dataclass

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterator, Sequence
 
-from acespec.engine.records import BonusGuess, Block
+from acespec.engine.records import Block, BonusGuess
 from acespec.engine.stats import RunStats
 
 DEFAULT_ACCEPT = 0.7  # acceptance assumed before any verdict

@@ -15,16 +15,13 @@ trip, the uplink's rate and the uplink bytes a draft token costs.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
-from acespec.engine.records import InFlight, LinkSample
+from acespec.engine.records import InFlight, LinkSample, LoopConfig
 from acespec.engine.stats import RunStats
 from acespec.engine.transport import Clock, Transport
-
-if TYPE_CHECKING:
-    from acespec.engine.loop import LoopConfig
 
 RTT_WINDOW = 8  # recent round trips the path estimate takes its minimum over
 RATE_WINDOW = 16  # recent blocks the uplink fit uses: a few seconds of verdicts, so it follows a link that changes

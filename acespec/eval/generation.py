@@ -10,14 +10,11 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from acespec.eval import mathgen
+from acespec.eval.config import EvalConfig
 from acespec.eval.datasets import Item
 from acespec.verify import RULES, RuleSpec
-
-if TYPE_CHECKING:
-    from acespec.eval.runner import EvalConfig
 
 THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from acespec.eval.generation import run_generation
-from acespec.eval.runner import Harness, Job, load_pair, progress_bar, seed_for
+from acespec.eval.harness import Harness, Job, load_pair, progress_bar, seed_for
 from acespec.models.base import Model, ModelError, check_compatible
 
 

@@ -47,7 +47,7 @@ import time
 from pathlib import Path
 
 from acespec.eval.generation import Generation, segments
-from acespec.eval.runner import Harness, Job, progress_bar, seed_for
+from acespec.eval.harness import Harness, Job, progress_bar, seed_for
 from acespec.models.base import ModelError
 from acespec.models.hf import TOKENIZER_FILES
 
