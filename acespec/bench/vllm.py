@@ -33,7 +33,9 @@ from pathlib import Path
 
 import numpy as np
 
-from acespec.bench.tenants import K, MODES, _line, never_slower, run_edges, wan_port
+from acespec.bench.edges import MODES, _ints, _modes, bundled_traces, run_edges, wan_port
+from acespec.bench.replay_edge import K
+from acespec.bench.tenants_report import _line, never_slower
 
 
 def _traces(prompts: dict[str, list[int]], outputs: dict[str, list[int]], seed: int, p_right: float = 0.7):
@@ -97,7 +99,6 @@ def cmd_tenants_vllm(args) -> int:
     import contextlib
 
     from acespec.argtypes import parse_rtts
-    from acespec.bench.tenants import _ints, _modes
     from acespec.cloud.engine import make_engine
     from acespec.cloud.server import CloudServerThread, ServerConfig
 
@@ -118,8 +119,6 @@ def cmd_tenants_vllm(args) -> int:
     if args.target is None:  # the tiny model has no tokenizer: random prompts
         prompts = {f"p{i}": [int(t) for t in rng.integers(0, V, int(rng.integers(20, 60)))] for i in range(n_prompts)}
     else:  # a real target (the exported default one): the recorded traces' chat prompts, not random ids that end at once
-        from acespec.bench.tenants import bundled_traces
-
         recorded = bundled_traces(args.traces).prompts
         if any(t >= V for tr in recorded for t in tr.prompt_tokens):
             raise ValueError(f"--traces {args.traces}: its prompts hold ids past this target's vocabulary ({V})")

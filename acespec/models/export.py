@@ -21,9 +21,9 @@ DTYPES = ("bfloat16", "float16", "float32")
 
 def gguf_tokenizer_fingerprint(path: Path) -> str:
     """The fingerprint llama.cpp gives the GGUF's vocabulary (no weights are loaded)."""
-    from acespec.models.llama import gguf_fingerprint
-
     import llama_cpp
+
+    from acespec.models.llama import gguf_fingerprint
 
     llm = llama_cpp.Llama(str(path), vocab_only=True, verbose=False)
     try:

@@ -14,7 +14,6 @@ import numpy as np
 
 from acespec.models.base import Model, ModelError, Tokenizer, vocab_fingerprint
 
-
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
 
 

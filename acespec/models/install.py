@@ -21,21 +21,20 @@ import zipfile
 from pathlib import Path
 from typing import IO, Iterator, Mapping, Sequence
 
-from acespec.models.registry import (
+from acespec.models.catalog import (
     _CHUNK,
-    _mb,
     _PART_MEMBER,
     ChecksumError,
     DiskFullError,
     ModelEntry,
     PartsMissingError,
+    _mb,
     _partial_path,
     _scratch_prefix,
     get_entry,
     installed_path,
     models_dir,
 )
-
 
 
 def install(
