@@ -25,8 +25,17 @@ import sys
 import time
 
 from acespec.bench import write_result
-from acespec.bench.wan import (BenchConfig, add_cores_arg, caveat, format_table, humaneval_prompts, load_pair, parse_modes,
-                               parse_rtts, run_wan_bench)
+from acespec.bench.wan import (
+    BenchConfig,
+    add_cores_arg,
+    caveat,
+    format_table,
+    humaneval_prompts,
+    load_pair,
+    parse_modes,
+    parse_rtts,
+    run_wan_bench,
+)
 
 VARIANTS: dict[str, dict] = {
     "cloud-only": {"mode": "cloud-only"},
@@ -80,7 +89,7 @@ def check_bars(result: dict, budget_bytes: int) -> list[tuple[str, str, bool | N
     if led:
         worst_rtt, worst = min(led, key=lambda x: x[1])
         out.append(("cloud-led tokens/s >= cloud-only's at every RTT", f"worst {worst:.2f}x (RTT {worst_rtt} ms)", worst >= 1.0))
-    # the ceiling issue's bars: each mode against what the hardware allowed it in this run (bench/ceiling.py)
+    # the ceiling issue's bars: each mode against what the hardware allowed it in this run (sim/ceiling.py)
     for name, want in (("acespec", 0.8), ("cloud-only", 0.9)):
         frac = by[hi].get(name, {}).get("of_ceiling")
         if frac is not None:

@@ -10,15 +10,15 @@ import time
 
 import numpy as np
 
-from acespec.bench.ceiling import against_ceiling, calibrate
 from acespec.bench.replay_edge import EdgeRun, ReplayEdge
 from acespec.engine.stats import draft_timeliness
 from acespec.net.profile import profile_from_args
 from acespec.net.wan import WanProxyThread
+from acespec.sim.ceiling import against_ceiling, calibrate
 from acespec.sim.trace import TraceSet
 
 MODES = ("acespec", "cloud-led", "sync", "cloud-only")
-CEILING_MODE = {"acespec": "pipelined", "cloud-led": "cloud-led", "sync": "sync", "cloud-only": "cloud-only"}  # bench/ceiling.py's
+CEILING_MODE = {"acespec": "pipelined", "cloud-led": "cloud-led", "sync": "sync", "cloud-only": "cloud-only"}  # sim/ceiling.py's
 DEFAULT_TRACES = "humaneval-n16-t64.json"  # bundled with the package (acespec/sim/traces/)
 
 
@@ -54,7 +54,7 @@ def run_edges(port: int, traces, mode: str, n: int, *, model_id: str, vocab: int
     # a session's first verdict waits for its own prompt's prefill: reported apart, as time to first verdict
     first = [r.first_s for r in runs if r.first_s == r.first_s]
     lat = [x for r in runs for x in r.latencies]
-    # per session against its ceiling (bench/ceiling.py), on the passes this cell's own sessions reported
+    # per session against its ceiling (sim/ceiling.py), on the passes this cell's own sessions reported
     # (each a tick shared with the others); cloud-only streams report none, so they have no ceiling here
     cal = calibrate((r.stats for r in runs), rtt_s=rtt_s)
     top, share, _ = against_ceiling([r.stats for r in runs], CEILING_MODE[mode], cal) if cal else (0.0, 0.0, 0)

@@ -37,7 +37,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from acespec.argtypes import pos_int
-from acespec.bench import stop_process, write_result
+from acespec.bench import write_result
+from acespec.bench.children import spawn, stop_process
 from acespec.bench.faults import TEMPERATURE  # the rules whose texts a campaign checks, and their temperatures
 
 HOST = "127.0.0.1"
@@ -98,9 +99,8 @@ class Replica:
         exe = shutil.which("acespec", path=os.path.dirname(sys.executable)) or None
         cmd = [exe] if exe else [sys.executable, "-m", "acespec.cli"]
         tls = ["--tls-cert", self.tls[0], "--tls-key", self.tls[1]] if self.tls else []
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen([*cmd, "serve", "--host", HOST, "--port", str(self.port), "--metrics-port",
-                                          str(self.http_port), *tls, *self.args], stdout=log, stderr=subprocess.STDOUT)
+        self.proc = spawn([*cmd, "serve", "--host", HOST, "--port", str(self.port), "--metrics-port",
+                           str(self.http_port), *tls, *self.args], log=self.log_path)
         deadline = time.monotonic() + timeout
         while not self.ready():
             if self.proc.poll() is not None:
@@ -144,14 +144,7 @@ class Replica:
     def stop(self, timeout: float = 30.0) -> int | None:
         if self.proc is None:
             return None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(30)
-        return self.proc.returncode
+        return stop_process(self.proc, timeout)
 
 
 class Balancer:
@@ -168,8 +161,7 @@ class Balancer:
         if check.returncode != 0:
             raise FleetError(f"haproxy refused its configuration: {check.stdout}{check.stderr}")
         self.log_path = workdir / "haproxy.log"
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen([exe, "-db", "-f", str(self.cfg_path)], stdout=log, stderr=subprocess.STDOUT)
+        self.proc = spawn([exe, "-db", "-f", str(self.cfg_path)], log=self.log_path)
         deadline = time.monotonic() + 10
         while True:
             try:
@@ -181,8 +173,7 @@ class Balancer:
                 time.sleep(0.05)
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            stop_process(self.proc, 10)
+        stop_process(self.proc, 10)
 
 
 def make_certificates(workdir: Path, n: int) -> tuple[str, list[tuple[str, str]]]:

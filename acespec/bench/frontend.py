@@ -34,7 +34,8 @@ import time
 from dataclasses import asdict, dataclass, field
 
 from acespec.argtypes import pos_float, pos_int
-from acespec.bench import stop_process, write_result
+from acespec.bench import write_result
+from acespec.bench.children import spawn, stop_process, wait_for_line
 
 HOST = "127.0.0.1"
 VARIANTS = {  # name -> `acespec serve` arguments
@@ -281,13 +282,9 @@ def run_frontend(cfg: FrontendConfig, log=print, serve_args: tuple[str, ...] = (
         cmd = ["taskset", "-c", str(cfg.server_cpu), *cmd]
         others = os.sched_getaffinity(0) - {cfg.server_cpu}
         os.sched_setaffinity(0, others)
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    proc = spawn(cmd)
     try:
-        line = proc.stdout.readline()
-        if "listening on" not in line:
-            raise OSError(f"acespec serve did not start: {line!r}")
-        port = int(line.split("listening on ")[1].split()[0].rsplit(":", 1)[1])
-        proc.stdout.close()  # nothing more is read from it; the server prints little after its start
+        port = int(wait_for_line(proc, r"listening on \S+:(\d+)", 120, "acespec serve").group(1))
         try:
             import resource
 

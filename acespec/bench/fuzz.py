@@ -24,13 +24,13 @@ from __future__ import annotations
 import argparse
 import random
 import socket
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass
 
 from acespec.argtypes import pos_int
-from acespec.bench import stop_process, write_result
+from acespec.bench import write_result
+from acespec.bench.children import spawn, stop_process, wait_for_line
 
 HOST = "127.0.0.1"
 
@@ -178,10 +178,9 @@ def fuzz_server(n: int, batch: int, rng: random.Random, res: FuzzResult, target:
     cmd = [sys.executable, "-m", "acespec.cli", "serve", "--target", target, "--port", "0", "--max-sessions", "256",
            "--frame-timeout", str(frame_timeout), "--handshake-timeout", "5", "--resume-grace", "0.2", "--idle-timeout", "30",
            "--max-connections-per-addr", "256", "--auth-failures-per-min", "0"]
-    srv = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    srv = spawn(cmd)
     try:
-        line = srv.stdout.readline()
-        port = int(line.split("listening on ")[1].split()[0].rsplit(":", 1)[1])
+        port = int(wait_for_line(srv, r"listening on \S+:(\d+)", 120, "acespec serve").group(1))
         prompt = (3, 1, 4, 1, 5, 9, 2, 6)
 
         def open_session(max_tokens=4000):

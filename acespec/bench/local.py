@@ -41,8 +41,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Sequence
 
-from acespec.bench import write_result
 from acespec.argtypes import pos_int as _pos_int
+from acespec.bench import write_result
 
 NOTE = (
     "note: on a 2-core CPU, verifying k tokens with the target costs about k single steps (compute-bound), "

@@ -93,7 +93,7 @@ def report(result: dict) -> str:
                    f"{r['kv_alloc_mb']:11.1f} {r['capped']:6d} {_share(r.get('of_ceiling')):>9s}")
     out.append("first s: median over sessions of HELLO -> first verdict (cloud-only: first token), prompt prefill "
                "included; p50/p99: blocks sent after it, DRAFT -> VERDICT (cloud-only: gap between later tokens)")
-    out.append("sess/ceil: a session's steady rate over its ceiling (acespec/bench/ceiling.py) on the passes its cell's "
+    out.append("sess/ceil: a session's steady rate over its ceiling (acespec/sim/ceiling.py) on the passes its cell's "
                "sessions reported; cloud-only streams report none")
     if any(r["mode"] == "cloud-led" for r in rows):
         out.append("cloud-led: each cell's server starts from the pricer memory the engine's earlier cells left "

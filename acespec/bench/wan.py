@@ -35,9 +35,9 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Sequence
 
-from acespec.bench import write_result
 from acespec.argtypes import parse_rtts
 from acespec.argtypes import pos_int as _pos_int
+from acespec.bench import write_result
 
 MODES = ("cloud-only", "sync", "pipelined")
 DEFAULT_RTTS = "0,50,100,200"
@@ -295,11 +295,11 @@ def _decode_rate(runs: Sequence[RunRecord]) -> float:
 
 
 def _ceilings(by_rtt: dict, records: Sequence[RunRecord], stats: dict, cfg: BenchConfig) -> None:
-    """Each (RTT, mode)'s ceiling and its steady rate's share of it (bench/ceiling.py), calibrated on
+    """Each (RTT, mode)'s ceiling and its steady rate's share of it (sim/ceiling.py), calibrated on
     every run at that RTT: their passes pooled, each run held to its own acceptance and round trip. The
     share is of the steady rate (after the first commit): the ceiling is a stream's steady rate, and the
     prompt's prefill is the same cloud work in every mode."""
-    from acespec.bench.ceiling import against_ceiling, calibrate
+    from acespec.sim.ceiling import against_ceiling, calibrate
 
     for rtt in cfg.rtts:
         runs = [r for r in records if r.rtt_ms == rtt and id(r) in stats]

@@ -92,9 +92,9 @@ def run_grid(traces: Sequence[PromptTrace], devices: Sequence[DeviceProfile], rt
 
 
 def _ceilings(by_mode: dict, runs: dict, rtt_s: float) -> None:
-    """Each row's ceiling (bench/ceiling.py), calibrated on the simulated passes of every mode at this
+    """Each row's ceiling (sim/ceiling.py), calibrated on the simulated passes of every mode at this
     device and RTT, as the live benchmarks calibrate on theirs: the simulator prints the same share."""
-    from acespec.bench.ceiling import MODES, against_ceiling, calibrate
+    from acespec.sim.ceiling import MODES, against_ceiling, calibrate
 
     cal = calibrate((r.stats for _, res in runs.values() for r in res), rtt_s=rtt_s)
     for mode, (edge_mode, res) in runs.items():
