@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import re
 import shutil
 import signal
 import socket
@@ -39,7 +40,16 @@ from pathlib import Path
 from acespec.argtypes import pos_int
 from acespec.bench import write_result
 from acespec.bench.children import spawn, stop_process
-from acespec.bench.faults import TEMPERATURE  # the rules whose texts a campaign checks, and their temperatures
+from acespec.bench.faults import (
+    TEMPERATURE,  # the rules whose texts a campaign checks, and their temperatures
+    FaultsConfig,
+    _Campaign,
+    lossless_rules,
+)
+from acespec.edge.client import ConnectConfig
+from acespec.edge.runtime import EdgeConfig, run_edge
+from acespec.net import WanProfile, WanProxyThread
+from acespec.tls import client_context
 
 HOST = "127.0.0.1"
 class FleetError(OSError):
@@ -122,8 +132,6 @@ class Replica:
 
     def live_sessions(self) -> int:
         """Sessions with a connection now (its /metrics), 0 if it does not answer."""
-        import re
-
         try:
             text = urllib.request.urlopen(f"http://{HOST}:{self.http_port}/metrics", timeout=5).read().decode()
         except OSError:
@@ -234,8 +242,6 @@ class RuleOutcome:
 
 class _Run:
     def __init__(self, cfg: FleetConfig) -> None:
-        from acespec.bench.faults import FaultsConfig, _Campaign
-
         self.cfg = cfg
         # the fault campaign's references (the target alone), prompts and drafters, on this config's models
         self.camp = _Campaign(FaultsConfig(target=cfg.target, draft=cfg.draft, max_tokens=cfg.max_tokens, seed=cfg.seed))
@@ -243,9 +249,6 @@ class _Run:
         self.lock = threading.Lock()
 
     def rule(self, rule: str, log) -> RuleOutcome:
-        from acespec.net import WanProfile, WanProxyThread
-        from acespec.tls import client_context
-
         cfg = self.cfg
         out = RuleOutcome(rule)
         t0 = time.perf_counter()
@@ -330,9 +333,6 @@ class _Run:
                 pass
 
     def _generate(self, rule, port, tls, prompt, seed, out: RuleOutcome) -> None:
-        from acespec.edge.client import ConnectConfig
-        from acespec.edge.runtime import EdgeConfig, run_edge
-
         cfg = self.cfg
         ref = self.camp.reference(prompt, rule, seed)
         drafter = self.camp.drafter()
@@ -403,8 +403,6 @@ def add_parser(bench_subparsers: argparse._SubParsersAction) -> argparse.Argumen
 
 
 def cmd_bench_fleet(args: argparse.Namespace) -> int:
-    from acespec.bench.faults import lossless_rules
-
     rules = lossless_rules(args.rules)
     if args.replicas < 2:
         raise ValueError("--replicas must be at least 2 (one is killed, another drained)")

@@ -26,13 +26,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
+import json
 import os
 import random
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 
+from acespec import wire
 from acespec.argtypes import pos_float, pos_int
 from acespec.bench import write_result
 from acespec.bench.children import spawn, stop_process, wait_for_line
@@ -124,8 +128,6 @@ class _Edge:
 
 
 async def _open(port: int, i: int, cfg: FrontendConfig, model_id: str) -> _Edge:
-    from acespec import wire
-
     reader, writer = await asyncio.open_connection(HOST, port)
     prompt = tuple(1 + (i + j) % 60 for j in range(cfg.prompt_len))
     writer.write(wire.encode(wire.Hello(model_id=model_id, max_tokens=4096, prompt=prompt, auth=b"", temperature=0.0,
@@ -144,8 +146,6 @@ async def _open(port: int, i: int, cfg: FrontendConfig, model_id: str) -> _Edge:
 
 
 async def _reader(e: _Edge, lat: list, errors: list) -> None:
-    from acespec import wire
-
     while True:
         try:
             data = await e.reader.read(65536)
@@ -165,8 +165,6 @@ async def _reader(e: _Edge, lat: list, errors: list) -> None:
 
 
 async def _measure(port: int, cfg: FrontendConfig, pid: int, log) -> FrontendResult:
-    from acespec import wire
-
     model_id = f"toy:vocab={64}"
     res = FrontendResult(config=asdict(cfg))
     res.rss_idle_mib = _rss_mib(pid)
@@ -191,7 +189,6 @@ async def _measure(port: int, cfg: FrontendConfig, pid: int, log) -> FrontendRes
 
     # the load generator's own heap (10,000 connections and their tasks) must not pause it for a
     # full garbage collection mid-measurement: its pauses would be counted as the server's latency
-    import gc
 
     gc.collect()
     gc.freeze()
@@ -334,8 +331,6 @@ def cmd_bench_frontend(args: argparse.Namespace) -> int:
         res.variant = v
         results.append(asdict(res))
     else:  # each in a fresh load generator too: its heap after one variant would slow the next one's edges
-        import json
-        import tempfile
 
         for v in variants:
             with tempfile.TemporaryDirectory() as tmp:

@@ -28,6 +28,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 
+from acespec import wire
 from acespec.argtypes import pos_int
 from acespec.bench import write_result
 from acespec.bench.children import spawn, stop_process, wait_for_line
@@ -37,8 +38,6 @@ HOST = "127.0.0.1"
 
 def sample_frames(rng: random.Random, vocab: int = 64) -> list:
     """One valid frame of every type, with random fields."""
-    from acespec import wire
-
     toks = tuple(rng.randrange(vocab) for _ in range(rng.randrange(0, 8)))
     return [
         wire.Hello(model_id=f"toy:vocab={vocab}", max_tokens=rng.randrange(1, 64), prompt=toks or (1,), rule="coupled",
@@ -99,8 +98,6 @@ class FuzzResult:
 
 
 def fuzz_decoder(n: int, rng: random.Random, res: FuzzResult) -> None:
-    from acespec import wire
-
     examples = []
     pool = [wire.encode(f) for f in sample_frames(rng)]
     for i in range(n):
@@ -145,8 +142,6 @@ def _rss_kb(pid: int) -> int:
 
 def _recv_until(sock: socket.socket, dec, want, deadline: float):
     """Frames until one satisfies `want` (returned), the connection ends ("closed"), or the deadline ("hang")."""
-    from acespec import wire
-
     while True:
         left = deadline - time.monotonic()
         if left <= 0:
@@ -172,8 +167,6 @@ def _recv_until(sock: socket.socket, dec, want, deadline: float):
 
 
 def fuzz_server(n: int, batch: int, rng: random.Random, res: FuzzResult, target: str, frame_timeout: float) -> None:
-    from acespec import wire
-
     vocab = 64
     cmd = [sys.executable, "-m", "acespec.cli", "serve", "--target", target, "--port", "0", "--max-sessions", "256",
            "--frame-timeout", str(frame_timeout), "--handshake-timeout", "5", "--resume-grace", "0.2", "--idle-timeout", "30",

@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass, field
 from acespec.argtypes import pos_float, pos_int
 from acespec.bench import write_result
 from acespec.bench.children import ChildProcesses, wait_for_line
+from acespec.bench.fleet import free_port
 
 HOST = "127.0.0.1"
 NASTY_STRINGS = ["", "\ud800", "a\x00b", "x" * 100_000, "🙂" * 1000, "null", "-1", "1e400", " ", "\n" * 50]
@@ -267,8 +268,6 @@ def run_fuzz_http(n: int, threads: int = 8, seed: int = 0, timeout: float = 30.0
     exe = [sys.executable, "-m", "acespec.cli"]
     kids = ChildProcesses()
     try:
-        from acespec.bench.fleet import free_port
-
         cloud_port = free_port()
         cloud = kids.start([*exe, "serve", "--target", target, "--port", str(cloud_port), "--metrics-port", "0",
                             "--max-sessions", "64"])

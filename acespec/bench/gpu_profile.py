@@ -27,11 +27,17 @@ the recovering paths run.
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import platform
 import statistics
 import sys
 import time
+import types
+
+from acespec.cloud.vllm_plugin import apply_rules
+from acespec.models.synthetic import random_qwen2
+from acespec.verify import RuleSpec
 
 BATCHES = (1, 2, 4, 8, 16, 32, 64)  # sessions in one pass
 NEW_TOKENS = (1, 2, 3, 5, 9)  # T = K + 1 for K = 0, 1, 2, 4, 8
@@ -40,8 +46,6 @@ NEW_TOKENS = (1, 2, 3, 5, 9)  # T = K + 1 for K = 0, 1, 2, 4, 8
 def _cache_kw(model) -> str:
     """The forward argument that takes the KV cache: transformers 5 renamed `past_key_values` to `cache`,
     and the GPU image may have either."""
-    import inspect
-
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
@@ -49,8 +53,6 @@ def measure(shape: str, *, device: str, dtype: str, prefix: int = 256, reps: int
             batches=BATCHES, new_tokens=NEW_TOKENS, say=print) -> dict:
     import torch
     from transformers import DynamicCache
-
-    from acespec.models.synthetic import random_qwen2
 
     model = random_qwen2(shape, dtype=dtype, device=device, head_scale=1.0)
     V = model.config.vocab_size
@@ -105,14 +107,8 @@ def study_cell(shape: str, *, device: str, dtype: str, rules: list[str], batch: 
     """One speculative step of `batch` sessions x `k` drafts under each rule: the target's pass over k + 1
     new tokens per session, and the rejection sampling of its rows under the rule (seconds, medians of
     `reps`, interleaved), with each rule's step as a multiple of the reference strict sampler's."""
-    import types
-
     import torch
     from transformers import DynamicCache
-
-    from acespec.cloud.vllm_plugin import apply_rules
-    from acespec.models.synthetic import random_qwen2
-    from acespec.verify import RuleSpec
 
     specs = {r: RuleSpec.parse(r) for r in ["strict", *rules]}
     model = random_qwen2(shape, dtype=dtype, device=device)  # a peaked head, as a trained model's rows

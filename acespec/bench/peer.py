@@ -52,6 +52,11 @@ from pathlib import Path
 
 from acespec.argtypes import pos_int
 from acespec.bench import write_result
+from acespec.engine import SpecConfig, generate
+from acespec.engine.local import local_policy
+from acespec.eval.humaneval import load_problems
+from acespec.models import load_model
+from acespec.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET, RegistryError, resolve
 
 TOOLS = ("llama-speculative-simple", "llama-completion")
 BAR = 1.3  # issue 24: AceSpec's best K at least this many times llama.cpp's best, same pair and threads
@@ -247,8 +252,6 @@ def config_name(k: int | str | None) -> str:
 
 def gguf_paths(draft_spec: str, target_spec: str) -> tuple[Path, Path]:
     """The two models' GGUF files: the peer runs llama.cpp models only."""
-    from acespec.models.registry import resolve
-
     out = []
     for flag, spec in (("--draft", draft_spec), ("--target", target_spec)):
         r = resolve(spec)
@@ -259,11 +262,6 @@ def gguf_paths(draft_spec: str, target_spec: str) -> tuple[Path, Path]:
 
 
 def run_bench(cfg: PeerConfig, bins, *, draft_spec: str, target_spec: str, progress=sys.stderr) -> dict:
-    from acespec.engine import SpecConfig, generate
-    from acespec.engine.local import local_policy
-    from acespec.eval.humaneval import load_problems
-    from acespec.models import load_model
-
     paths = gguf_paths(draft_spec, target_spec)
     target = load_model(target_spec, n_ctx=cfg.n_ctx, n_threads=cfg.threads)
     draft = load_model(draft_spec, n_ctx=cfg.n_ctx, n_threads=cfg.threads)
@@ -411,8 +409,6 @@ def draft_depths(text: str) -> tuple[int, ...]:
 
 
 def add_parser(bench_subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    from acespec.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
-
     p = bench_subparsers.add_parser("peer", help="AceSpec against llama.cpp's llama-speculative-simple, side by side")
     p.add_argument("--ks", type=draft_depths, default=(2, 4, 8), help="draft depths for both sides (default 2,4,8)")
     p.add_argument("--n-prompts", type=pos_int, default=4, help="HumanEval code stubs (default 4)")
@@ -429,8 +425,6 @@ def add_parser(bench_subparsers: argparse._SubParsersAction) -> argparse.Argumen
 
 
 def cmd_peer(args: argparse.Namespace) -> int:
-    from acespec.models.registry import RegistryError
-
     cfg = PeerConfig(ks=args.ks, n_prompts=args.n_prompts, max_tokens=args.max_tokens, repeats=args.repeats,
                      threads=args.threads)
     try:

@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass, field
 
 from acespec import wire
+from acespec.engine.follow import FollowConfig, UplinkBackoff
 from acespec.engine.stats import RunStats
 
 LEAD = 12  # cloud-led: tokens the replayed chain runs ahead of the stream
@@ -163,8 +164,6 @@ class ReplayEdge:
         """Cloud-led: follow the stream, keep the replayed chain LEAD tokens ahead of it and upload it as
         it grows; a streamed token the chain got wrong restarts it after that token. While the cloud
         verifies none of its drafts the uplink backs off as the edge's does (`UplinkBackoff`)."""
-        from acespec.engine.follow import FollowConfig, UplinkBackoff
-
         C = s = end = committed  # committed length, the chain's start, its end
         last = self.hello_at
         sent_end, sent_s, sent_at = -1, -1, 0.0  # the uploaded chain: its end, its start, when it went up

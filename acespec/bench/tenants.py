@@ -34,6 +34,8 @@ greedy and coupled, on the batch-invariant engine and on the plain one (one unif
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import sys
 from collections import OrderedDict
@@ -41,7 +43,7 @@ from pathlib import Path
 
 import numpy as np
 
-from acespec.argtypes import pos_int
+from acespec.argtypes import parse_rtts, pos_int
 from acespec.bench.edges import (
     DEFAULT_TRACES,
     MODES,
@@ -54,6 +56,11 @@ from acespec.bench.edges import (
 from acespec.bench.replay_edge import WINDOW, K
 from acespec.bench.tenants_report import _line, plot, report
 from acespec.bench.vllm import cmd_tenants_vllm
+from acespec.cloud.engine import make_engine
+from acespec.cloud.server import CloudServerThread, ServerConfig
+from acespec.engine.verifier import TargetVerifier
+from acespec.models.llama import LlamaCppModel
+from acespec.models.registry import DEFAULT_TARGET, installed_path, resolve
 
 ENGINES = ("batched", "serial")
 
@@ -61,9 +68,6 @@ ENGINES = ("batched", "serial")
 def _target(engine: str, n_slots: int, n_ctx: int):
     """The default target as each engine runs it: `batched` (exact: one KV stream per session),
     `shared` (one unified KV cache, one pass for every session), `serial` (one sequence)."""
-    from acespec.models.llama import LlamaCppModel
-    from acespec.models.registry import DEFAULT_TARGET, installed_path, resolve
-
     path = installed_path(DEFAULT_TARGET) or resolve(DEFAULT_TARGET, auto_install=True).path
     if engine == "serial":
         return LlamaCppModel(path, n_ctx=n_ctx, name=DEFAULT_TARGET)
@@ -79,9 +83,6 @@ def run_cell(engine, traces, mode: str, n: int, *, cap_s: float = 120.0, max_tok
     5 Mbit/s up, 20 down), as `bench wan` does; 0 is loopback. `lead_memory`: the cloud-led pricer's
     memory (`CloudServer.lead_memory`) to start from and add to, as a server that ran the cells before
     this one would hold it."""
-    import contextlib
-
-    from acespec.cloud.server import CloudServerThread, ServerConfig
     target = engine.target
     # every replay edge connects from 127.0.0.1: lift the per-address connection limit past N
     cfg = ServerConfig(port=0, max_sessions=max(n, 1), max_new_tokens=max_tokens, idle_timeout_s=cap_s + 60,
@@ -107,10 +108,6 @@ class _RowLog:
         self.rows: dict[tuple, list[str]] = {}
 
     def __enter__(self) -> "_RowLog":
-        import hashlib
-
-        from acespec.engine.verifier import TargetVerifier
-
         self._cls, self._real = TargetVerifier, TargetVerifier.finish
         real, rows = self._real, self.rows
 
@@ -128,8 +125,6 @@ class _RowLog:
 
 def invariance(model, traces, n: int, *, max_tokens: int, draft_s: float, cap_s: float, slots: int) -> list[dict]:
     """Each of n sessions alone, then all n at once, greedy and coupled: tokens, and target rows, that differ."""
-    from acespec.cloud.engine import make_engine
-
     rows = []
     for rule, temp in (("greedy", 0.0), ("coupled", 0.8)):
         alone = {}
@@ -197,9 +192,6 @@ def add_parser(sub) -> None:
 
 
 def cmd_tenants(args) -> int:
-    from acespec.argtypes import parse_rtts
-    from acespec.cloud.engine import make_engine
-
     if args.engine == "vllm":
         if args.temperature:
             raise ValueError("--temperature is not yet available with --engine vllm (its replayed edges are greedy)")

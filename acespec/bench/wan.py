@@ -38,6 +38,17 @@ from typing import Sequence
 from acespec.argtypes import parse_rtts
 from acespec.argtypes import pos_int as _pos_int
 from acespec.bench import write_result
+from acespec.cloud.engine import make_engine
+from acespec.cloud.server import CloudServerThread, ServerConfig
+from acespec.edge.client import ConnectConfig, EdgeError
+from acespec.edge.runtime import EdgeConfig, run_edge
+from acespec.eval.datasets import load_items
+from acespec.models import load_model
+from acespec.models.base import check_compatible
+from acespec.models.llama import on_cpus, split_cpus, split_threads
+from acespec.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET, resolve
+from acespec.net import PROFILES, WanProxyThread, profile_from_args
+from acespec.sim.ceiling import against_ceiling, calibrate
 
 MODES = ("cloud-only", "sync", "pipelined")
 DEFAULT_RTTS = "0,50,100,200"
@@ -58,8 +69,6 @@ SPLIT_CAVEAT = (
 
 
 def caveat(cores: str) -> str:
-    from acespec.models.llama import split_threads
-
     if cores == "shared":
         return CAVEAT
     edge, cloud = split_threads(cores)
@@ -68,10 +77,6 @@ def caveat(cores: str) -> str:
 
 def load_pair(draft_spec: str, target_spec: str, *, n_ctx: int, cores: str = "shared", draft_slots: int = 1):
     """(drafter, target) for a benchmark, with threads per --cores (llama.cpp models only)."""
-    from acespec.models import load_model
-    from acespec.models.llama import split_threads
-    from acespec.models.registry import resolve
-
     edge, cloud = split_threads(cores)
 
     def opts(spec: str, threads: int | None, slots: int) -> dict:
@@ -103,8 +108,6 @@ def parse_modes(text: str, known: Sequence[str] = MODES) -> list[str]:
 
 def humaneval_prompts(tokenizer, n: int) -> list[tuple[str, list[int]]]:
     """The first `n` HumanEval problems as (task id, chat prompt ids), as the eval harness builds them."""
-    from acespec.eval.datasets import load_items
-
     out = []
     for item in load_items("humaneval", n):
         ids = list(tokenizer.chat_prompt([{"role": "user", "content": item.text}]))
@@ -166,14 +169,6 @@ def run_wan_bench(draft, target, prompts: Sequence[tuple[str, list[int]]], cfg: 
     `draft`, `target`: loaded models sharing a tokenizer. The cloud server and the WAN emulator live for
     the whole call. Works with toy models too (tests)."""
     from tqdm import tqdm
-
-    from acespec.cloud.engine import make_engine
-    from acespec.cloud.server import CloudServerThread, ServerConfig
-    from acespec.edge.client import ConnectConfig, EdgeError
-    from acespec.edge.runtime import EdgeConfig, run_edge
-    from acespec.models.base import check_compatible
-    from acespec.models.llama import on_cpus, split_cpus
-    from acespec.net import WanProxyThread, profile_from_args
 
     check_compatible(draft, target)
     if not prompts:
@@ -299,8 +294,6 @@ def _ceilings(by_rtt: dict, records: Sequence[RunRecord], stats: dict, cfg: Benc
     every run at that RTT: their passes pooled, each run held to its own acceptance and round trip. The
     share is of the steady rate (after the first commit): the ceiling is a stream's steady rate, and the
     prompt's prefill is the same cloud work in every mode."""
-    from acespec.sim.ceiling import against_ceiling, calibrate
-
     for rtt in cfg.rtts:
         runs = [r for r in records if r.rtt_ms == rtt and id(r) in stats]
         cal = calibrate(stats[id(r)] for r in runs)
@@ -435,9 +428,6 @@ def format_table(result: dict) -> str:
 
 def add_parser(bench_subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add `wan` to the `acespec bench` subcommands."""
-    from acespec.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
-    from acespec.net import PROFILES
-
     p = bench_subparsers.add_parser(
         "wan", help="cloud-only vs sync vs pipelined over an emulated WAN, side by side",
         description="Cloud-only, sync and pipelined speculative decoding (greedy) on HumanEval prompts through the "
@@ -485,7 +475,6 @@ def cmd_bench_wan(args: argparse.Namespace) -> int:
         target.close()
     result["elapsed_s"] = round(time.perf_counter() - t0, 2)
     result["cores"], result["caveat"] = args.cores, caveat(args.cores)
-    from acespec.net import profile_from_args
 
     prof = profile_from_args(cfg.profile, rtt=0)
     print(f"acespec bench wan: {args.draft} -> {args.target}, greedy, k={cfg.k}, window={cfg.window}, "

@@ -17,6 +17,7 @@ with the prefix `acespec:`; counters end in `_total` as Prometheus expects.
 from __future__ import annotations
 
 import json
+import sys
 import threading
 import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -153,7 +154,6 @@ class _HTTPServer(ThreadingHTTPServer):
 
     def handle_error(self, request, client_address) -> None:
         # a health checker that hangs up after the status line (HAProxy does) is not an error
-        import sys
 
         if isinstance(sys.exc_info()[1], ConnectionError):
             return

@@ -48,8 +48,11 @@ from pathlib import Path
 import numpy as np
 
 from acespec.cloud.engine_api import EngineRefused, EngineSession, EngineStopped, SessionSpec, VerifyEngine
+from acespec.cloud.vllm_board import CONFIG_KEY, BoardShape, SharedBoard
+from acespec.cloud.vllm_plugin import RULE_ARG
 from acespec.engine.verifier import Verdict
 from acespec.models.base import ModelError, Tokenizer
+from acespec.models.hf import TOKENIZER_FILES, HFTokenizer, _IdTokenizer
 from acespec.verify.topk import TopKRuleError, dense_logits, tail_mass_bound, topk_exactness
 
 log = logging.getLogger("acespec.vllm")
@@ -87,8 +90,6 @@ class TargetInfo:
 
 def load_target_info(model_dir: str | Path, n_ctx: int) -> TargetInfo:
     """Read config.json and the tokenizer of a Hugging Face model directory (no weights)."""
-    from acespec.models.hf import TOKENIZER_FILES, HFTokenizer, _IdTokenizer
-
     path = Path(model_dir)
     cfg_file = path / "config.json"
     if not cfg_file.is_file():
@@ -176,8 +177,6 @@ class VllmEngine(VerifyEngine):
         c = self.cfg
         lead = {}
         if c.lead_k > 0:
-            from acespec.cloud.vllm_board import CONFIG_KEY, BoardShape, SharedBoard
-
             self._board = SharedBoard(BoardShape(slots=c.max_sessions, q_topn=c.lead_q_topn))
             lead = dict(
                 speculative_config={"method": "custom_class", "model": "acespec.cloud.vllm_proposer.EdgeDraftProposer",
@@ -404,8 +403,6 @@ class VllmEngine(VerifyEngine):
             sampling = {} if sp.greedy else dict(temperature=sp.temperature,
                                                   seed=(s.spec.seed * 1_000_003 + v.committed) % (1 << 63))
             if not sp.greedy and s.spec.rule.name != "strict":
-                from acespec.cloud.vllm_plugin import RULE_ARG
-
                 sampling["extra_args"] = {RULE_ARG: str(s.spec.rule)}  # decided by AceSpec's plugin in vLLM's sampler
             if not sp.greedy and sp.top_k:
                 sampling["top_k"] = sp.top_k

@@ -49,11 +49,16 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
+from dataclasses import replace
 from typing import Sequence
 
 import numpy as np
 
+from acespec.cloud import vllm_proposer
+from acespec.cloud.vllm_board import prompt_key
 from acespec.cloud.vllm_guard import NET_WIN_ARG, PLACEHOLDER, GuardedRequests, net_win_of
+from acespec.cloud.vllm_proposer import ensure_expand_is_right
 from acespec.verify import RULES, RuleSpec
 from acespec.verify.relaxed import ROW_LAWS
 from acespec.verify.rules import RuleSpecError
@@ -115,8 +120,6 @@ def register() -> None:
 
 def _rebind(old, new) -> None:
     """Point every loaded module's reference to `old` (`from m import f` copies) at `new`."""
-    import sys
-
     for module in list(sys.modules.values()):
         namespace = getattr(module, "__dict__", None)
         if not namespace or not getattr(module, "__name__", "").startswith("vllm"):
@@ -197,8 +200,6 @@ class AceSpecRules(_Base):  # type: ignore[misc,valid-type]
             return None
         k = self._keys.get((i, length))
         if k is None:
-            from acespec.cloud.vllm_board import prompt_key
-
             k = self._keys[(i, length)] = prompt_key(prompt[:length])
         return k
 
@@ -243,7 +244,6 @@ class AceSpecRules(_Base):  # type: ignore[misc,valid-type]
             # the custom_class proposer repairs it at start; with any other method (draft_model, ngram) it is
             # repaired here, before the first step a rule decides (this runs before that step samples), and
             # not before, so an engine where no request asks for a rule stays vLLM's, bit for bit
-            from acespec.cloud.vllm_proposer import ensure_expand_is_right
 
             ensure_expand_is_right()
             self._check_expand = False
@@ -446,8 +446,6 @@ def _filtered_rows(support: dict, reqs: list[int], req_of_row, rows, x, target_l
 def _metadata_for(sampling_metadata, reqs: list[int]):
     """`sampling_metadata` for the requests `reqs` only (renumbered 0..), in the fields vLLM's
     `rejection_sample` reads: temperature, all_greedy / all_random and the seeded generators."""
-    from dataclasses import replace
-
     import torch
 
     gens = {j: sampling_metadata.generators[i] for j, i in enumerate(reqs) if i in sampling_metadata.generators}
@@ -465,8 +463,6 @@ EDGE_Q = {"sent": 0, "one_hot": 0}  # this worker's drafted requests under rules
 def _edge_q(tracker, rules: dict[int, RuleSpec], draft_token_ids, num_draft_tokens) -> dict[int, list]:
     """batch index -> the q rows a cloud-led edge sent with exactly the tokens this request drafted
     (left by the proposer, `vllm_proposer.edge_q`), for the requests whose rule needs q."""
-    from acespec.cloud import vllm_proposer
-
     counts = np.asarray(num_draft_tokens, dtype=np.int64)
     starts = np.cumsum(counts) - counts
     out: dict[int, list] = {}
@@ -527,8 +523,6 @@ def cpu_sampler():
     """vLLM's rejection-sampler module with what a CPU worker sets up first (its kernels and their
     overrides, AceSpec's expand fix), patched by this plugin."""
     from vllm.platforms import current_platform
-
-    from acespec.cloud.vllm_proposer import ensure_expand_is_right
 
     current_platform.import_kernels()
     current_platform.register_triton_kernel_overrides()

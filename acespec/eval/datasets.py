@@ -25,7 +25,7 @@ import random
 from dataclasses import dataclass, field
 from typing import IO, Iterator
 
-from acespec.eval import mathgen
+from acespec.eval import humaneval, mathgen
 
 DATASETS = ("math", "humaneval", "sharegpt")
 
@@ -45,8 +45,6 @@ def load_items(dataset: str, n: int, *, data_seed: int = 0, min_chars: int = 32,
             for p in mathgen.make_problems(n, data_seed)
         ]
     if dataset == "humaneval":
-        from acespec.eval import humaneval
-
         allp = humaneval.load_problems()
         if n > len(allp):
             raise ValueError(f"HumanEval has {len(allp)} problems, {n} requested")

@@ -11,10 +11,13 @@ import dataclasses
 import time
 from dataclasses import dataclass, field
 
-from acespec.eval import mathgen
+from acespec.control.guards import BudgetForcer
+from acespec.engine import SpecConfig, generate
+from acespec.eval import humaneval, mathgen
 from acespec.eval.config import EvalConfig
 from acespec.eval.datasets import Item
 from acespec.verify import RULES, RuleSpec
+from acespec.verify.guards import verify_with_support_filter
 
 THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"
@@ -40,8 +43,6 @@ class SupportFilteredSpec(RuleSpec):
 
     @property
     def info(self):
-        from acespec.verify.guards import verify_with_support_filter
-
         base_spec, min_p, max_rank = self._base, self._min_p, self._max_rank
 
         def fn(draft, q, p, rng, **kw):
@@ -90,8 +91,6 @@ def run_generation(target, draft, ids: list[int], cfg: EvalConfig, rule: RuleSpe
                    force: bool = False) -> Generation:
     """Generate one answer (two segments under budget forcing: `--guard budget`, or `force` for a `+force`
     arm); see `acespec.eval.runner`'s docstring."""
-    from acespec.engine import SpecConfig, generate
-
     tok = target.tokenizer
     # Evaluate the prompt into both KV caches before the clock starts, the same way for every rule: with
     # caches reused across jobs, whichever rule ran first on a prompt would otherwise pay its prefill alone.
@@ -139,8 +138,6 @@ def segments(segment, ids: list[int], cfg: EvalConfig, tok, seed: int, gen: Gene
     (`--guard budget`, or `force` for a `+force` arm), up to the forcing point and then again after the
     end-of-thinking marker (see `acespec.eval.runner`). Sets `gen.forced`, `marker_tokens`, `segments`;
     any engine's generation (`run_generation`, the vLLM harness) goes through it."""
-    from acespec.control.guards import BudgetForcer
-
     if not (cfg.think and (cfg.budget or force)):
         return segment(ids, cfg.max_tokens, seed)
     forcer = BudgetForcer(
@@ -219,8 +216,6 @@ def analyse(item: Item, gen: Generation, tokenizer, cfg: EvalConfig) -> dict:
             rec["pre_answer_tokens"] = t
             rec["post_answer_tokens"] = len(toks) - t
     elif item.kind == "humaneval":
-        from acespec.eval import humaneval
-
         res = humaneval.score(item.payload["problem"], answer_text, mode=cfg.humaneval_mode, timeout=cfg.exec_timeout)
         correct = res.passed
         rec["exec_status"] = res.status

@@ -37,7 +37,16 @@ from typing import Iterable
 
 import numpy as np
 
-from acespec.eval.stats import BootstrapConfig, accuracy_interval, mean_delta_interval, paired_intervals
+from acespec.eval.stats import (
+    BootstrapConfig,
+    accuracy_interval,
+    interval,
+    mean_delta_interval,
+    paired_intervals,
+    pooled_gain,
+    ratio_of_means,
+    resample_indices,
+)
 
 BASELINE = "strict"
 GUARD_SUFFIXES = ("+support", "+netwin", "+force")
@@ -207,8 +216,6 @@ def guard_ablations(records: list[dict], boot: BootstrapConfig | None = None) ->
     """Each guarded arm (`X+support`, `X+netwin`) against its bare rule `X` and strict, on the pairs
     all three share: lambda and gain of both, and how much of X's excess length and of its gain the
     guard keeps (`(lambda_g - 1) / (lambda_x - 1)`, `(gain_g - 1) / (gain_x - 1)`)."""
-    from acespec.eval.stats import interval, pooled_gain, ratio_of_means, resample_indices
-
     boot = boot or BootstrapConfig()
     by_arm: dict[str, dict] = {}
     for r in records:

@@ -40,16 +40,19 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import os
 import queue
 import threading
 import time
 from pathlib import Path
 
+from acespec.cloud.vllm_plugin import RULE_ARG, SUPPORT_ARG, support_arg
 from acespec.eval.generation import Generation, segments
 from acespec.eval.harness import Harness, Job, progress_bar, seed_for
 from acespec.models.base import ModelError
-from acespec.models.hf import TOKENIZER_FILES
+from acespec.models.export import hf_tokenizer_fingerprint
+from acespec.models.hf import TOKENIZER_FILES, HFTokenizer
 
 SETUP_HINT = "run `bash scripts/setup.sh vllm` and run acespec from .venv-vllm"
 
@@ -64,8 +67,6 @@ def require_vllm() -> None:
 def load_tokenizer(target: str, draft: str):
     """The target directory's tokenizer (AceSpec builds the prompts and scores the texts with it), after
     checking that the drafter's vocabulary is the same one."""
-    import json
-
     for role, d in (("--target", target), ("--draft", draft)):
         if not d or not Path(d).is_dir() or not (Path(d) / "config.json").is_file():
             raise ModelError(f"--engine vllm: {role} {d!r} is not a Hugging Face model directory (config.json and "
@@ -75,9 +76,6 @@ def load_tokenizer(target: str, draft: str):
         raise ModelError(f"--engine vllm: {target} has no tokenizer; the harness builds prompts with the target's "
                          "(`acespec models export-hf NAME DIR` writes one with the weights)")
     import transformers
-
-    from acespec.models.export import hf_tokenizer_fingerprint
-    from acespec.models.hf import HFTokenizer
 
     vocab = lambda d: json.loads((Path(d) / "config.json").read_text()).get("vocab_size")  # noqa: E731
     tok = HFTokenizer(transformers.AutoTokenizer.from_pretrained(target), vocab(target))
@@ -173,8 +171,6 @@ class VllmPair:
 
 def rule_args(rule, support: bool, cfg) -> dict:
     """The `extra_args` asking AceSpec's plugin for `rule` (and the support filter)."""
-    from acespec.cloud.vllm_plugin import RULE_ARG, SUPPORT_ARG, support_arg
-
     extra = {RULE_ARG: str(rule)}
     if support:
         extra[SUPPORT_ARG] = support_arg(cfg.min_p, cfg.max_rank)

@@ -12,9 +12,14 @@ vocabulary fingerprint as the GGUF itself, or no GGUF drafter could talk to a cl
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
 
 from acespec.models.base import ModelError
+from acespec.models.hf import HFTokenizer
+from acespec.models.llama import gguf_fingerprint
+from acespec.models.registry import resolve
 
 DTYPES = ("bfloat16", "float16", "float32")
 
@@ -22,8 +27,6 @@ DTYPES = ("bfloat16", "float16", "float32")
 def gguf_tokenizer_fingerprint(path: Path) -> str:
     """The fingerprint llama.cpp gives the GGUF's vocabulary (no weights are loaded)."""
     import llama_cpp
-
-    from acespec.models.llama import gguf_fingerprint
 
     llm = llama_cpp.Llama(str(path), vocab_only=True, verbose=False)
     try:
@@ -34,11 +37,7 @@ def gguf_tokenizer_fingerprint(path: Path) -> str:
 
 def hf_tokenizer_fingerprint(model_dir: Path) -> str:
     """The fingerprint of a Hugging Face directory's tokenizer, over the model's whole vocabulary."""
-    import json
-
     import transformers
-
-    from acespec.models.hf import HFTokenizer
 
     vocab = json.loads((Path(model_dir) / "config.json").read_text()).get("vocab_size")
     return HFTokenizer(transformers.AutoTokenizer.from_pretrained(str(model_dir)), vocab).fingerprint
@@ -48,8 +47,6 @@ def export_hf(spec: str, out_dir: str | Path, *, dtype: str = "bfloat16", weight
     """Write model `spec` (a registry name or .gguf path) to `out_dir` as a Hugging Face directory
     (tokenizer, config, safetensors); returns the fingerprint both share. `weights=False` writes the
     tokenizer alone (seconds, for checking a pairing)."""
-    from acespec.models.registry import resolve
-
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     r = resolve(spec, auto_install=True)
@@ -80,7 +77,6 @@ def export_hf(spec: str, out_dir: str | Path, *, dtype: str = "bfloat16", weight
         raise ModelError(f"export-hf: {e}") from e
     # write beside the target and rename at the end, so a failure leaves no half-written directory
     tmp = out.with_name(f".{out.name}.partial")
-    import shutil
 
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)

@@ -6,6 +6,7 @@ transformers are deferred so the rest of AceSpec works without them.
 
 from __future__ import annotations
 
+import inspect
 import re
 from pathlib import Path
 from typing import Any, Sequence
@@ -65,7 +66,6 @@ class HFModel(Model):
         self._cache = transformers.DynamicCache()
         # transformers 5.x renamed the KV cache argument and output `past_key_values` -> `cache` (the old
         # name warns, and goes away in 5.40); use whichever this model's forward takes
-        import inspect
 
         self._cache_kw = "cache" if "cache" in inspect.signature(self._model.forward).parameters else "past_key_values"
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import ctypes
 import os
 from pathlib import Path
 from typing import Sequence
@@ -78,8 +79,6 @@ def token_piece(llm, token: int, *, special: bool) -> bytes:
     """One token's bytes. llama-cpp-python's own `detokenize` reads pieces into a 32-byte buffer and
     silently drops any longer token (Qwen has hundreds: runs of spaces, dashes and stars that code
     is full of); llama.cpp says how long a piece is when the buffer is short, so ask again at that size."""
-    import ctypes
-
     import llama_cpp
 
     vocab = llm._model.vocab

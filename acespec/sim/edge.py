@@ -18,10 +18,12 @@ mean what they mean there.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
 import numpy as np
 
 from acespec.draft.cache import DRAFTER_SLOTS
 from acespec.draft.chain import ChainDrafter
+from acespec.edge.runtime import MODES, EdgeConfig, build_loop
 from acespec.engine.follow import DrafterJob, FollowConfig, FollowLoop, LeadLink, StepChunk
 from acespec.engine.lead import LeadState
 from acespec.engine.records import Block, LinkSample
@@ -63,8 +65,6 @@ class SimConfig:
     label: str = ""  # name in reports
 
     def __post_init__(self) -> None:
-        from acespec.edge.runtime import MODES
-
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         if self.k < 0 or self.window < 1:
@@ -78,8 +78,6 @@ class SimConfig:
 
     def edge_config(self, max_tokens: int):
         """The live edge's configuration for this mode."""
-        from acespec.edge.runtime import EdgeConfig
-
         return EdgeConfig(mode=self.mode, k=self.k, window=self.window, policy=self.policy, auto_window=self.auto_window,
                           cache=self.cache, branches=self.branches, max_tokens=max_tokens)
 
@@ -241,8 +239,6 @@ class SimEdge:
                                 [int(v.real_id[t]) for t in tokens])
 
     def _speculate(self, t0: float, *, lead: bool = False) -> tuple[RunStats, list[int]]:
-        from acespec.edge.runtime import build_loop
-
         # a drafter call takes the time of whichever simulated thread makes it (the loop's, or a job's)
         model = ReplayModel(self.vocab, "draft", n_slots=DRAFTER_SLOTS,
                             on_eval=lambda sizes: self.k.current.sleep(self.device.draft_call_s(sizes)))

@@ -21,6 +21,7 @@ tokens it verifies, plus the prompt tokens it prefills.
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -232,8 +233,6 @@ def measured_cloud(base: DeviceProfile, path: str, shape: str, *, name: str | No
     `acespec/bench/gpu_profile.py`): t_v(K) of one session from the file, interpolated between the K it
     measured and made non-decreasing. The file's batched table, t(B sessions x T new tokens), stays in
     the file for the capacity simulation."""
-    import json
-
     with open(path) as f:
         d = json.load(f)
     if d.get("format") != "acespec-device-profile":

@@ -12,6 +12,7 @@ import dataclasses
 from typing import Iterable, Sequence
 
 from acespec.net.profile import WanProfile
+from acespec.sim.ceiling import MODES, against_ceiling, calibrate
 from acespec.sim.edge import SimResult, parse_mode, simulate
 from acespec.sim.link import FrameSizer
 from acespec.sim.profiles import DeviceProfile
@@ -94,8 +95,6 @@ def run_grid(traces: Sequence[PromptTrace], devices: Sequence[DeviceProfile], rt
 def _ceilings(by_mode: dict, runs: dict, rtt_s: float) -> None:
     """Each row's ceiling (sim/ceiling.py), calibrated on the simulated passes of every mode at this
     device and RTT, as the live benchmarks calibrate on theirs: the simulator prints the same share."""
-    from acespec.sim.ceiling import MODES, against_ceiling, calibrate
-
     cal = calibrate((r.stats for _, res in runs.values() for r in res), rtt_s=rtt_s)
     for mode, (edge_mode, res) in runs.items():
         top, share, _ = against_ceiling([r.stats for r in res], edge_mode, cal) if cal and edge_mode in MODES else (0, 0, 0)

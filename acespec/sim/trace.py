@@ -47,6 +47,12 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from acespec.draft.chain import ChainDrafter
+from acespec.engine import SpecConfig, generate
+from acespec.engine.verifier import TargetVerifier
+from acespec.eval.datasets import sharegpt_prompts
+from acespec.verify import RuleSpec, SamplingParams, gumbel_noise, probs_from_logits
+
 BUNDLED = resources.files("acespec.sim").joinpath("traces")  # the default pair's recorded traces (package data)
 TRACE_FORMAT = "acespec-sim-trace"
 TRACE_VERSION = 1
@@ -176,8 +182,6 @@ def coupled_acceptance(y: Sequence[int], logits: np.ndarray, *, temperature: flo
     """(a_j, rank_j, top-q_j) of a coupled drafter: row j (absolute position start_pos + j) gives q_j at
     `temperature`, the drafter picks argmax(log q_j + g(seed, start_pos + j)) as a live edge does, and
     rank_j ranks y[j] by those perturbed scores (0: the drafter's pick is y's token)."""
-    from acespec.verify import SamplingParams, gumbel_noise, probs_from_logits
-
     y, rows = _teacher_rows(y, logits)
     if not len(y):
         return [], [], []
@@ -255,8 +259,6 @@ def record_prompt(target, drafter, prompt: Sequence[int], *, max_tokens: int, k:
     one teacher-forced drafter pass over prompt + y.
 
     Returns the trace and {'draft_prefill_s_per_token': ..., 'generate_s': ...} timings of this prompt."""
-    from acespec.engine import SpecConfig, generate
-
     if not temperature >= 0:
         raise ValueError(f"temperature must be >= 0, got {temperature}")
     coupled = temperature > 0
@@ -325,10 +327,6 @@ def measure_timings(target, drafter, context: Sequence[int], *, k_max: int = 8, 
     first verify over the whole context (after a warm-up that pages the weights in). contention_draft / _verify: the
     slowdown of one side while the other computes in a second thread (llama.cpp releases the GIL), as the
     cloud and edge processes do on this 2-core machine."""
-    from acespec.draft.chain import ChainDrafter
-    from acespec.engine.verifier import TargetVerifier
-    from acespec.verify import RuleSpec, SamplingParams
-
     context = [int(t) for t in context]
     if len(context) < 2:
         raise ValueError("need a context of at least 2 tokens to measure timings")
@@ -438,8 +436,6 @@ def dataset_prompts(dataset: str, n: int) -> list[tuple[str, str]]:
     if dataset == "humaneval":
         return humaneval_prompts(n)
     if dataset == "sharegpt":
-        from acespec.eval.datasets import sharegpt_prompts
-
         return [(f"sharegpt/{cid}", text) for cid, text in sharegpt_prompts(n)]
     raise ValueError(f"unknown trace dataset {dataset!r}; choose humaneval or sharegpt")
 
