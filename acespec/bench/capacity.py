@@ -108,10 +108,10 @@ def cmd_bench_capacity(args: argparse.Namespace) -> int:
 
 
 def _plot(rows: list[dict], modes: list[str], path: Path, gpu_name: str) -> None:
-    import matplotlib
+    import matplotlib  # heavy: the eval extra (plots)
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # heavy: the eval extra (plots)
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.2))
     for m in modes:

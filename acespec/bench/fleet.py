@@ -187,7 +187,7 @@ class Balancer:
 def make_certificates(workdir: Path, n: int) -> tuple[str, list[tuple[str, str]]]:
     """A CA and `n` server certificates for SERVER_NAME, each with its own key; returns (CA PEM, [(cert, key)])."""
     try:
-        import trustme
+        import trustme  # heavy: the test extra
     except ImportError:
         raise FleetError("bench fleet makes its TLS certificates with trustme: run scripts/setup.sh dev") from None
     ca = trustme.CA()

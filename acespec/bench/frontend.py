@@ -283,7 +283,7 @@ def run_frontend(cfg: FrontendConfig, log=print, serve_args: tuple[str, ...] = (
     try:
         port = int(wait_for_line(proc, r"listening on \S+:(\d+)", 120, "acespec serve").group(1))
         try:
-            import resource
+            import resource  # heavy: Unix only
 
             soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
             resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, max(soft, n + 1024)), hard))

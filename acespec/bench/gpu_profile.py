@@ -206,7 +206,9 @@ def main(argv=None) -> int:
     if args.cell_batch < 1 or args.cell_k < 1:
         print("gpu_profile: --cell-batch and --cell-k must be at least 1", file=sys.stderr)
         return 2
-    say = lambda s: print(s, flush=True)  # noqa: E731
+    def say(s: str) -> None:
+        print(s, flush=True)
+
     started = time.time()
     profile = {
         "format": "acespec-device-profile", "version": 1, "engine": "transformers (eager, dynamic KV cache)",

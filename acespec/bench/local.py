@@ -121,7 +121,7 @@ def run_local_bench(
 ) -> dict:
     """Run every prompt under every configuration; returns {"configs": [...], "outputs_agree": ...}.
     Works with any pair of loaded models sharing a tokenizer (toy models in the tests)."""
-    from tqdm import tqdm
+    from tqdm import tqdm  # heavy: optional here
 
     check_compatible(draft, target)
     if not prompts:

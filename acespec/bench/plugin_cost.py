@@ -38,7 +38,7 @@ def cmd_plugin_cost(args: argparse.Namespace) -> int:
         print("bench plugin-cost needs vLLM, which this Python lacks: run `bash scripts/setup.sh vllm`, then "
               ".venv-vllm/bin/acespec bench plugin-cost", file=sys.stderr)
         return 2
-    import torch
+    import torch  # heavy: the hf extra
 
     rules = ["strict"] + [r for r in args.rules.split(",") if r.strip()]
     specs = {r: RuleSpec.parse(r) for r in rules}

@@ -230,7 +230,9 @@ def cmd_tenants(args) -> int:
         raise ValueError("--draft-ms must be >= 0")
     n_ctx = max(len(t.prompt_tokens) for t in traces) + args.max_tokens + 2 * K + 16
     n_ctx = (n_ctx + 255) // 256 * 256
-    say = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
+    def say(s: str) -> None:
+        print(s, file=sys.stderr, flush=True)
+
     rows: list[dict] = []
     slots = max(ns + shared_ns + [args.invariance])
     result = {"command": "acespec bench tenants " + " ".join(sys.argv[3:]), "traces": str(path), "draft_s_per_token": draft_s,

@@ -141,10 +141,10 @@ def report(result: dict) -> str:
 
 
 def plot(result: dict, png: str) -> None:
-    import matplotlib
+    import matplotlib  # heavy: the eval extra (plots)
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # heavy: the eval extra (plots)
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
     groups: dict[tuple[str, str], list[dict]] = {}

@@ -101,7 +101,9 @@ def verify_vs_decode(engine, loop, *, prefix: int = 200, k: int = 4, reps: int =
 
 def cmd_tenants_vllm(args) -> int:
     ns, modes, rtts = _ints(args.n), _modes(args.modes), parse_rtts(args.rtt)
-    say = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
+    def say(s: str) -> None:
+        print(s, file=sys.stderr, flush=True)
+
     tmp = None
     target = args.target
     if target is None:

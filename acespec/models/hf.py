@@ -20,8 +20,8 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tok
 
 def _require_hf():
     try:
-        import torch
-        import transformers
+        import torch  # heavy: the hf extra
+        import transformers  # heavy: the hf extra
     except ImportError as e:  # pragma: no cover - depends on the environment
         raise ModelError(
             "the Hugging Face backend needs torch and transformers: pip install 'acespec[hf]'"
@@ -94,7 +94,7 @@ class HFModel(Model):
 
     def _rollback(self, n: int) -> None:
         if n == 0:
-            import transformers
+            import transformers  # heavy: the hf extra
 
             self._cache = transformers.DynamicCache()
         else:

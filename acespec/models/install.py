@@ -268,7 +268,7 @@ def _directory_lock(directory: Path) -> Iterator[None]:
     """Serialise installs into one directory across processes, so two of them never write the same
     `.partial` or delete each other's scratch folders. A no-op where flock is unavailable."""
     try:
-        import fcntl
+        import fcntl  # heavy: Unix only
     except ImportError:
         yield
         return
@@ -304,7 +304,7 @@ class _Progress:
         self._bar = None
         if enabled:
             try:
-                from tqdm import tqdm
+                from tqdm import tqdm  # heavy: optional here
             except ImportError:
                 tqdm = None
             if tqdm is not None:

