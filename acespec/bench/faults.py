@@ -209,7 +209,7 @@ class _Campaign:
                 clouds[-1].stop()
                 clouds.append(CloudServerThread(self._fresh_target(), self.server_config(port)).start())
 
-            def on_tokens(count) -> None:
+            def on_tokens(count, mark=mark, worker=worker) -> None:
                 if mark and count >= mark[0]:
                     mark.pop()
                     t = threading.Thread(target=restart, daemon=True)

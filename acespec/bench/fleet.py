@@ -105,7 +105,7 @@ class Replica:
         self.port, self.http_port = free_port(), free_port()
         self.proc: subprocess.Popen | None = None
 
-    def start(self, timeout: float = 60.0) -> "Replica":
+    def start(self, timeout: float = 60.0) -> Replica:
         exe = shutil.which("acespec", path=os.path.dirname(sys.executable)) or None
         cmd = [exe] if exe else [sys.executable, "-m", "acespec.cli"]
         tls = ["--tls-cert", self.tls[0], "--tls-key", self.tls[1]] if self.tls else []

@@ -149,7 +149,7 @@ def _recv_until(sock: socket.socket, dec, want, deadline: float):
         sock.settimeout(left)
         try:
             data = sock.recv(65536)
-        except socket.timeout:
+        except TimeoutError:
             return "hang", []
         except OSError:
             return "closed", []
@@ -228,7 +228,7 @@ def fuzz_server(n: int, batch: int, rng: random.Random, res: FuzzResult, target:
                 # up to `batch` - 1 valid frames of the session, then one mutated frame (so every mutated
                 # frame reaches the server's decoder), then a PING that says whether it was taken
                 chunk = bytearray()
-                for i in range(rng.randrange(batch)):
+                for _ in range(rng.randrange(batch)):
                     kind = rng.random()
                     if kind < 0.75:
                         frame = wire.Draft(session=w.session, seq=seq, base=committed,
@@ -264,7 +264,7 @@ def fuzz_server(n: int, batch: int, rng: random.Random, res: FuzzResult, target:
                         s.shutdown(socket.SHUT_WR)
                 except OSError:
                     pass  # refused meanwhile: the reply says how
-                how, frames = _recv_until(s, dec, lambda f: isinstance(f, wire.Pong) and f.nonce == nonce,
+                how, frames = _recv_until(s, dec, lambda f, nonce=nonce: isinstance(f, wire.Pong) and f.nonce == nonce,
                                           time.monotonic() + frame_timeout + 10)
                 for f in frames:
                     if isinstance(f, wire.Verdict) and not f.dropped:

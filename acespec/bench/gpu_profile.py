@@ -27,17 +27,11 @@ the recovering paths run.
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import platform
 import statistics
 import sys
 import time
-import types
-
-from acespec.cloud.vllm_plugin import apply_rules
-from acespec.models.synthetic import random_qwen2
-from acespec.verify import RuleSpec
 
 BATCHES = (1, 2, 4, 8, 16, 32, 64)  # sessions in one pass
 NEW_TOKENS = (1, 2, 3, 5, 9)  # T = K + 1 for K = 0, 1, 2, 4, 8
@@ -46,13 +40,17 @@ NEW_TOKENS = (1, 2, 3, 5, 9)  # T = K + 1 for K = 0, 1, 2, 4, 8
 def _cache_kw(model) -> str:
     """The forward argument that takes the KV cache: transformers 5 renamed `past_key_values` to `cache`,
     and the GPU image may have either."""
+    import inspect
+
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 def measure(shape: str, *, device: str, dtype: str, prefix: int = 256, reps: int = 10,
             batches=BATCHES, new_tokens=NEW_TOKENS, say=print) -> dict:
-    import torch
-    from transformers import DynamicCache
+    import torch  # heavy: the hf extra
+    from transformers import DynamicCache  # heavy: the hf extra
+
+    from acespec.models.synthetic import random_qwen2
 
     model = random_qwen2(shape, dtype=dtype, device=device, head_scale=1.0)
     V = model.config.vocab_size
@@ -107,8 +105,14 @@ def study_cell(shape: str, *, device: str, dtype: str, rules: list[str], batch: 
     """One speculative step of `batch` sessions x `k` drafts under each rule: the target's pass over k + 1
     new tokens per session, and the rejection sampling of its rows under the rule (seconds, medians of
     `reps`, interleaved), with each rule's step as a multiple of the reference strict sampler's."""
-    import torch
-    from transformers import DynamicCache
+    import types
+
+    import torch  # heavy: the hf extra
+    from transformers import DynamicCache  # heavy: the hf extra
+
+    from acespec.cloud.vllm_plugin import apply_rules
+    from acespec.models.synthetic import random_qwen2
+    from acespec.verify import RuleSpec
 
     specs = {r: RuleSpec.parse(r) for r in ["strict", *rules]}
     model = random_qwen2(shape, dtype=dtype, device=device)  # a peaked head, as a trained model's rows
@@ -166,7 +170,7 @@ def study_cell(shape: str, *, device: str, dtype: str, rules: list[str], batch: 
     for n in names:
         say(f"  {shape} study cell, B={batch} K={k}: {n:10s} sampler {1e3 * med[n]:8.2f} ms, step {1e3 * step[n]:8.2f} ms "
             f"= {step[n] / step['reference']:.3f}x the reference strict step")
-    del cache
+    cache = None  # drops the KV memory (one_pass, which reads it, is not called again)
     if device.startswith("cuda"):
         torch.cuda.empty_cache()
     return {"batch": batch, "k": k, "prefix_tokens": prefix, "reference": reference, "pass_s": med["pass"],
@@ -188,7 +192,7 @@ def main(argv=None) -> int:
     ap.add_argument("--cell-k", type=int, default=4, help="drafts per session in the study cell's step (default 4)")
     ap.add_argument("--out", required=True, help="the profile file to write (JSON)")
     args = ap.parse_args(argv)
-    import torch
+    import torch  # heavy: the hf extra
 
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         print("gpu_profile: no CUDA device here", file=sys.stderr)

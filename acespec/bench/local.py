@@ -38,8 +38,8 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Sequence
 
 from acespec.argtypes import pos_int as _pos_int
 from acespec.bench import write_result

@@ -107,7 +107,7 @@ class _RowLog:
     def __init__(self) -> None:
         self.rows: dict[tuple, list[str]] = {}
 
-    def __enter__(self) -> "_RowLog":
+    def __enter__(self) -> _RowLog:
         self._cls, self._real = TargetVerifier, TargetVerifier.finish
         real, rows = self._real, self.rows
 

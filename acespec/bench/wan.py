@@ -32,8 +32,8 @@ import argparse
 import contextlib
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Sequence
 
 from acespec.argtypes import parse_rtts
 from acespec.argtypes import pos_int as _pos_int

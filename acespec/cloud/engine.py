@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from typing import Sequence
+from collections.abc import Sequence
 
 from acespec.cloud.batched import BatchConfig, BatchedEngine
 from acespec.cloud.engine_api import (

@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import asyncio
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import numpy as np
 
@@ -84,7 +84,7 @@ class VerifyEngine(ABC):
     async def verify(self, s: EngineSession, seq: int, base: int, tokens: Sequence[int], q: np.ndarray | None) -> Verdict:
         """Verify one draft block (see `TargetVerifier.verify`)."""
 
-    def submit_verify(self, s: EngineSession, seq: int, base: int, tokens: Sequence[int], q: np.ndarray | None) -> "asyncio.Future[Verdict]":
+    def submit_verify(self, s: EngineSession, seq: int, base: int, tokens: Sequence[int], q: np.ndarray | None) -> asyncio.Future[Verdict]:
         """`verify`, started now, as a future: the server submits each block the moment it arrives (in
         arrival order) and awaits the verdicts in order elsewhere. An engine that queues work itself
         returns its own future and spares a task per block (a front end's cost at thousands of edges)."""

@@ -123,7 +123,7 @@ class _Handler(BaseHTTPRequestHandler):
             ready, reason = self.cloud.readiness()
             self._json(200 if ready else 503, {"ready": ready, "reason": reason})
         else:
-            self._json(404, {"error": f"no such path; try /metrics, /health or /ready"})
+            self._json(404, {"error": "no such path; try /metrics, /health or /ready"})
 
     do_HEAD = do_GET
 

@@ -39,7 +39,15 @@ import numpy as np
 
 from acespec import wire
 from acespec.cloud.auth import Gatekeeper
-from acespec.cloud.engine import EngineBusy, EngineRefused, EngineSession, EngineStopped, SessionSpec, VerifyEngine, make_engine
+from acespec.cloud.engine import (
+    EngineBusy,
+    EngineRefused,
+    EngineSession,
+    EngineStopped,
+    SessionSpec,
+    VerifyEngine,
+    make_engine,
+)
 from acespec.control.lead import LeadConfig, LeadMemory
 from acespec.engine.lead import LeadState
 from acespec.engine.verifier import TargetVerifier

@@ -38,9 +38,9 @@ parents[i] = i.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from multiprocessing import shared_memory
-from typing import Sequence
 
 import numpy as np
 
@@ -190,7 +190,7 @@ class QRows:
     """The q rows of one draft on the board, read from shared memory when indexed (only the rows a
     proposal uses are read); check `BoardReader.still` after reading."""
 
-    def __init__(self, reader: "BoardReader", slot: int, draft: int) -> None:
+    def __init__(self, reader: BoardReader, slot: int, draft: int) -> None:
         self.reader, self.slot, self.draft = reader, slot, draft
 
     def __getitem__(self, token: int) -> tuple[tuple[int, float], ...]:

@@ -329,7 +329,7 @@ class VllmEngine(VerifyEngine):
         async def __aexit__(self, *exc) -> None:
             self.s.lock.release()
 
-    def _turn(self, s: _Session) -> "_Turn":
+    def _turn(self, s: _Session) -> _Turn:
         if self._llm is None:
             raise EngineStopped("the vLLM engine is not running")
         return self._Turn(s)

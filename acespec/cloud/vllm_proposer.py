@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -42,7 +42,7 @@ log = logging.getLogger("acespec.vllm.proposer")
 # sparse q rows, slot). Replaced on every propose call (a proposal is verified by the step right after
 # it), read by the plugin
 edge_q: dict[tuple[int, int], tuple[tuple[int, ...], list, int]] = {}
-_reader: "BoardReader | None" = None  # this worker's board, for the plugin's q_used count
+_reader: BoardReader | None = None  # this worker's board, for the plugin's q_used count
 
 
 def q_used(slot: int) -> None:

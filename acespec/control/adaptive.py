@@ -153,8 +153,8 @@ tokens are the likely rejections and the drafter stops sooner. The loop reads th
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 

@@ -42,8 +42,17 @@ from acespec.draft.prediction import prediction_usage
 from acespec.edge.client import EdgeError
 from acespec.edge.metrics import EdgeMetrics
 from acespec.edge.service import (
-    MAX_STOP, ApiError, Done, DrafterPool, GenRequest, Generation, ServeConfig, TextAssembler,
-    edge_config_for, edge_error_to_api, new_seed,
+    MAX_STOP,
+    ApiError,
+    Done,
+    DrafterPool,
+    Generation,
+    GenRequest,
+    ServeConfig,
+    TextAssembler,
+    edge_config_for,
+    edge_error_to_api,
+    new_seed,
 )
 from acespec.engine.loop import Round
 from acespec.models.base import Model, ModelError
@@ -492,7 +501,7 @@ class EdgeApiThread:
     def url(self) -> str:
         return f"http://{self.svc.cfg.host}:{self.port}"
 
-    def start(self, timeout_s: float = 30.0) -> "EdgeApiThread":
+    def start(self, timeout_s: float = 30.0) -> EdgeApiThread:
         self._thread.start()
         deadline = time.monotonic() + timeout_s
         while not self.server.started:
@@ -506,7 +515,7 @@ class EdgeApiThread:
         self.server.should_exit = True
         self._thread.join(30)
 
-    def __enter__(self) -> "EdgeApiThread":
+    def __enter__(self) -> EdgeApiThread:
         return self.start()
 
     def __exit__(self, *exc) -> None:

@@ -33,8 +33,8 @@ import socket
 import ssl
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 import numpy as np
 
@@ -66,13 +66,13 @@ class ConnectConfig:
     backoff_max_s: float = 2.0  # longest retry delay
     busy_retry_s: float = 60.0  # keep retrying a cloud that answers BUSY for this long (does not use up attempts)
     recover: bool = True  # if the cloud lost the session (restart, expiry), open a new one that carries the committed text
-    tls: "ssl.SSLContext | None" = None  # TLS to the cloud (see tls.py); None = plain TCP
+    tls: ssl.SSLContext | None = None  # TLS to the cloud (see tls.py); None = plain TCP
     tls_server_name: str | None = None  # name to check the cloud's certificate against (default: host)
     limits: wire.Limits = field(default_factory=wire.Limits)  # what we accept from the cloud
     replicas: tuple[tuple[str, int], ...] = ()  # more cloud addresses (a fleet) besides host:port; see the module doc
     failover_after: int = 2  # in a fleet: failed RESUME attempts on the session's own replica before reopening elsewhere
 
-    def fleet(self) -> list["Replica"]:
+    def fleet(self) -> list[Replica]:
         """Every address to try: host:port and the replicas, each name expanded to every address it
         resolves to (a name that does not resolve is kept: connecting to it reports the error)."""
         out: list[Replica] = []
@@ -146,7 +146,7 @@ class _Link:
                 self._flush()
                 data = self.sock.recv(65536)  # bounded by connect_timeout_s
                 if not data:
-                    raise ConnectionError("the cloud closed the connection during the TLS handshake")
+                    raise ConnectionError("the cloud closed the connection during the TLS handshake") from None
                 self._bio_in.write(data)
 
     def _flush(self) -> None:

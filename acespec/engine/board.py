@@ -12,8 +12,8 @@ Pure bookkeeping (no model, no I/O), shared by every engine and by the simulator
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 SparseRow = tuple[tuple[int, float], ...]  # the wire's sparse q row: (token, prob) pairs
 

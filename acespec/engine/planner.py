@@ -8,8 +8,8 @@ scheduler cannot: is a pre-draft step worth more than drafting the next block ah
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Iterator, Sequence
 
 from acespec.engine.records import Block, BonusGuess
 from acespec.engine.stats import RunStats

@@ -15,7 +15,7 @@ trip, the uplink's rate and the uplink bytes a draft token costs.
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 

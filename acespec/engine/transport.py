@@ -21,7 +21,7 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 from collections import deque
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from acespec.engine.records import Block, Disconnected, LinkSample
 from acespec.engine.verifier import TargetVerifier, Verdict

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable
 
 from acespec.eval.datasets import DATASETS
 from acespec.verify import RuleSpec, RuleSpecError
@@ -110,7 +110,7 @@ class EvalConfig:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict) -> "EvalConfig":
+    def from_dict(cls, d: dict) -> EvalConfig:
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in names})
 

@@ -22,8 +22,9 @@ from __future__ import annotations
 import codecs
 import json
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import IO, Iterator
+from typing import IO
 
 from acespec.eval import humaneval, mathgen
 

@@ -57,8 +57,8 @@ line of an interrupted write is ignored and overwritten).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from acespec.eval.config import (  # re-exported in __all__: the harness's public names
     ABLATIONS,

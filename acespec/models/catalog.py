@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Mapping, Sequence
+from typing import Literal
 
 MODELS_DIR_ENV = "ACESPEC_MODELS_DIR"
 GGUF_MAGIC = b"GGUF"

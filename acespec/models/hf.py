@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import inspect
 import re
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -70,7 +71,7 @@ class HFModel(Model):
         self._cache_kw = "cache" if "cache" in inspect.signature(self._model.forward).parameters else "past_key_values"
 
     @classmethod
-    def load(cls, path_or_id: str | Path, *, device: str | None = None, dtype: str = "auto") -> "HFModel":
+    def load(cls, path_or_id: str | Path, *, device: str | None = None, dtype: str = "auto") -> HFModel:
         torch, transformers = _require_hf()
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         local = Path(str(path_or_id))

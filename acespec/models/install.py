@@ -18,8 +18,9 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import IO, Iterator, Mapping, Sequence
+from typing import IO
 
 from acespec.models.catalog import (
     _CHUNK,

@@ -12,8 +12,8 @@ import collections
 import contextlib
 import ctypes
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 

@@ -44,7 +44,7 @@ class WanProfile:
     loss_pct: float = 0.0  # per-segment loss in percent, emulated as a retransmission stall of rto_ms
     seed: int = 0  # seeds the jitter and loss samples, so runs are reproducible
     switch_s: float = 0.0  # > 0: alternate with `alternate` every switch_s seconds (this profile first)
-    alternate: "WanProfile | None" = None  # the other phase of a varying link (itself a fixed profile)
+    alternate: WanProfile | None = None  # the other phase of a varying link (itself a fixed profile)
 
     def __post_init__(self) -> None:
         for name in ("rtt_ms", "jitter_ms", "up_bps", "down_bps", "loss_pct"):

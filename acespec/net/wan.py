@@ -413,7 +413,7 @@ class WanProxy:
             try:
                 up_reader, up_writer = await asyncio.wait_for(
                     asyncio.open_connection(self.upstream_host, self.upstream_port), CONNECT_TIMEOUT_S)
-            except (OSError, asyncio.TimeoutError):
+            except (TimeoutError, OSError):
                 return  # upstream unreachable: the client sees a reset (below), as with a refused connect
             conn.upstream = up_writer
             pumps = [asyncio.create_task(_Pipe(self, conn, UP, client_reader, up_writer).run()),

@@ -17,8 +17,8 @@ percentile user still gets 20 tokens/s).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 import numpy as np
 
@@ -56,7 +56,7 @@ class GpuCost:
                 f"{1e6 * self.session_s:.1f} us x B; prefill {1e6 * self.prefill_token_s:.1f} us/token")
 
     @classmethod
-    def from_profile(cls, path: str, shape: str = "1.5b") -> "GpuCost":
+    def from_profile(cls, path: str, shape: str = "1.5b") -> GpuCost:
         """The measured curve: a least-squares fit of t = a + b T + c B to the passes in a device profile
         file written by `scripts/gpu-check.sh` (`acespec.bench.gpu_profile`)."""
         with open(path) as f:

@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import dataclasses
 from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Protocol, Sequence
+from typing import Protocol
 
 from acespec.control.lead import LeadMemory
 from acespec.engine.lead import LeadState

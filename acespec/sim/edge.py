@@ -131,7 +131,7 @@ class SimTransport(Transport):
     """DRAFT frames up a simulated link to the simulated cloud, verdicts back through the edge's
     mailbox; link timing recorded exactly as `TcpTransport` records it."""
 
-    def __init__(self, edge: "SimEdge") -> None:
+    def __init__(self, edge: SimEdge) -> None:
         self.e = edge
         self.sent_at: dict[int, tuple[float, int, int]] = {}
 
@@ -158,7 +158,7 @@ class SimLeadLink(LeadLink):
     """A cloud-led session's steps down and drafts up, over the simulated links; the round trip the
     lead depth prices is the link profile's (the live link measures it with PINGs)."""
 
-    def __init__(self, edge: "SimEdge", rtt_s: float) -> None:
+    def __init__(self, edge: SimEdge, rtt_s: float) -> None:
         self.e = edge
         self._rtt = rtt_s
 
@@ -183,7 +183,7 @@ class SimLeadLink(LeadLink):
 class SimJob(DrafterJob):
     """Drafter work beside the edge's loop, on a simulated thread of its own (`FollowLoop`'s jobs)."""
 
-    def __init__(self, edge: "SimEdge", fn) -> None:
+    def __init__(self, edge: SimEdge, fn) -> None:
         self.edge = edge
         self.thread = edge.k.spawn(fn, name="drafter-job")
 

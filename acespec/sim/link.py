@@ -11,7 +11,7 @@ token ids, so bytes per token match the live wire.
 from __future__ import annotations
 
 import math
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 import numpy as np
 

@@ -9,7 +9,7 @@ sensitivity = tokens/s at the highest RTT / tokens/s at the lowest (RTT 0 when s
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 from acespec.net.profile import WanProfile
 from acespec.sim.ceiling import MODES, against_ceiling, calibrate
@@ -188,13 +188,13 @@ def validation_rows(sim_rows: Sequence[dict], live_rows: Sequence[dict]) -> list
     out = []
     live = {(r["mode"], r["rtt_ms"]): r for r in live_rows}
     for s in sim_rows:
-        l = live.get((s["mode"], s["rtt_ms"]), {})
+        lv = live.get((s["mode"], s["rtt_ms"]), {})
         row = {"mode": s["mode"], "rtt_ms": s["rtt_ms"]}
         for key in VALIDATED:
-            a, b = s.get(key), l.get(key)
+            a, b = s.get(key), lv.get(key)
             row[f"sim_{key}"], row[f"live_{key}"] = a, b
             row[f"ratio_{key}"] = round(a / b, 3) if (a is not None and b) else None
-        a, b = s.get("cache_hit_rate"), l.get("cache_hit_rate")
+        a, b = s.get("cache_hit_rate"), lv.get("cache_hit_rate")
         row["sim_cache_hit_rate"], row["live_cache_hit_rate"] = a, b
         row["hit_rate_points"] = round(100 * (a - b), 1) if (a is not None and b is not None) else None
         out.append(row)

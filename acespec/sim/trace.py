@@ -40,10 +40,10 @@ import platform
 import statistics
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Callable, Sequence
 
 import numpy as np
 
@@ -130,7 +130,7 @@ class TraceSet:
         return path
 
     @classmethod
-    def from_json(cls, d: dict) -> "TraceSet":
+    def from_json(cls, d: dict) -> TraceSet:
         if d.get("format") != TRACE_FORMAT:
             raise ValueError(f"not an AceSpec trace file (format {d.get('format')!r})")
         if d.get("version") != TRACE_VERSION:
@@ -147,7 +147,7 @@ class TraceSet:
                    temperature)
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> "TraceSet":
+    def load(cls, path: str | os.PathLike) -> TraceSet:
         """A trace file by path, or by the name of one shipped in the package (`BUNDLED`), so that the
         benchmarks and the demo that replay the default pair's traces work from an installed wheel too."""
         f = Path(path)

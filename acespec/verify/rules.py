@@ -21,8 +21,9 @@ AceSpec's vLLM plugin (`acespec/cloud/vllm_plugin.py`, every request of a step a
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Protocol
 
 import numpy as np
 from array_api_compat import array_namespace, device
@@ -94,7 +95,7 @@ class RuleSpec:
     params: tuple[tuple[str, float], ...] = ()
 
     @classmethod
-    def parse(cls, text: str) -> "RuleSpec":
+    def parse(cls, text: str) -> RuleSpec:
         text = text.strip()
         name, _, rest = text.partition(":")
         name = name.strip()

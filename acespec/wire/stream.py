@@ -14,8 +14,8 @@ from __future__ import annotations
 import asyncio
 import socket
 
-from .errors import ErrorCode, WireError
 from .codec import encode
+from .errors import ErrorCode, WireError
 from .frames import DEFAULT_LIMITS, Frame, Limits
 from .framing import FrameDecoder
 
