@@ -41,7 +41,7 @@ import numpy as np
 from acespec import wire
 from acespec.engine.follow import LeadLink, StepChunk
 from acespec.engine.records import Block, Disconnected, LinkSample
-from acespec.engine.transport import RTT_SAMPLES_KEPT, Transport  # noqa: F401 (RTT_SAMPLES_KEPT: re-exported)
+from acespec.engine.transport import Transport
 from acespec.engine.verifier import Verdict
 
 
@@ -244,6 +244,20 @@ class _Link:
         self.sock.close()
 
 
+def link_failure(item: object) -> EdgeError | Disconnected | None:
+    """What an item off the link (`_Link.get`) means when it is not the frame the reader waits for, written
+    once for every reader: an ERROR frame is the cloud's refusal (EdgeError, with its code); the end of the
+    stream or a socket error is a lost link (Disconnected: the reader resumes); anything else (PONG, CLOSE)
+    means nothing by itself (CLOSE(GOING_AWAY) is followed by the end of the stream)."""
+    if isinstance(item, wire.Error):
+        return EdgeError(f"cloud error {item.code.name}: {item.message}", item.code)
+    if item is _EOF:
+        return Disconnected("connection closed")
+    if isinstance(item, Exception):
+        return Disconnected(str(item))
+    return None
+
+
 def _expect_welcome(link: _Link, timeout: float) -> wire.Welcome:
     deadline = time.monotonic() + timeout
     while True:
@@ -253,12 +267,11 @@ def _expect_welcome(link: _Link, timeout: float) -> wire.Welcome:
         _, f = item
         if isinstance(f, wire.Welcome):
             return f
-        if isinstance(f, wire.Error):
-            raise EdgeError(f"cloud refused the session: {f.code.name}: {f.message}", f.code)
-        if isinstance(f, Exception):
-            raise EdgeError(f"connection failed during the handshake: {f}")
-        if f is _EOF:
-            raise EdgeError("the cloud closed the connection during the handshake")
+        failure = link_failure(f)
+        if isinstance(failure, EdgeError):
+            raise EdgeError(f"the cloud refused the session: {failure}", failure.code)
+        if isinstance(failure, Disconnected):
+            raise EdgeError(f"the connection failed during the handshake: {failure.reason}")
         if not isinstance(f, (wire.Pong, wire.Close)):
             raise EdgeError(f"unexpected {type(f).__name__} during the handshake")
 
@@ -474,11 +487,11 @@ class TcpTransport(Transport):
                     f.seq, f.accepted, f.next_token if not f.dropped else -1, f.committed, f.verify_us,
                     dropped=f.dropped, finished=f.finished,
                 )
-            if isinstance(f, wire.Error):
-                raise EdgeError(f"cloud error {f.code.name}: {f.message}", f.code)
-            if f is _EOF or isinstance(f, Exception):
-                return Disconnected(str(f) if f is not _EOF else "connection closed")
-            # PONG / CLOSE: nothing to do here (CLOSE(GOING_AWAY) is followed by the end of the stream)
+            failure = link_failure(f)
+            if isinstance(failure, EdgeError):
+                raise failure
+            if failure is not None:
+                return failure
 
     def _arrived(self, t: float, f: wire.Verdict) -> None:
         sent = self.sent_at.pop(f.seq, None)
@@ -540,11 +553,12 @@ class TcpLeadLink(LeadLink):
             if isinstance(f, wire.Pong):
                 rtt = max(0.0, t - f.sent_us / 1e6)
                 self._rtt = rtt if self._rtt is None else 0.7 * self._rtt + 0.3 * rtt
-            elif isinstance(f, wire.Error):
-                raise EdgeError(f"cloud error {f.code.name}: {f.message}", f.code)
-            elif f is _EOF or isinstance(f, Exception):
-                return Disconnected(str(f) if f is not _EOF else "connection closed")
-            # CLOSE(GOING_AWAY) is followed by the end of the stream
+            else:
+                failure = link_failure(f)
+                if isinstance(failure, EdgeError):
+                    raise failure
+                if failure is not None:
+                    return failure
 
     def resume(self, committed: Sequence[int]) -> int:
         return self.s.resume(committed)
