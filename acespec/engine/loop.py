@@ -370,10 +370,7 @@ class SpecLoop:
 
     def _deliver(self, block: Block, o: int, v: Verdict, emitted: list[int], drafted: int, rtt: float | None) -> None:
         now = self.clock() - self._t0
-        if self.stats.emitted == 0:
-            self.stats.ttft_s = now
-        self.stats.emitted += len(emitted)
-        self.stats.token_times.extend([now] * len(emitted))
+        self.stats.observe_tokens(len(emitted), now)
         if self.on_tokens:
             self.on_tokens(emitted)
         if self.on_round:

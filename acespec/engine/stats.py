@@ -44,6 +44,15 @@ class RunStats:
             if i < accepted:
                 self.pos_accepted[i] += 1
 
+    def observe_tokens(self, n: int, now: float) -> None:
+        """`n` tokens emitted at `now` (seconds since the start): the count, each token's time, and the time to
+        the first token. Every loop (edge-led, cloud-led, the edge's cloud-only stream, the simulator's) counts
+        its output through this one place."""
+        if self.emitted == 0 and n:
+            self.ttft_s = now
+        self.emitted += n
+        self.token_times.extend([now] * n)
+
     @property
     def mean_acceptance_length(self) -> float:
         """tau = 1 + accepted / rounds."""

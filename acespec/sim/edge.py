@@ -271,12 +271,8 @@ class SimEdge:
             t, f, _ = self.inbox.get(self.thread, None)
             if not isinstance(f, Streamed):
                 continue
-            now = t - t0
-            if not stats.emitted:
-                stats.ttft_s = now
-            stats.emitted += len(f.tokens)
+            stats.observe_tokens(len(f.tokens), t - t0)
             stats.rounds += len(f.tokens)
-            stats.token_times.extend([now] * len(f.tokens))
             tokens.extend(f.tokens)
             if f.finished:
                 break
