@@ -21,6 +21,7 @@ import sys
 import threading
 import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
@@ -94,7 +95,7 @@ HEALTH_LOOP_TIMEOUT_S = 5.0  # /health fails when the event loop has not run a c
 class _Handler(BaseHTTPRequestHandler):
     server_version = "acespec"
     protocol_version = "HTTP/1.1"
-    cloud = None  # the CloudServer (set on the subclass start_metrics_server makes)
+    cloud: Any = None  # the CloudServer (set on the subclass start_metrics_server makes)
     registry: CollectorRegistry
 
     def log_message(self, fmt, *args) -> None:  # health checks every second would flood stderr

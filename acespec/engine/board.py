@@ -14,8 +14,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 SparseRow = tuple[tuple[int, float], ...]  # the wire's sparse q row: (token, prob) pairs
+
+
+class QRowSource(Protocol):
+    """A draft's q rows by token index: a tuple of rows, or rows read on demand (vLLM's shared board)."""
+
+    def __getitem__(self, token: int, /) -> SparseRow: ...
 
 
 @dataclass
@@ -23,7 +30,7 @@ class BoardDraft:
     base: int  # committed length its first token follows
     tokens: tuple[int, ...]  # drafted ids, in topological order
     parents: tuple[int, ...] | None = None  # wire convention: 0 = extends base, j + 1 = extends token j; None = a chain
-    q: tuple[SparseRow, ...] | None = None  # per token, the drafter's sparse q (rules that need q)
+    q: QRowSource | None = None  # per token, the drafter's sparse q (rules that need q)
     children: dict[int, list[int]] = field(init=False, repr=False)  # node (-1 = base) -> its children, first = best
 
     def __post_init__(self) -> None:
@@ -40,9 +47,10 @@ class BoardDraft:
         node = -1
         for pos in range(self.base, len(committed)):
             want = committed[pos]
-            node = next((c for c in self.children.get(node, ()) if self.tokens[c] == want), None)
-            if node is None:
+            child = next((c for c in self.children.get(node, ()) if self.tokens[c] == want), None)
+            if child is None:
                 return None
+            node = child
         return node
 
     def path_from(self, node: int, k: int) -> list[int]:

@@ -209,7 +209,7 @@ def _installed_part(package: str, version: str, index: int) -> Path | None:
     member = _find_part_member([c.replace(os.sep, "/") for c in candidates], index)
     if member is None:
         return None
-    path = Path(dist.locate_file(member))
+    path = Path(str(dist.locate_file(member)))  # a path-like object of the distribution's own kind
     return path if path.is_file() else None
 
 

@@ -128,7 +128,7 @@ def calibrate(runs: Iterable[RunStats], rtt_s: float | None = None, k_max: int =
     judged = sum(r.accepted + r.rejections for r in runs)
     accept = sum(r.accepted for r in runs) / judged if judged else 0.0
     if rtt_s is None:
-        rtts = [r.cache.get("rtt_ms_mean") for r in runs if r.cache.get("rtt_ms_mean")]
+        rtts = [float(v) for r in runs if (v := r.cache.get("rtt_ms_mean"))]
         rtt_s = float(np.median(rtts)) / 1e3 if rtts else 0.0
     # where a k has passes enough for a median of its own, it is used as it is: a CPU's cost is no line
     # (on the default pair a plain step is cheaper than the line's intercept says)

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import numbers
 import operator
+from collections.abc import Callable
+from typing import Any
 
 from .errors import ErrorCode, WireError
 from .frames import (
@@ -551,7 +553,8 @@ def _dec_tokens(r: _Reader) -> Tokens:
                   verify_us=r.uvarint("TOKENS.verify_us"))
 
 
-_ENCODERS = {
+# each encoder takes its own frame type; Any, as one dict cannot say which type goes with which key
+_ENCODERS: dict[type, Callable[[_Writer, Any], None]] = {
     Hello: _enc_hello,
     Welcome: _enc_welcome,
     Draft: _enc_draft,
@@ -564,7 +567,7 @@ _ENCODERS = {
     Tokens: _enc_tokens,
 }
 
-_DECODERS = {
+_DECODERS: dict[int, Callable[[_Reader], Frame]] = {
     FrameType.HELLO: _dec_hello,
     FrameType.WELCOME: _dec_welcome,
     FrameType.DRAFT: _dec_draft,
