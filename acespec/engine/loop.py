@@ -168,8 +168,9 @@ class SpecLoop:
         and only as much as fits before the verdict is due (a step that overruns it delays the edge's
         answer) and, ahead of the next block, within the slack that leaves it in time for the target.
         Returns (a verdict that was already here, or None; whether a step was taken)."""
+        planner = self.planner
         plan = self.scheduler.predraft_plan(blocking, self.cache, self.policy.next_k(),
-                                            lambda: self.planner.outcomes_first(self.inflight.live()))
+                                            lambda: planner is not None and planner.outcomes_first(self.inflight.live()))
         if plan is None:
             return None, False
         v = self.transport.recv(0.0)
@@ -252,7 +253,7 @@ class SpecLoop:
         if d is None:
             return None
         tokens, q, top = d.tokens, d.q, d.top
-        if extra and len(tokens) == k + overlap + extra:
+        if extra and len(tokens) == k + overlap + extra and self.planner is not None:  # extra: a cache, so a planner
             self.planner.guesses[self.seq] = BonusGuess(tokens[-1], top[-1] if top else None)
             tokens, top = tokens[:-1], top[:-1]
             q = None if q is None else q[:-1]
@@ -266,6 +267,7 @@ class SpecLoop:
         rejection it leaves the target idle while the edge finishes a block built on what did not
         happen. So drafting goes on only while the block still extends what the verdicts left, and
         the block is given up (None) when it does not; the loop then starts from the committed text."""
+        assert self.drafter is not None, "only a loop with a drafter drafts"
         stop = self._heard_verdict if self.cfg.mode == "pipelined" else None
         premise = self.spec[:base] + list(lead)
         parts: list[DraftBlock] = []
@@ -286,8 +288,8 @@ class SpecLoop:
                 break
         if len(parts) == 1:
             return parts[0]
-        qs = [p.q for p in parts]
-        return DraftBlock([t for p in parts for t in p.tokens], None if any(q is None for q in qs) else np.concatenate(qs),
+        qs = [p.q for p in parts if p.q is not None]
+        return DraftBlock([t for p in parts for t in p.tokens], np.concatenate(qs) if len(qs) == len(parts) else None,
                           [c for p in parts for c in p.conf], sum(p.seconds for p in parts),
                           top=[t for p in parts for t in p.top], catchup_s=sum(p.catchup_s for p in parts))
 
@@ -441,6 +443,8 @@ class SpecLoop:
     def _report(self, block: Block, o: int, v: Verdict, emitted: list[int], drafted: int, rtt: float | None) -> None:
         """Hand the applied verdict to `on_round`. Accepted token i sits at block.tokens[o + i]; the
         cache's part of the block is the `cached` tokens right after the overlap."""
+        if self.on_round is None:
+            return
         lo, hi = block.overlap, block.overlap + block.cached
         origins = [ORIGIN_CACHE if lo <= o + i < hi else ORIGIN_DRAFT for i in range(v.accepted)] + [ORIGIN_TARGET]
         self.on_round(Round(

@@ -111,10 +111,11 @@ class Scheduler:
         if already at hand."""
         dues = self.dues() if dues is None else dues
         per_token = self.draft_s_per_token()
-        if dues is None or per_token is None:
+        rtt = self.rtt()
+        if dues is None or per_token is None or rtt is None:
             return None
         t_block = per_token * (max(1, next_k) + 1)
-        return dues[-1] - self.rtt() - t_block - self.clock()
+        return dues[-1] - rtt - t_block - self.clock()
 
     # -- pre-drafting ---------------------------------------------------------------------------
     def predraft_plan(self, blocking: bool, cache, next_k: int,

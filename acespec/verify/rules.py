@@ -182,7 +182,7 @@ def template_verify(
     """The general template of DESIGN.md (Xia et al. 2026) that strict and the relaxed rules share:
     one u per position, accept iff u < `template_accept`, else emit a sample of `residual`."""
     k = len(draft)
-    accept = template_accept(np.asarray(draft, dtype=np.int64), q, pi_rej) if k else None  # [k]
+    accept = template_accept(np.asarray(draft, dtype=np.int64), q, pi_rej) if k else np.empty(0)  # [k]
     for i in range(k):
         u = rng.random()
         if u < accept[i]:
