@@ -53,7 +53,7 @@ HEADER = 12
 CONFIG_KEY = "acespec_board"  # vllm_config.additional_config entry: {"name", "slots", "max_drafts", "draft_len"}
 
 
-def prompt_key(prompt: Sequence[int]) -> int:
+def prompt_key(prompt: Sequence[int] | np.ndarray) -> int:
     """The slot key of a session: its prompt's length and tokens, as a positive int64."""
     h = hashlib.blake2b(np.asarray(prompt, dtype=np.int64).tobytes(), digest_size=8,
                         person=len(prompt).to_bytes(8, "little"))

@@ -51,6 +51,7 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 from dataclasses import replace
 
 import numpy as np
@@ -226,7 +227,7 @@ class AceSpecRules(_Base):  # type: ignore[misc,valid-type]
             self.prompts.pop(i, None)
             self.guard.rows.pop(i, None)
             task = net_win_of(params) if own is not None and own.name != "strict" else None
-            if task is not None and getattr(params, "temperature", 0.0) != 0.0:
+            if task is not None and own is not None and getattr(params, "temperature", 0.0) != 0.0:
                 rule = self.guard.join(i, task, own, params, output)
             # greedy requests keep vLLM's argmax; the engine's default strict is what vLLM does itself, but
             # a request that names strict is decided here too, so it draws its randomness as every other
@@ -249,7 +250,8 @@ class AceSpecRules(_Base):  # type: ignore[misc,valid-type]
             self._check_expand = False
         from vllm.v1.sample.logits_processor import MoveDirectionality  # heavy: the vllm extra
 
-        for table in (self.rows, self.support, self.prompts, self.guard.rows):
+        tables: tuple[dict[int, Any], ...] = (self.rows, self.support, self.prompts, self.guard.rows)  # one move each
+        for table in tables:
             for a, b, how in batch_update.moved:
                 ra, rb = table.pop(a, None), table.pop(b, None)
                 if ra is not None:
@@ -389,6 +391,7 @@ def apply_rules(rules: dict[int, RuleSpec], reqs: list[int], draft_token_ids, nu
     rejected = torch.nonzero(acc < counts_t)[:, 0].cpu().numpy()  # [m] requests
     at = first[rejected] + acc.cpu().numpy()[rejected]  # [m]: their rejected rows among the N
     if filtered is not None:  # where the filter stopped a block, the token comes from the filter's support
+        assert support is not None, "a filter comes from some request's support"
         cut = filtered[torch.as_tensor(at, device=device)].cpu().numpy().astype(bool)
         for b, j in zip(rejected[cut], at[cut]):
             min_p, max_rank = support[reqs[b]]

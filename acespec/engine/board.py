@@ -16,6 +16,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+import numpy as np
+
+Tokens = Sequence[int] | np.ndarray  # token ids: a list, or the int array vLLM's proposer holds
 SparseRow = tuple[tuple[int, float], ...]  # the wire's sparse q row: (token, prob) pairs
 
 
@@ -40,7 +43,7 @@ class BoardDraft:
             kids.setdefault(up, []).append(i)
         self.children = kids
 
-    def follow(self, committed: Sequence[int]) -> int | None:
+    def follow(self, committed: Tokens) -> int | None:
         """The node this draft has reached at the committed tokens (-1 = its base), None if it disagrees."""
         if self.base > len(committed):  # assumes tokens the stream has not got (it was rolled back)
             return None
@@ -95,7 +98,7 @@ class DraftBoard:
             del self.drafts[: len(self.drafts) - self.max_drafts]
         return True
 
-    def usable(self, committed: Sequence[int], k: int) -> tuple[list[int], list[SparseRow] | None]:
+    def usable(self, committed: Tokens, k: int) -> tuple[list[int], list[SparseRow] | None]:
         """The longest agreeing continuation (at most k tokens) of any held draft, and its q rows when
         the draft carried them; drafts that disagree or have nothing left are forgotten."""
         self.stats.steps += 1
