@@ -43,6 +43,7 @@ from dataclasses import asdict, dataclass, field
 
 from acespec.argtypes import pos_int as _pos_int
 from acespec.bench import write_result
+from acespec.control.policy import DepthPolicy
 from acespec.engine import SpecConfig, generate
 from acespec.engine.local import local_policy
 from acespec.eval.humaneval import chat_message, load_problems
@@ -134,7 +135,7 @@ def run_local_bench(
                 "use a larger --n-ctx or fewer --max-tokens"
             )
 
-    policies: dict[str, object] = {}  # the controller, one per config across the prompts (as a long-running process keeps it)
+    policies: dict[str, DepthPolicy] = {}  # the controller, one per config across the prompts (as a long-running process keeps it)
 
     def one(bs: BenchSpec, ids: list[int], n: int, keep: bool = True):
         draft.reset()

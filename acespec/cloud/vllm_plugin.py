@@ -51,8 +51,8 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 

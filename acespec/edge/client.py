@@ -137,6 +137,7 @@ class _Link:
 
     # -- TLS plumbing (all under self._lock) ------------------------------------------------------
     def _tls_handshake(self) -> None:
+        assert self._tls is not None, "TLS plumbing runs only on a TLS link"
         while True:
             try:
                 self._tls.do_handshake()
@@ -159,6 +160,7 @@ class _Link:
         with self._lock:
             self._bio_in.write(data)
             chunks, closed = [], False
+            assert self._tls is not None, "TLS plumbing runs only on a TLS link"
             while True:
                 try:
                     piece = self._tls.read(65536)

@@ -34,6 +34,11 @@ class SupportFilteredSpec(RuleSpec):
     The target verifier calls `verify_block(self.rule, ...)`, which looks the rule up through
     `spec.info`; overriding `info` here puts the filter in that path without changing the engine."""
 
+    # set once in __init__ (the spec is frozen, as RuleSpec is)
+    _base: RuleSpec
+    _min_p: float
+    _max_rank: int
+
     def __init__(self, base: RuleSpec, min_p: float, max_rank: int) -> None:
         object.__setattr__(self, "name", base.name)
         object.__setattr__(self, "params", base.params)

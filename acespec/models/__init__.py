@@ -31,7 +31,7 @@ def load_model(spec: str, *, n_ctx: int = 4096, auto_install: bool = False, **kw
             return ToyModel(**r.options)
         except TypeError as e:
             raise ModelError(f"bad toy model spec {spec!r}: {e}") from None
-    if r.kind == "gguf":
+    if r.kind == "gguf" and r.path is not None:  # a GGUF spec always resolves to a file
         return LlamaCppModel(r.path, n_ctx=n_ctx, name=r.name, **kwargs)
     if r.kind == "hf":
         return HFModel.load(r.path if r.path is not None else r.name, **kwargs)

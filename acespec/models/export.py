@@ -51,7 +51,7 @@ def export_hf(spec: str, out_dir: str | Path, *, dtype: str = "bfloat16", weight
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     r = resolve(spec, auto_install=True)
-    if r.kind != "gguf":
+    if r.kind != "gguf" or r.path is None:
         raise ModelError(f"{spec!r} is not a GGUF model ({r.kind}); export-hf converts registry names and .gguf files")
     out = Path(out_dir)
     if out.exists() and any(out.iterdir()):
@@ -87,8 +87,9 @@ def export_hf(spec: str, out_dir: str | Path, *, dtype: str = "bfloat16", weight
         if model is not None:
             # the weights are plain tensors now; transformers still tags the model as GGUF-quantized
             # and refuses to save it unless the tag goes
-            model.hf_quantizer = None
-            model.is_quantized = False
+            # transformers types a model's attributes as Tensor | Module; these two are plain flags
+            model.hf_quantizer = None  # type: ignore[assignment]
+            model.is_quantized = False  # type: ignore[assignment]
             if hasattr(model.config, "quantization_config"):
                 del model.config.quantization_config
             model.save_pretrained(str(tmp))

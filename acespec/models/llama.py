@@ -125,7 +125,8 @@ class LlamaTokenizer(Tokenizer):
         eos = self._llm.detokenize([self._llm.token_eos()], special=True).decode("utf-8", "replace")
         bos_id = self._llm.token_bos()
         bos = self._llm.detokenize([bos_id], special=True).decode("utf-8", "replace") if bos_id >= 0 else ""
-        text = Jinja2ChatFormatter(self._template, eos_token=eos, bos_token=bos)(messages=messages).prompt
+        # llama_cpp types messages as its own TypedDicts; plain {"role", "content"} dicts are what they are
+        text = Jinja2ChatFormatter(self._template, eos_token=eos, bos_token=bos)(messages=messages).prompt  # type: ignore[arg-type]
         return self.encode(text, special=True)
 
 

@@ -100,6 +100,7 @@ class SimCloud:
         self._kick()
 
     def lead_draft(self, s: CloudSession, base: int, tokens: tuple[int, ...], parents: tuple[int, ...] | None = None) -> None:
+        assert s.lead is not None, "only a cloud-led session gets drafts"
         s.lead.take(base, tokens, parents, None, s.verifier.committed)
         self._kick()
 
@@ -109,7 +110,7 @@ class SimCloud:
             self._start_pass()
 
     def _start_pass(self) -> None:
-        work: list[tuple[CloudSession, VerifyJob | None]] = []  # None: the session's prompt prefill
+        work: list[tuple[CloudSession, VerifyJob | Verdict | None]] = []  # None: the session's prompt prefill; a Verdict: dropped
         prefill = 0
         n = len(self.sessions)
         for i in range(n):

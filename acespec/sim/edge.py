@@ -26,6 +26,7 @@ from acespec.draft.chain import ChainDrafter
 from acespec.edge.runtime import MODES, EdgeConfig, build_loop
 from acespec.engine.follow import DrafterJob, FollowConfig, FollowLoop, LeadLink, StepChunk
 from acespec.engine.lead import LeadState
+from acespec.engine.loop import SpecLoop
 from acespec.engine.records import Block, LinkSample
 from acespec.engine.stats import RunStats
 from acespec.engine.transport import Transport
@@ -239,9 +240,12 @@ class SimEdge:
                                 [int(v.real_id[t]) for t in tokens])
 
     def _speculate(self, t0: float, *, lead: bool = False) -> tuple[RunStats, list[int]]:
-        # a drafter call takes the time of whichever simulated thread makes it (the loop's, or a job's)
-        model = ReplayModel(self.vocab, "draft", n_slots=DRAFTER_SLOTS,
-                            on_eval=lambda sizes: self.k.current.sleep(self.device.draft_call_s(sizes)))
+        def drafting(sizes) -> None:  # a drafter call takes the time of the simulated thread making it (the loop's, or a job's)
+            thread = self.k.current
+            assert thread is not None, "the drafter runs on a simulated thread"
+            thread.sleep(self.device.draft_call_s(sizes))
+
+        model = ReplayModel(self.vocab, "draft", n_slots=DRAFTER_SLOTS, on_eval=drafting)
         drafter = ChainDrafter(model, sampling=SamplingParams(), rule=RuleSpec.parse("greedy"), clock=self.k.now)
         # the prompt's prefill while HELLO -> WELCOME is in flight, as the live edge does; cloud-led's goes on
         # beside its loop, which would otherwise hold the stream's first tokens until it is done
@@ -254,6 +258,7 @@ class SimEdge:
             item = self.inbox.get(self.thread, None)
             if item[1] == "welcome":
                 break
+        loop: FollowLoop | SpecLoop
         if lead:
             loop = FollowLoop(SimLeadLink(self, self.rtt_s), self.vocab.prompt, drafter=drafter,
                               config=FollowConfig(max_tokens=self.trace.n), clock=self.k.now,

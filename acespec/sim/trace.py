@@ -34,6 +34,7 @@ drafter would have drafted, not the greedy chain, which the sampled stream leave
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import platform
@@ -43,10 +44,12 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from importlib import resources
+from importlib.resources.abc import Traversable
 from pathlib import Path
 
 import numpy as np
 
+from acespec.control.policy import DepthPolicy
 from acespec.draft.chain import ChainDrafter
 from acespec.engine import SpecConfig, generate
 from acespec.engine.verifier import TargetVerifier
@@ -150,7 +153,7 @@ class TraceSet:
     def load(cls, path: str | os.PathLike) -> TraceSet:
         """A trace file by path, or by the name of one shipped in the package (`BUNDLED`), so that the
         benchmarks and the demo that replay the default pair's traces work from an installed wheel too."""
-        f = Path(path)
+        f: Path | Traversable = Path(path)
         if not f.is_file():
             shipped = BUNDLED.joinpath(f.name)
             if not shipped.is_file():
@@ -165,7 +168,7 @@ class TraceSet:
 
 
 # ------------------------------------------------------------------------------------------- analysis
-def acceptance_from_logits(y: Sequence[int], logits: np.ndarray, top: int = TOP_Q):
+def acceptance_from_logits(y: Sequence[int] | np.ndarray, logits: np.ndarray, top: int = TOP_Q):
     """(a_j, rank_j, top-q_j) from the drafter's teacher-forced logits; row j predicts y[j]."""
     y, rows = _teacher_rows(y, logits)
     if not len(y):
@@ -177,7 +180,7 @@ def acceptance_from_logits(y: Sequence[int], logits: np.ndarray, top: int = TOP_
     return _accept_runs(rank), rank, _top_q(p, top)
 
 
-def coupled_acceptance(y: Sequence[int], logits: np.ndarray, *, temperature: float, seed: int, start_pos: int,
+def coupled_acceptance(y: Sequence[int] | np.ndarray, logits: np.ndarray, *, temperature: float, seed: int, start_pos: int,
                        top: int = TOP_Q):
     """(a_j, rank_j, top-q_j) of a coupled drafter: row j (absolute position start_pos + j) gives q_j at
     `temperature`, the drafter picks argmax(log q_j + g(seed, start_pos + j)) as a live edge does, and
@@ -195,11 +198,11 @@ def coupled_acceptance(y: Sequence[int], logits: np.ndarray, *, temperature: flo
 
 
 def _teacher_rows(y: Sequence[int], logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    y = np.asarray(y, dtype=np.int64)
-    rows = np.asarray(logits, dtype=np.float64)[: len(y)]
-    if rows.shape[0] != len(y):
-        raise ValueError(f"need {len(y)} logit rows, got {rows.shape[0]}")
-    return y, rows
+    ys = np.asarray(y, dtype=np.int64)
+    rows = np.asarray(logits, dtype=np.float64)[: len(ys)]
+    if rows.shape[0] != len(ys):
+        raise ValueError(f"need {len(ys)} logit rows, got {rows.shape[0]}")
+    return ys, rows
 
 
 def _accept_runs(rank: Sequence[int]) -> list[int]:
@@ -235,7 +238,7 @@ def predicted_rounds(accept: Sequence[int], n: int, drafted: Sequence[int], engi
 
 
 # ------------------------------------------------------------------------------------------- recording
-class _RecordingPolicy:
+class _RecordingPolicy(DepthPolicy):
     """Fixed depth that remembers (drafted, accepted) of every round (the DepthPolicy interface)."""
 
     name = "fixed-recording"
@@ -358,7 +361,7 @@ def measure_timings(target, drafter, context: Sequence[int], *, k_max: int = 8, 
         ver.rollback(C)
 
     verify_k(0)  # warm-up
-    verify_s = [_best_time(lambda kk=kk: verify_k(kk), reps) for kk in range(k_max + 1)]
+    verify_s = [_best_time(functools.partial(verify_k, kk), reps) for kk in range(k_max + 1)]
 
     dr = ChainDrafter(drafter, sampling=sp, rule=rule)
 
