@@ -275,7 +275,7 @@ class _Run:
                 with WanProxyThread(HOST, 0, HOST, lb.port, WanProfile(rtt_ms=2.0, seed=self.rng.randrange(1 << 30))) as wan:
                     self._campaign(rule, wan.port, tls, replicas, wan, out)
                     out.resets = wan.proxy.counters.resets
-                out.drain_exit = next((r.proc.returncode for r in replicas if r.name == out.drained), None)
+                out.drain_exit = next((r.proc.returncode for r in replicas if r.name == out.drained and r.proc is not None), None)
             finally:
                 if lb is not None:
                     lb.stop()

@@ -69,6 +69,8 @@ def _target(engine: str, n_slots: int, n_ctx: int):
     """The default target as each engine runs it: `batched` (exact: one KV stream per session),
     `shared` (one unified KV cache, one pass for every session), `serial` (one sequence)."""
     path = installed_path(DEFAULT_TARGET) or resolve(DEFAULT_TARGET, auto_install=True).path
+    if path is None:  # resolve installs a registry model or raises
+        raise RuntimeError(f"{DEFAULT_TARGET} is not installed")
     if engine == "serial":
         return LlamaCppModel(path, n_ctx=n_ctx, name=DEFAULT_TARGET)
     if engine == "shared":  # one unified cache holds every session: give it room for all of them
@@ -116,11 +118,11 @@ class _RowLog:
                 hashlib.sha1(np.ascontiguousarray(logits, dtype=np.float32).tobytes()).hexdigest())
             return real(v, job, logits, seconds)
 
-        TargetVerifier.finish = finish
+        TargetVerifier.finish = finish  # type: ignore[method-assign]  # records every pass's rows while the cell runs
         return self
 
     def __exit__(self, *exc) -> None:
-        self._cls.finish = self._real
+        self._cls.finish = self._real  # type: ignore[method-assign]  # puts the real method back
 
 
 def invariance(model, traces, n: int, *, max_tokens: int, draft_s: float, cap_s: float, slots: int) -> list[dict]:
@@ -257,7 +259,7 @@ def cmd_tenants(args) -> int:
 
         # one cloud-led pricer memory for the engine's cells, as one long-running server would hold: a
         # fresh one per cell would make every N = 1 session a server's first
-        memory = OrderedDict()
+        memory: OrderedDict = OrderedDict()
         try:
             run_cell(engine(), traces, cell_modes[0], 1, max_tokens=8, lead_memory=memory, **edge_kw)  # warm-up
             for rtt in rtts:

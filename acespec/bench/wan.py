@@ -34,6 +34,7 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from acespec.argtypes import parse_rtts
 from acespec.argtypes import pos_int as _pos_int
@@ -187,7 +188,7 @@ def run_wan_bench(draft, target, prompts: Sequence[tuple[str, list[int]]], cfg: 
         if reset_models:  # every run pays its own prefill, as a new session would
             _reset_cloud_model(cloud)
             draft.reset()
-        opts = {"mode": name, "k": cfg.k, "window": cfg.window}
+        opts: dict[str, Any] = {"mode": name, "k": cfg.k, "window": cfg.window}  # EdgeConfig fields
         opts.update(cfg.variants.get(name, {}))
         # coupled is lossless to the token (the noise is the seed's and the position's), so every mode
         # of a prompt at one seed writes one text, as greedy does
@@ -334,7 +335,7 @@ def summarize(records: Sequence[RunRecord], rtts: Sequence[float], modes: Sequen
                 "mean_k": round(_mean([k for r in runs for k in r.k_chosen]), 3) if any(r.k_chosen for r in runs) else None,
                 # cloud-led: the share of the stream's steps that had a usable draft (the others step plainly)
                 "timeliness": (round(sum(r.draft_steps for r in runs) / sum(r.steps for r in runs), 4)
-                               if mode == "cloud-led" and sum(r.steps for r in runs) else None),
+                               if mode == "cloud-led" and sum(r.steps for r in runs) > 0 else None),
                 # where the time goes, as fractions of the wall time (edge: one thread; cloud: its busy share)
                 "time": {
                     "draft": _share(sum(r.draft_s for r in runs), wall),

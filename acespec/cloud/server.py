@@ -754,7 +754,7 @@ class CloudServer:
 class CloudServerThread:
     """Runs a `CloudServer` on its own event loop in a background thread (tests, demo, benchmarks)."""
 
-    def __init__(self, target: Model, config: ServerConfig | None = None) -> None:
+    def __init__(self, target: Model | VerifyEngine, config: ServerConfig | None = None) -> None:
         import threading
 
         self.server = CloudServer(target, config)

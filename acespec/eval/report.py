@@ -52,7 +52,7 @@ BASELINE = "strict"
 GUARD_SUFFIXES = ("+support", "+netwin", "+force")
 
 
-def _mean(xs: Iterable[float]) -> float | None:
+def _mean(xs: Iterable[float | None]) -> float | None:
     xs = [float(x) for x in xs if x is not None]
     return sum(xs) / len(xs) if xs else None
 
@@ -194,7 +194,7 @@ def aggregate(records: list[dict], arms: list[str] | None = None, baseline: str 
         a["hit_budget"] = sum(bool(r.get("hit_budget")) for r in use)
         a["forced"] = sum(bool(r.get("forced")) for r in use)
         a["rescued"] = sum(bool(r.get("rescued")) for r in use)
-        used = {}
+        used: dict[str, int] = {}
         for r in use:
             used[r.get("rule_used", arm)] = used.get(r.get("rule_used", arm), 0) + 1
         a["rule_used"] = used

@@ -47,6 +47,7 @@ import queue
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from acespec.cloud.vllm_plugin import RULE_ARG, SUPPORT_ARG, support_arg
 from acespec.eval.generation import Generation, segments
@@ -103,7 +104,7 @@ class VllmPair:
         self._thread = threading.Thread(target=self.loop.run_forever, name="acespec-eval-vllm", daemon=True)
         self._thread.start()
         self._ids = itertools.count(1)
-        self.llm = None
+        self.llm: Any = None  # vLLM's AsyncLLM, made at start (vLLM is imported there)
         try:
             self._call(self._start())
         except BaseException:
@@ -206,6 +207,7 @@ def run_vllm(h: Harness, *, progress: bool = True) -> list[dict]:
     pair = VllmPair(cfg, tok.eos_ids)
 
     def work(job: Job, rule, support: bool, choice, ids: list[int]) -> None:
+        out: Generation | BaseException
         try:
             out = run_job(pair, tok, ids, cfg, rule, support, seed_for(job.seed, job.item.id), job.arm.force)
         except BaseException as e:  # reported to the main thread, which stops starting jobs

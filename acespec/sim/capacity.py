@@ -116,8 +116,9 @@ def run_capacity(traces: Sequence[PromptTrace], n_edges: int, mode: str, gpu: Gp
     stalled = [i for i, e in enumerate(edges) if e.result is None]
     if stalled:
         raise RuntimeError(f"{len(stalled)} simulated edge(s) stalled ({mode}, N = {n_edges})")
-    rates = np.array([e.result.tokens_per_s for e in edges])
-    tokens = sum(e.result.n for e in edges)
+    results = [e.result for e in edges if e.result is not None]  # all of them: none stalled
+    rates = np.array([r.tokens_per_s for r in results])
+    tokens = sum(r.n for r in results)
     return {
         "mode": mode, "n_edges": n_edges, "tokens": tokens,
         "user_tok_s_mean": round(float(rates.mean()), 3),

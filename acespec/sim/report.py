@@ -82,7 +82,7 @@ def run_grid(traces: Sequence[PromptTrace], devices: Sequence[DeviceProfile], rt
                 for ref in ("sync", "cloud-only"):
                     base = by_mode.get(ref, {}).get("tok_s")
                     row[f"x_{ref.replace('-', '_')}"] = round(row["tok_s"] / base, 3) if base else None
-    sens = {}
+    sens: dict[str, dict[str, dict]] = {}  # profile -> mode -> its RTT sensitivity
     for dev in devices:
         lo, hi = min(rtts), max(rtts)
         for mode in modes:
@@ -172,7 +172,7 @@ def _live_row(mode: str, rtt: float, m: dict) -> dict:
     tok = next((m[k] for k in _TOK_KEYS if k in m), None)
     if tok is None and m.get("wall_s"):
         tok = m.get("emitted", 0) / m["wall_s"]
-    cache = m.get("cache") if isinstance(m.get("cache"), dict) else {}
+    cache = m["cache"] if isinstance(m.get("cache"), dict) else {}
     return {
         "mode": mode, "rtt_ms": rtt, "tok_s": tok, "ttft_s": m.get("ttft_s"),
         "passes_per_token": m.get("target_passes_per_token", m.get("passes_per_token")),
