@@ -27,6 +27,7 @@ import socket
 import sys
 import time
 from dataclasses import asdict, dataclass
+from typing import Any
 
 from acespec import wire
 from acespec.argtypes import pos_int
@@ -98,7 +99,7 @@ class FuzzResult:
 
 
 def fuzz_decoder(n: int, rng: random.Random, res: FuzzResult) -> None:
-    examples = []
+    examples: list[str] = []
     pool = [wire.encode(f) for f in sample_frames(rng)]
     for i in range(n):
         if i % 1000 == 0:
@@ -176,7 +177,7 @@ def fuzz_server(n: int, batch: int, rng: random.Random, res: FuzzResult, target:
         port = int(wait_for_line(srv, r"listening on \S+:(\d+)", 120, "acespec serve").group(1))
         prompt = (3, 1, 4, 1, 5, 9, 2, 6)
 
-        def open_session(max_tokens=4000):
+        def open_session(max_tokens: int = 4000) -> tuple[Any, Any, Any]:  # (socket, decoder, WELCOME) or (why, None, None)
             s = socket.create_connection((HOST, port), timeout=10)
             s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             s.sendall(wire.encode(wire.Hello(model_id=f"toy:vocab={vocab}", max_tokens=max_tokens, prompt=prompt,
@@ -230,6 +231,7 @@ def fuzz_server(n: int, batch: int, rng: random.Random, res: FuzzResult, target:
                 chunk = bytearray()
                 for _ in range(rng.randrange(batch)):
                     kind = rng.random()
+                    frame: wire.Frame
                     if kind < 0.75:
                         frame = wire.Draft(session=w.session, seq=seq, base=committed,
                                            tokens=tuple(rng.randrange(vocab) for _ in range(rng.randrange(0, 6))))

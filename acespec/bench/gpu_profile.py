@@ -32,6 +32,7 @@ import platform
 import statistics
 import sys
 import time
+from typing import Any
 
 BATCHES = (1, 2, 4, 8, 16, 32, 64)  # sessions in one pass
 NEW_TOKENS = (1, 2, 3, 5, 9)  # T = K + 1 for K = 0, 1, 2, 4, 8
@@ -121,7 +122,7 @@ def study_cell(shape: str, *, device: str, dtype: str, rules: list[str], batch: 
     kw = _cache_kw(model)
     g = torch.Generator(device="cpu").manual_seed(1)
     with torch.no_grad():
-        cache = DynamicCache()
+        cache: Any = DynamicCache()  # None once done: one_pass, which reads it, is not called again
         model(input_ids=torch.randint(0, V, (batch, prefix), generator=g).to(device), use_cache=True, **{kw: cache})
         new = torch.randint(0, V, (batch, k + 1), generator=g).to(device)
 
@@ -170,7 +171,7 @@ def study_cell(shape: str, *, device: str, dtype: str, rules: list[str], batch: 
     for n in names:
         say(f"  {shape} study cell, B={batch} K={k}: {n:10s} sampler {1e3 * med[n]:8.2f} ms, step {1e3 * step[n]:8.2f} ms "
             f"= {step[n] / step['reference']:.3f}x the reference strict step")
-    cache = None  # drops the KV memory (one_pass, which reads it, is not called again)
+    cache = None  # drops the KV memory
     if device.startswith("cuda"):
         torch.cuda.empty_cache()
     return {"batch": batch, "k": k, "prefix_tokens": prefix, "reference": reference, "pass_s": med["pass"],
@@ -214,7 +215,7 @@ def main(argv=None) -> int:
         print(s, flush=True)
 
     started = time.time()
-    profile = {
+    profile: dict[str, Any] = {
         "format": "acespec-device-profile", "version": 1, "engine": "transformers (eager, dynamic KV cache)",
         "device": torch.cuda.get_device_name(0) if args.device.startswith("cuda") else platform.processor() or "cpu",
         "torch": torch.__version__, "when": time.strftime("%Y-%m-%d %H:%M:%S"), "command": " ".join(sys.argv),

@@ -60,7 +60,7 @@ from acespec.verify import RuleSpec, RuleSpecError
 
 DISCONNECT_POLL_S = 0.25  # how often a request that is not streaming yet checks that its client is still there
 # OpenAI fields the edge cannot honour: refused when set to anything but their neutral value
-_UNSUPPORTED = {"logprobs": (None, False, 0), "top_logprobs": (None, 0), "echo": (None, False), "best_of": (None, 1),
+_UNSUPPORTED: dict[str, tuple] = {"logprobs": (None, False, 0), "top_logprobs": (None, 0), "echo": (None, False), "best_of": (None, 1),
                 "suffix": (None, ""), "tools": (None, []), "functions": (None, []), "logit_bias": (None, {}),
                 "presence_penalty": (None, 0, 0.0), "frequency_penalty": (None, 0, 0.0)}
 
@@ -236,7 +236,7 @@ class EdgeService:
             if len(p) != 1:
                 raise ApiError(400, "one prompt per request (n = 1)", param="prompt")
             p = p[0]
-        return self.tokenizer.encode(p) if isinstance(p, str) else list(p)
+        return self.tokenizer.encode(p) if isinstance(p, str) else [int(t) for t in p]  # token ids
 
 
 # ------------------------------------------------------------------------------------------ responses
@@ -257,13 +257,13 @@ class _Answer:
     def finish_reason(self) -> str:
         if self.text.stopped:
             return "stop"
-        res = self.done.result
+        res = self.done.result if self.done is not None else None
         return "length" if res is not None and len(res.tokens) >= self.req.cfg.max_tokens else "stop"
 
     def usage(self) -> dict:
-        res = self.done.result
+        res = self.done.result if self.done is not None else None
         s = res.stats if res is not None else None
-        completion = self.text.stopped_at if self.text.stopped else (len(res.tokens) if res is not None else self.text.tokens)
+        completion = self.text.stopped_at if self.text.stopped_at is not None else (len(res.tokens) if res is not None else self.text.tokens)
         return {
             "prompt_tokens": len(self.req.prompt), "completion_tokens": completion,
             "total_tokens": len(self.req.prompt) + completion,
