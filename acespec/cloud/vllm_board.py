@@ -233,7 +233,8 @@ class BoardReader(_Segment):
                 toks = tuple(int(t) for t in r[w + 2 : w + 2 + n])
                 par = tuple(int(p) for p in r[w + 2 + L : w + 2 + L + n])
                 q = QRows(self, int(i), j) if self.shape.q_topn else None
-                drafts.append(BoardDraft(base, toks, None if par == tuple(range(n)) else par, q))
+                # QRows reads a token's row from shared memory when indexed, which is all a board reader does with q
+                drafts.append(BoardDraft(base, toks, None if par == tuple(range(n)) else par, q))  # type: ignore[arg-type]
                 w += 2 + 2 * L
             out.append(SlotView(int(i), int(r[KEY]), int(r[PLEN]), int(r[GEN]), int(r[K_CAP]), drafts, s0))
         return out

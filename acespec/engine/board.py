@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
 
 import numpy as np
 
@@ -22,18 +21,12 @@ Tokens = Sequence[int] | np.ndarray  # token ids: a list, or the int array vLLM'
 SparseRow = tuple[tuple[int, float], ...]  # the wire's sparse q row: (token, prob) pairs
 
 
-class QRowSource(Protocol):
-    """A draft's q rows by token index: a tuple of rows, or rows read on demand (vLLM's shared board)."""
-
-    def __getitem__(self, token: int, /) -> SparseRow: ...
-
-
 @dataclass
 class BoardDraft:
     base: int  # committed length its first token follows
     tokens: tuple[int, ...]  # drafted ids, in topological order
     parents: tuple[int, ...] | None = None  # wire convention: 0 = extends base, j + 1 = extends token j; None = a chain
-    q: QRowSource | None = None  # per token, the drafter's sparse q (rules that need q)
+    q: tuple[SparseRow, ...] | None = None  # per token, the drafter's sparse q (rules that need q)
     children: dict[int, list[int]] = field(init=False, repr=False)  # node (-1 = base) -> its children, first = best
 
     def __post_init__(self) -> None:

@@ -53,8 +53,8 @@ GUARD_SUFFIXES = ("+support", "+netwin", "+force")
 
 
 def _mean(xs: Iterable[float | None]) -> float | None:
-    xs = [float(x) for x in xs if x is not None]
-    return sum(xs) / len(xs) if xs else None
+    vals = [float(x) for x in xs if x is not None]
+    return sum(vals) / len(vals) if vals else None
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:

@@ -94,7 +94,7 @@ class WanCounters:
         return " ".join(f"{k}={v}" for k, v in self.as_dict().items())
 
 
-def _abort_with_rst(transport: asyncio.Transport | None) -> None:
+def _abort_with_rst(transport: asyncio.WriteTransport | None) -> None:
     """Close a TCP transport so the peer sees a reset, not an orderly FIN.
 
     SO_LINGER with a zero timeout makes close() send RST and discard unsent data, which is what a path

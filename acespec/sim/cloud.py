@@ -136,7 +136,7 @@ class SimCloud:
             self.busy = False
             return
         self.busy = True
-        ks = [job.k for _, job in work if job is not None]
+        ks = [job.k for _, job in work if isinstance(job, VerifyJob)]  # prefills (None) have no k
         dt = self.cost.pass_s(ks, prefill)
         self.passes += 1
         self.busy_s += dt

@@ -197,7 +197,7 @@ def coupled_acceptance(y: Sequence[int] | np.ndarray, logits: np.ndarray, *, tem
     return _accept_runs(rank), rank, _top_q(q, top)
 
 
-def _teacher_rows(y: Sequence[int], logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _teacher_rows(y: Sequence[int] | np.ndarray, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     ys = np.asarray(y, dtype=np.int64)
     rows = np.asarray(logits, dtype=np.float64)[: len(ys)]
     if rows.shape[0] != len(ys):
