@@ -49,6 +49,7 @@ import tarfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from acespec.argtypes import pos_int
 from acespec.bench import write_result
@@ -194,8 +195,9 @@ def parse_plain(stdout: str, stderr: str) -> tuple[str, int, float]:
 def parse_spec(stdout: str, stderr: str, prompt: str) -> tuple[str, int, float, int, int]:
     """(generated text, tokens, seconds, drafted, accepted) from llama-speculative-simple."""
     enc, dec = _ENC.search(stderr), _DEC.search(stderr)
-    counts = {k: rx.search(stderr) for k, rx in _COUNT.items()}
-    if not enc or not dec or not all(counts.values()):
+    found = {k: rx.search(stderr) for k, rx in _COUNT.items()}
+    counts = {k: m for k, m in found.items() if m is not None}
+    if not enc or not dec or len(counts) < len(found):
         raise PeerError("llama-speculative-simple printed no statistics (no `decoded N tokens` / n_accept lines)")
     text = stdout.removeprefix("\n\n").removeprefix(prompt).removesuffix("\n\n").removesuffix("\n\n")
     n = int(counts["n_predict"].group(1))
@@ -277,13 +279,14 @@ def run_bench(cfg: PeerConfig, bins, *, draft_spec: str, target_spec: str, progr
                 shift = (r * len(prompts) + pi) % len(confs)
                 for side, k in confs[shift:] + confs[:shift]:
                     if side == "llama.cpp":
+                        assert not isinstance(k, str), "the controller (AUTO) runs on AceSpec's side only"
                         s = run_peer(bins, cfg, paths, pid, text, k)
                     else:
                         draft.reset()
                         target.reset()
                         ids = target.tokenizer.encode(text)
                         auto = k == AUTO
-                        sc = SpecConfig(rule="greedy", k=4 if auto else (k or 0), max_tokens=cfg.max_tokens, spec=k is not None,
+                        sc = SpecConfig(rule="greedy", k=k if isinstance(k, int) else (4 if auto else 0), max_tokens=cfg.max_tokens, spec=k is not None,
                                         policy="controller" if auto else "fixed")
                         res = generate(target, ids, sc, draft=draft if k is not None else None,
                                        policy=auto_policy if auto else None)
@@ -313,7 +316,7 @@ def _mark_equal(samples: list[Sample]) -> None:
 
 
 def summarise(samples: list[Sample], cfg: PeerConfig, *, draft_spec: str, target_spec: str) -> dict:
-    rows = {}
+    rows: dict[str, dict[str, Any]] = {}  # "side config" -> its figures
     for side, k in configurations(cfg.ks):
         name = config_name(k)
         ss = [s for s in samples if s.side == side and s.config == name]
