@@ -14,10 +14,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TypeAlias
 
 import numpy as np
 
-Tokens = Sequence[int] | np.ndarray  # token ids: a list, or the int array vLLM's proposer holds
+Tokens: TypeAlias = Sequence[int] | np.ndarray  # token ids: a list, or the int array vLLM's proposer holds
 SparseRow = tuple[tuple[int, float], ...]  # the wire's sparse q row: (token, prob) pairs
 
 
