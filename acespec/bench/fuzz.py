@@ -122,7 +122,7 @@ def fuzz_decoder(n: int, rng: random.Random, res: FuzzResult) -> None:
                 pos += step
         except wire.WireError:
             pass
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:  # noqa: BLE001 - anything but a WireError is a decoder crash, counted
             res.decoder_crashes += 1
             if len(examples) < 3:
                 examples.append(f"FrameDecoder({data!r}): {type(e).__name__}: {e}")
