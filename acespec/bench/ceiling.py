@@ -1,6 +1,6 @@
 """The ceiling lives in `acespec.sim.ceiling` (the simulator's report prices runs against it too, and a layer
-imports only the layers below it); its names stay importable here, where the benches and `acespec demo` read
-them."""
+imports only the layers below it); its names stay importable here for `acespec demo`, which reads them from
+here until it moves to `acespec.sim.ceiling` too."""
 
 from acespec.sim.ceiling import (
     MIN_PASSES,
