@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from acespec.bench.ceiling import Calibration, calibrate, ceiling, expected_tokens
+from acespec.sim.ceiling import Calibration, calibrate, ceiling, expected_tokens
 from acespec.engine.stats import RunStats
 
 
@@ -133,7 +133,7 @@ def test_passes_at_one_depth_price_that_depth_only():
 
 
 def test_each_run_is_held_to_its_own_acceptance_and_round_trip():
-    from acespec.bench.ceiling import for_run
+    from acespec.sim.ceiling import for_run
 
     cal = Calibration(pass_c0_s=0.1, pass_c1_s=0.0, draft_s=0.001, rtt_s=0.1, accept=0.5)
     good = _stats([], accepted=9, rejections=1, drafted=10, draft_s=0.01, rtt_ms=20.0)
@@ -169,7 +169,7 @@ def test_a_k_with_passes_enough_is_priced_at_its_own_median_not_the_line():
 
 
 def test_against_ceiling_sums_the_ceilings_time_as_the_runs_own_is_summed():
-    from acespec.bench.ceiling import against_ceiling
+    from acespec.sim.ceiling import against_ceiling
 
     cal = Calibration(pass_c0_s=0.1, pass_c1_s=0.0, draft_s=0.0, rtt_s=0.0, accept=0.0)  # cloud-only: 10 tok/s
     runs = []

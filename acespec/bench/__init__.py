@@ -1,18 +1,7 @@
 """Benchmarks: ratios measured side by side in one run (see docs/design/architecture.md, Measuring)."""
 
 import json
-import subprocess
 from pathlib import Path
-
-
-def stop_process(proc: subprocess.Popen, grace_s: float = 30.0) -> None:
-    """SIGTERM, then SIGKILL if it has not exited within `grace_s`; reaped either way."""
-    proc.terminate()
-    try:
-        proc.wait(grace_s)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(grace_s)
 
 
 def write_result(path: str | None, result: dict) -> None:

@@ -24,9 +24,24 @@ import argparse
 import sys
 import time
 
+from acespec.argtypes import nonneg_float as _temperature
 from acespec.bench import write_result
-from acespec.bench.wan import (BenchConfig, add_cores_arg, caveat, format_table, humaneval_prompts, load_pair, parse_modes,
-                               parse_rtts, run_wan_bench)
+from acespec.bench.wan import (
+    BenchConfig,
+    _pos_int,
+    add_cores_arg,
+    caveat,
+    format_table,
+    humaneval_prompts,
+    load_pair,
+    parse_modes,
+    parse_rtts,
+    run_wan_bench,
+)
+from acespec.draft.cache import DRAFTER_SLOTS, CacheConfig
+from acespec.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
+from acespec.net import PROFILES
+from acespec.sim.trace import dataset_prompts
 
 VARIANTS: dict[str, dict] = {
     "cloud-only": {"mode": "cloud-only"},
@@ -80,7 +95,7 @@ def check_bars(result: dict, budget_bytes: int) -> list[tuple[str, str, bool | N
     if led:
         worst_rtt, worst = min(led, key=lambda x: x[1])
         out.append(("cloud-led tokens/s >= cloud-only's at every RTT", f"worst {worst:.2f}x (RTT {worst_rtt} ms)", worst >= 1.0))
-    # the ceiling issue's bars: each mode against what the hardware allowed it in this run (bench/ceiling.py)
+    # the ceiling issue's bars: each mode against what the hardware allowed it in this run (sim/ceiling.py)
     for name, want in (("acespec", 0.8), ("cloud-only", 0.9)):
         frac = by[hi].get(name, {}).get("of_ceiling")
         if frac is not None:
@@ -95,11 +110,6 @@ def check_bars(result: dict, budget_bytes: int) -> list[tuple[str, str, bool | N
 
 
 def add_parser(bench_subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    from acespec.argtypes import nonneg_float as _temperature
-    from acespec.bench.wan import _pos_int
-    from acespec.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
-    from acespec.net import PROFILES
-
     p = bench_subparsers.add_parser("acespec", help="bench wan + AceSpec's mechanisms one at a time, and the bars")
     p.add_argument("--rtt", default="0,50,100,200", help="comma-separated round-trip times in ms")
     p.add_argument("--n-prompts", type=_pos_int, default=2)
@@ -126,8 +136,6 @@ def add_parser(bench_subparsers: argparse._SubParsersAction) -> argparse.Argumen
 
 
 def cmd_bench_acespec(args: argparse.Namespace) -> int:
-    from acespec.draft.cache import DRAFTER_SLOTS, CacheConfig
-
     names = parse_modes(args.variants, known=[*VARIANTS, *POLICY_VARIANTS])
     rtts = parse_rtts(args.rtt)
     profile = None if args.profile == "none" else args.profile
@@ -138,8 +146,6 @@ def cmd_bench_acespec(args: argparse.Namespace) -> int:
         if args.dataset == "humaneval":
             prompts = humaneval_prompts(target.tokenizer, args.n_prompts)
         else:
-            from acespec.sim.trace import dataset_prompts
-
             prompts = [(pid, list(target.tokenizer.chat_prompt([{"role": "user", "content": text}])))
                        for pid, text in dataset_prompts(args.dataset, args.n_prompts)]
         cfg = BenchConfig(rtts=rtts, modes=names, profile=profile, k=args.k, window=args.window,

@@ -31,6 +31,7 @@ import sys
 import time
 
 from acespec.bench import write_result
+from acespec.bench.children import ChildProcesses, wait_for_line
 
 PROMPTS = (
     "Write a Python function that checks whether a number is prime.",
@@ -125,7 +126,6 @@ def _figures(t0: float, first: float, last: float, n: int, text: str) -> dict:
 
 # ------------------------------------------------------------------------------------------ the bench
 def cmd_bench_api(args: argparse.Namespace) -> int:
-    from acespec.demo import ChildProcesses, wait_for_line
     from acespec.draft.cache import DRAFTER_SLOTS
     from acespec.edge.client import ConnectConfig
     from acespec.edge.service import edge_config_for

@@ -21,14 +21,16 @@ from contextlib import redirect_stdout
 from pathlib import Path
 
 from acespec.argtypes import pos_int
+from acespec.bench.sim import _modes
+from acespec.sim.capacity import H200_1P5B, RTT_MIX, TARGET_TOK_S, GpuCost, sweep, users_served
+from acespec.sim.profiles import DEVICE_PROFILES
+from acespec.sim.trace import TraceSet
 
 DEFAULT_TRACES = "humaneval-n4-t256.json"  # bundled with the package (acespec/sim/traces/)
 DEFAULT_NS = "1,4,16,64,256,1024"
 
 
 def add_parser(bench_subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    from acespec.sim.profiles import DEVICE_PROFILES
-
     p = bench_subparsers.add_parser("capacity", help="simulated: N edges on one cloud GPU, per-user speed and GPU cost",
                                     description=__doc__.split("\n\n")[0])
     p.add_argument("--n", default=DEFAULT_NS, help=f"edge counts, comma-separated (default {DEFAULT_NS})")
@@ -57,11 +59,6 @@ def _ns(text: str) -> list[int]:
 
 
 def cmd_bench_capacity(args: argparse.Namespace) -> int:
-    from acespec.bench.sim import _modes
-    from acespec.sim.capacity import H200_1P5B, RTT_MIX, TARGET_TOK_S, GpuCost, sweep, users_served
-    from acespec.sim.profiles import DEVICE_PROFILES
-    from acespec.sim.trace import TraceSet
-
     ns, modes = _ns(args.n), _modes(args.modes)
     gpu = GpuCost.from_profile(args.gpu_profile, args.shape) if args.gpu_profile else H200_1P5B
     edge = DEVICE_PROFILES[args.edge]
@@ -111,12 +108,10 @@ def cmd_bench_capacity(args: argparse.Namespace) -> int:
 
 
 def _plot(rows: list[dict], modes: list[str], path: Path, gpu_name: str) -> None:
-    import matplotlib
+    import matplotlib  # heavy: the eval extra (plots)
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from acespec.sim.capacity import TARGET_TOK_S
+    import matplotlib.pyplot as plt  # heavy: the eval extra (plots)
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.2))
     for m in modes:

@@ -13,12 +13,20 @@ prompt (rolled back in between), and the least-squares line through them.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import sys
 import time
 
 import numpy as np
 
+from acespec.argtypes import pos_int
 from acespec.bench import write_result
+from acespec.bench.wan import add_cores_arg, caveat, humaneval_prompts, load_pair
+from acespec.cloud.engine import SessionSpec, make_engine
+from acespec.draft.cache import CacheConfig
+from acespec.draft.chain import ChainDrafter
+from acespec.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
+from acespec.verify import RuleSpec, SamplingParams, probs_from_logits, verify_block
 
 
 def time_eval(model, prefix: list[int], sizes: list[int], repeats: int, stat: str = "min") -> list[float]:
@@ -57,10 +65,6 @@ def time_rows(draft, target, reps: int = 20) -> dict:
     and ranking its candidates for the state cache (`ChainDrafter._choose`), and the verifier turning a
     target row into probabilities and judging it (`probs_from_logits` + the greedy rule). On a 150k-token
     vocabulary these are milliseconds, which a model-call table alone would leave out."""
-    from acespec.draft.cache import CacheConfig
-    from acespec.draft.chain import ChainDrafter
-    from acespec.verify import RuleSpec, SamplingParams, probs_from_logits, verify_block
-
     rng = np.random.default_rng(0)
     sp, rule = SamplingParams(), RuleSpec.parse("greedy")
     d = ChainDrafter(draft, sampling=sp, rule=rule)
@@ -91,11 +95,6 @@ def time_engine(target, prompt: list[int], ks: list[int], repeats: int) -> tuple
     Also returns the seconds from opening the session to its first token: the prompt's prefill as
     the engine runs it (in fixed chunks, one per tick), which a bare prefill of the whole prompt in
     one call underprices (on one thread here, by about a third)."""
-    import asyncio
-
-    from acespec.cloud.engine import SessionSpec, make_engine
-    from acespec.verify import RuleSpec
-
     async def run() -> tuple[list[float], float]:
         engine = make_engine("batched", target)
         await engine.start()
@@ -154,10 +153,6 @@ def fit_line(sizes: list[int], seconds: list[float]) -> tuple[float, float]:
 
 
 def add_parser(bench_subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    from acespec.argtypes import pos_int
-    from acespec.bench.wan import add_cores_arg
-    from acespec.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
-
     p = bench_subparsers.add_parser("cost", help="what a model call costs per token evaluated (drafter and target)")
     p.add_argument("--draft", default=DEFAULT_DRAFT)
     p.add_argument("--target", default=DEFAULT_TARGET)
@@ -186,8 +181,6 @@ def _sizes(text: str) -> list[int]:
 
 
 def cmd_bench_cost(args: argparse.Namespace) -> int:
-    from acespec.bench.wan import caveat, humaneval_prompts, load_pair
-
     print(caveat(args.cores), file=sys.stderr)
     draft, target = load_pair(args.draft, args.target, n_ctx=args.n_ctx, cores=args.cores)
     try:

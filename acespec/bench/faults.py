@@ -30,6 +30,12 @@ from dataclasses import asdict, dataclass, field
 
 from acespec.argtypes import pos_int
 from acespec.bench import write_result
+from acespec.cloud.server import CloudServerThread, ServerConfig
+from acespec.edge.client import ConnectConfig
+from acespec.edge.runtime import EdgeConfig, run_edge
+from acespec.engine import SpecConfig, generate
+from acespec.models import load_model
+from acespec.net import WanProfile, WanProxyThread
 
 SCENARIOS = ("resets", "stalls", "loss", "handshake", "restart", "concurrent")
 TEMPERATURE = {"greedy": 0.0, "coupled": 0.8}
@@ -69,8 +75,6 @@ class FaultsConfig:
 
 class _Campaign:
     def __init__(self, cfg: FaultsConfig) -> None:
-        from acespec.models import load_model
-
         self.cfg = cfg
         self.rng = random.Random(cfg.seed)
         self.target = load_model(cfg.target)  # the cloud's (a restarted cloud loads its own)
@@ -81,16 +85,12 @@ class _Campaign:
 
     # -- pieces -------------------------------------------------------------------------------------
     def server_config(self, port: int = 0):
-        from acespec.cloud.server import ServerConfig
-
         n = max(64, 2 * self.cfg.concurrent)
         # every edge comes through the emulator, i.e. from one address: the per-address limit must fit them all
         return ServerConfig(host=HOST, port=port, max_sessions=n, max_connections=4 * n, max_connections_per_addr=4 * n,
                             max_new_tokens=max(4096, self.cfg.max_tokens), resume_grace_s=60.0)
 
     def drafter(self):
-        from acespec.models import load_model
-
         with self._lock:
             return load_model(self.cfg.draft)
 
@@ -98,8 +98,6 @@ class _Campaign:
         return [self.rng.randrange(1, self.vocab) for _ in range(8)]
 
     def reference(self, prompt: list[int], rule: str, seed: int) -> list[int]:
-        from acespec.engine import SpecConfig, generate
-
         key = (tuple(prompt), rule, seed)
         with self._lock:
             if key not in self._refs:
@@ -109,9 +107,6 @@ class _Campaign:
 
     def generate(self, port: int, prompt: list[int], rule: str, seed: int, out: Outcome, on_tokens=None) -> None:
         """One edge generation; its result checked against the undisturbed text and counted in `out`."""
-        from acespec.edge.client import ConnectConfig
-        from acespec.edge.runtime import EdgeConfig, run_edge
-
         ref = self.reference(prompt, rule, seed)
         drafter = self.drafter()
         cfg = EdgeConfig(mode=self.cfg.mode, rule=rule, k=self.cfg.k, temperature=TEMPERATURE[rule], seed=seed,
@@ -143,9 +138,6 @@ class _Campaign:
 
     # -- scenarios ----------------------------------------------------------------------------------
     def run(self, scenario: str, rule: str) -> Outcome:
-        from acespec.cloud.server import CloudServerThread
-        from acespec.net import WanProfile, WanProxyThread
-
         out = Outcome(scenario, rule)
         t0 = time.perf_counter()
         cloud = CloudServerThread(self.target if scenario != "restart" else self._fresh_target(), self.server_config()).start()
@@ -163,8 +155,6 @@ class _Campaign:
         return out
 
     def _fresh_target(self):
-        from acespec.models import load_model
-
         return load_model(self.cfg.target)
 
     def _seed(self) -> int:
@@ -201,8 +191,6 @@ class _Campaign:
             self.generate(proxy.port, self.prompt(), rule, self._seed(), out, on_tokens)
 
     def _loss(self, proxy, rule, out, port, clouds) -> None:
-        from acespec.net import WanProfile
-
         proxy.set_profile(WanProfile(rtt_ms=self.cfg.rtt_ms, loss_pct=5.0, seed=self.rng.randrange(1 << 30)))
         for _ in range(self.cfg.generations):
             self.generate(proxy.port, self.prompt(), rule, self._seed(), out)
@@ -213,8 +201,6 @@ class _Campaign:
             self.generate(proxy.port, self.prompt(), rule, self._seed(), out)
 
     def _restart(self, proxy, rule, out, port, clouds) -> None:
-        from acespec.cloud.server import CloudServerThread
-
         for _ in range(self.cfg.generations):
             mark = [self.rng.randrange(1, self.cfg.max_tokens // 2)]
             worker: list[threading.Thread] = []
@@ -223,7 +209,7 @@ class _Campaign:
                 clouds[-1].stop()
                 clouds.append(CloudServerThread(self._fresh_target(), self.server_config(port)).start())
 
-            def on_tokens(count) -> None:
+            def on_tokens(count, mark=mark, worker=worker) -> None:
                 if mark and count >= mark[0]:
                     mark.pop()
                     t = threading.Thread(target=restart, daemon=True)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import re
 import shutil
 import signal
 import socket
@@ -37,8 +38,18 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from acespec.argtypes import pos_int
-from acespec.bench import stop_process, write_result
-from acespec.bench.faults import TEMPERATURE  # the rules whose texts a campaign checks, and their temperatures
+from acespec.bench import write_result
+from acespec.bench.children import spawn, stop_process
+from acespec.bench.faults import (
+    TEMPERATURE,  # the rules whose texts a campaign checks, and their temperatures
+    FaultsConfig,
+    _Campaign,
+    lossless_rules,
+)
+from acespec.edge.client import ConnectConfig
+from acespec.edge.runtime import EdgeConfig, run_edge
+from acespec.net import WanProfile, WanProxyThread
+from acespec.tls import client_context
 
 HOST = "127.0.0.1"
 class FleetError(OSError):
@@ -94,13 +105,12 @@ class Replica:
         self.port, self.http_port = free_port(), free_port()
         self.proc: subprocess.Popen | None = None
 
-    def start(self, timeout: float = 60.0) -> "Replica":
+    def start(self, timeout: float = 60.0) -> Replica:
         exe = shutil.which("acespec", path=os.path.dirname(sys.executable)) or None
         cmd = [exe] if exe else [sys.executable, "-m", "acespec.cli"]
         tls = ["--tls-cert", self.tls[0], "--tls-key", self.tls[1]] if self.tls else []
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen([*cmd, "serve", "--host", HOST, "--port", str(self.port), "--metrics-port",
-                                          str(self.http_port), *tls, *self.args], stdout=log, stderr=subprocess.STDOUT)
+        self.proc = spawn([*cmd, "serve", "--host", HOST, "--port", str(self.port), "--metrics-port",
+                           str(self.http_port), *tls, *self.args], log=self.log_path)
         deadline = time.monotonic() + timeout
         while not self.ready():
             if self.proc.poll() is not None:
@@ -122,8 +132,6 @@ class Replica:
 
     def live_sessions(self) -> int:
         """Sessions with a connection now (its /metrics), 0 if it does not answer."""
-        import re
-
         try:
             text = urllib.request.urlopen(f"http://{HOST}:{self.http_port}/metrics", timeout=5).read().decode()
         except OSError:
@@ -144,14 +152,7 @@ class Replica:
     def stop(self, timeout: float = 30.0) -> int | None:
         if self.proc is None:
             return None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(30)
-        return self.proc.returncode
+        return stop_process(self.proc, timeout)
 
 
 class Balancer:
@@ -168,8 +169,7 @@ class Balancer:
         if check.returncode != 0:
             raise FleetError(f"haproxy refused its configuration: {check.stdout}{check.stderr}")
         self.log_path = workdir / "haproxy.log"
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen([exe, "-db", "-f", str(self.cfg_path)], stdout=log, stderr=subprocess.STDOUT)
+        self.proc = spawn([exe, "-db", "-f", str(self.cfg_path)], log=self.log_path)
         deadline = time.monotonic() + 10
         while True:
             try:
@@ -181,14 +181,13 @@ class Balancer:
                 time.sleep(0.05)
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            stop_process(self.proc, 10)
+        stop_process(self.proc, 10)
 
 
 def make_certificates(workdir: Path, n: int) -> tuple[str, list[tuple[str, str]]]:
     """A CA and `n` server certificates for SERVER_NAME, each with its own key; returns (CA PEM, [(cert, key)])."""
     try:
-        import trustme
+        import trustme  # heavy: the test extra
     except ImportError:
         raise FleetError("bench fleet makes its TLS certificates with trustme: run scripts/setup.sh dev") from None
     ca = trustme.CA()
@@ -243,8 +242,6 @@ class RuleOutcome:
 
 class _Run:
     def __init__(self, cfg: FleetConfig) -> None:
-        from acespec.bench.faults import FaultsConfig, _Campaign
-
         self.cfg = cfg
         # the fault campaign's references (the target alone), prompts and drafters, on this config's models
         self.camp = _Campaign(FaultsConfig(target=cfg.target, draft=cfg.draft, max_tokens=cfg.max_tokens, seed=cfg.seed))
@@ -252,9 +249,6 @@ class _Run:
         self.lock = threading.Lock()
 
     def rule(self, rule: str, log) -> RuleOutcome:
-        from acespec.net import WanProfile, WanProxyThread
-        from acespec.tls import client_context
-
         cfg = self.cfg
         out = RuleOutcome(rule)
         t0 = time.perf_counter()
@@ -281,7 +275,7 @@ class _Run:
                 with WanProxyThread(HOST, 0, HOST, lb.port, WanProfile(rtt_ms=2.0, seed=self.rng.randrange(1 << 30))) as wan:
                     self._campaign(rule, wan.port, tls, replicas, wan, out)
                     out.resets = wan.proxy.counters.resets
-                out.drain_exit = next((r.proc.returncode for r in replicas if r.name == out.drained), None)
+                out.drain_exit = next((r.proc.returncode for r in replicas if r.name == out.drained and r.proc is not None), None)
             finally:
                 if lb is not None:
                     lb.stop()
@@ -339,9 +333,6 @@ class _Run:
                 pass
 
     def _generate(self, rule, port, tls, prompt, seed, out: RuleOutcome) -> None:
-        from acespec.edge.client import ConnectConfig
-        from acespec.edge.runtime import EdgeConfig, run_edge
-
         cfg = self.cfg
         ref = self.camp.reference(prompt, rule, seed)
         drafter = self.camp.drafter()
@@ -412,8 +403,6 @@ def add_parser(bench_subparsers: argparse._SubParsersAction) -> argparse.Argumen
 
 
 def cmd_bench_fleet(args: argparse.Namespace) -> int:
-    from acespec.bench.faults import lossless_rules
-
     rules = lossless_rules(args.rules)
     if args.replicas < 2:
         raise ValueError("--replicas must be at least 2 (one is killed, another drained)")

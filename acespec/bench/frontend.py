@@ -26,15 +26,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
+import json
 import os
 import random
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 
+from acespec import wire
 from acespec.argtypes import pos_float, pos_int
-from acespec.bench import stop_process, write_result
+from acespec.bench import write_result
+from acespec.bench.children import spawn, stop_process, wait_for_line
 
 HOST = "127.0.0.1"
 VARIANTS = {  # name -> `acespec serve` arguments
@@ -123,8 +128,6 @@ class _Edge:
 
 
 async def _open(port: int, i: int, cfg: FrontendConfig, model_id: str) -> _Edge:
-    from acespec import wire
-
     reader, writer = await asyncio.open_connection(HOST, port)
     prompt = tuple(1 + (i + j) % 60 for j in range(cfg.prompt_len))
     writer.write(wire.encode(wire.Hello(model_id=model_id, max_tokens=4096, prompt=prompt, auth=b"", temperature=0.0,
@@ -143,8 +146,6 @@ async def _open(port: int, i: int, cfg: FrontendConfig, model_id: str) -> _Edge:
 
 
 async def _reader(e: _Edge, lat: list, errors: list) -> None:
-    from acespec import wire
-
     while True:
         try:
             data = await e.reader.read(65536)
@@ -164,8 +165,6 @@ async def _reader(e: _Edge, lat: list, errors: list) -> None:
 
 
 async def _measure(port: int, cfg: FrontendConfig, pid: int, log) -> FrontendResult:
-    from acespec import wire
-
     model_id = f"toy:vocab={64}"
     res = FrontendResult(config=asdict(cfg))
     res.rss_idle_mib = _rss_mib(pid)
@@ -190,7 +189,6 @@ async def _measure(port: int, cfg: FrontendConfig, pid: int, log) -> FrontendRes
 
     # the load generator's own heap (10,000 connections and their tasks) must not pause it for a
     # full garbage collection mid-measurement: its pauses would be counted as the server's latency
-    import gc
 
     gc.collect()
     gc.freeze()
@@ -281,15 +279,11 @@ def run_frontend(cfg: FrontendConfig, log=print, serve_args: tuple[str, ...] = (
         cmd = ["taskset", "-c", str(cfg.server_cpu), *cmd]
         others = os.sched_getaffinity(0) - {cfg.server_cpu}
         os.sched_setaffinity(0, others)
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    proc = spawn(cmd)
     try:
-        line = proc.stdout.readline()
-        if "listening on" not in line:
-            raise OSError(f"acespec serve did not start: {line!r}")
-        port = int(line.split("listening on ")[1].split()[0].rsplit(":", 1)[1])
-        proc.stdout.close()  # nothing more is read from it; the server prints little after its start
+        port = int(wait_for_line(proc, r"listening on \S+:(\d+)", 120, "acespec serve").group(1))
         try:
-            import resource
+            import resource  # heavy: Unix only
 
             soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
             resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, max(soft, n + 1024)), hard))
@@ -337,8 +331,6 @@ def cmd_bench_frontend(args: argparse.Namespace) -> int:
         res.variant = v
         results.append(asdict(res))
     else:  # each in a fresh load generator too: its heap after one variant would slow the next one's edges
-        import json
-        import tempfile
 
         for v in variants:
             with tempfile.TemporaryDirectory() as tmp:

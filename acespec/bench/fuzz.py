@@ -24,21 +24,21 @@ from __future__ import annotations
 import argparse
 import random
 import socket
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass
+from typing import Any
 
+from acespec import wire
 from acespec.argtypes import pos_int
-from acespec.bench import stop_process, write_result
+from acespec.bench import write_result
+from acespec.bench.children import spawn, stop_process, wait_for_line
 
 HOST = "127.0.0.1"
 
 
 def sample_frames(rng: random.Random, vocab: int = 64) -> list:
     """One valid frame of every type, with random fields."""
-    from acespec import wire
-
     toks = tuple(rng.randrange(vocab) for _ in range(rng.randrange(0, 8)))
     return [
         wire.Hello(model_id=f"toy:vocab={vocab}", max_tokens=rng.randrange(1, 64), prompt=toks or (1,), rule="coupled",
@@ -99,9 +99,7 @@ class FuzzResult:
 
 
 def fuzz_decoder(n: int, rng: random.Random, res: FuzzResult) -> None:
-    from acespec import wire
-
-    examples = []
+    examples: list[str] = []
     pool = [wire.encode(f) for f in sample_frames(rng)]
     for i in range(n):
         if i % 1000 == 0:
@@ -124,7 +122,7 @@ def fuzz_decoder(n: int, rng: random.Random, res: FuzzResult) -> None:
                 pos += step
         except wire.WireError:
             pass
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:  # noqa: BLE001 - anything but a WireError is a decoder crash, counted
             res.decoder_crashes += 1
             if len(examples) < 3:
                 examples.append(f"FrameDecoder({data!r}): {type(e).__name__}: {e}")
@@ -145,8 +143,6 @@ def _rss_kb(pid: int) -> int:
 
 def _recv_until(sock: socket.socket, dec, want, deadline: float):
     """Frames until one satisfies `want` (returned), the connection ends ("closed"), or the deadline ("hang")."""
-    from acespec import wire
-
     while True:
         left = deadline - time.monotonic()
         if left <= 0:
@@ -154,7 +150,7 @@ def _recv_until(sock: socket.socket, dec, want, deadline: float):
         sock.settimeout(left)
         try:
             data = sock.recv(65536)
-        except socket.timeout:
+        except TimeoutError:
             return "hang", []
         except OSError:
             return "closed", []
@@ -172,19 +168,16 @@ def _recv_until(sock: socket.socket, dec, want, deadline: float):
 
 
 def fuzz_server(n: int, batch: int, rng: random.Random, res: FuzzResult, target: str, frame_timeout: float) -> None:
-    from acespec import wire
-
     vocab = 64
     cmd = [sys.executable, "-m", "acespec.cli", "serve", "--target", target, "--port", "0", "--max-sessions", "256",
            "--frame-timeout", str(frame_timeout), "--handshake-timeout", "5", "--resume-grace", "0.2", "--idle-timeout", "30",
            "--max-connections-per-addr", "256", "--auth-failures-per-min", "0"]
-    srv = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    srv = spawn(cmd)
     try:
-        line = srv.stdout.readline()
-        port = int(line.split("listening on ")[1].split()[0].rsplit(":", 1)[1])
+        port = int(wait_for_line(srv, r"listening on \S+:(\d+)", 120, "acespec serve").group(1))
         prompt = (3, 1, 4, 1, 5, 9, 2, 6)
 
-        def open_session(max_tokens=4000):
+        def open_session(max_tokens: int = 4000) -> tuple[Any, Any, Any]:  # (socket, decoder, WELCOME) or (why, None, None)
             s = socket.create_connection((HOST, port), timeout=10)
             s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             s.sendall(wire.encode(wire.Hello(model_id=f"toy:vocab={vocab}", max_tokens=max_tokens, prompt=prompt,
@@ -236,8 +229,9 @@ def fuzz_server(n: int, batch: int, rng: random.Random, res: FuzzResult, target:
                 # up to `batch` - 1 valid frames of the session, then one mutated frame (so every mutated
                 # frame reaches the server's decoder), then a PING that says whether it was taken
                 chunk = bytearray()
-                for i in range(rng.randrange(batch)):
+                for _ in range(rng.randrange(batch)):
                     kind = rng.random()
+                    frame: wire.Frame
                     if kind < 0.75:
                         frame = wire.Draft(session=w.session, seq=seq, base=committed,
                                            tokens=tuple(rng.randrange(vocab) for _ in range(rng.randrange(0, 6))))
@@ -272,7 +266,7 @@ def fuzz_server(n: int, batch: int, rng: random.Random, res: FuzzResult, target:
                         s.shutdown(socket.SHUT_WR)
                 except OSError:
                     pass  # refused meanwhile: the reply says how
-                how, frames = _recv_until(s, dec, lambda f: isinstance(f, wire.Pong) and f.nonce == nonce,
+                how, frames = _recv_until(s, dec, lambda f, nonce=nonce: isinstance(f, wire.Pong) and f.nonce == nonce,
                                           time.monotonic() + frame_timeout + 10)
                 for f in frames:
                     if isinstance(f, wire.Verdict) and not f.dropped:

@@ -32,6 +32,8 @@ from dataclasses import asdict, dataclass, field
 
 from acespec.argtypes import pos_float, pos_int
 from acespec.bench import write_result
+from acespec.bench.children import ChildProcesses, wait_for_line
+from acespec.bench.fleet import free_port
 
 HOST = "127.0.0.1"
 NASTY_STRINGS = ["", "\ud800", "a\x00b", "x" * 100_000, "🙂" * 1000, "null", "-1", "1e400", " ", "\n" * 50]
@@ -263,13 +265,9 @@ def _valid(api_port: int, cloud_http_port: int, served: tuple[str, ...]) -> bool
 
 def run_fuzz_http(n: int, threads: int = 8, seed: int = 0, timeout: float = 30.0, log=print,
                   target: str = "toy:vocab=64,seed=1", draft: str = "toy:vocab=64,seed=1,noise=0.5") -> FuzzHttpResult:
-    from acespec.demo import ChildProcesses, wait_for_line
-
     exe = [sys.executable, "-m", "acespec.cli"]
     kids = ChildProcesses()
     try:
-        from acespec.bench.fleet import free_port
-
         cloud_port = free_port()
         cloud = kids.start([*exe, "serve", "--target", target, "--port", str(cloud_port), "--metrics-port", "0",
                             "--max-sessions", "64"])

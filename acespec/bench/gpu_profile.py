@@ -32,6 +32,7 @@ import platform
 import statistics
 import sys
 import time
+from typing import Any
 
 BATCHES = (1, 2, 4, 8, 16, 32, 64)  # sessions in one pass
 NEW_TOKENS = (1, 2, 3, 5, 9)  # T = K + 1 for K = 0, 1, 2, 4, 8
@@ -47,8 +48,8 @@ def _cache_kw(model) -> str:
 
 def measure(shape: str, *, device: str, dtype: str, prefix: int = 256, reps: int = 10,
             batches=BATCHES, new_tokens=NEW_TOKENS, say=print) -> dict:
-    import torch
-    from transformers import DynamicCache
+    import torch  # heavy: the hf extra
+    from transformers import DynamicCache  # heavy: the hf extra
 
     from acespec.models.synthetic import random_qwen2
 
@@ -107,8 +108,8 @@ def study_cell(shape: str, *, device: str, dtype: str, rules: list[str], batch: 
     `reps`, interleaved), with each rule's step as a multiple of the reference strict sampler's."""
     import types
 
-    import torch
-    from transformers import DynamicCache
+    import torch  # heavy: the hf extra
+    from transformers import DynamicCache  # heavy: the hf extra
 
     from acespec.cloud.vllm_plugin import apply_rules
     from acespec.models.synthetic import random_qwen2
@@ -121,7 +122,7 @@ def study_cell(shape: str, *, device: str, dtype: str, rules: list[str], batch: 
     kw = _cache_kw(model)
     g = torch.Generator(device="cpu").manual_seed(1)
     with torch.no_grad():
-        cache = DynamicCache()
+        cache: Any = DynamicCache()  # None once done: one_pass, which reads it, is not called again
         model(input_ids=torch.randint(0, V, (batch, prefix), generator=g).to(device), use_cache=True, **{kw: cache})
         new = torch.randint(0, V, (batch, k + 1), generator=g).to(device)
 
@@ -170,7 +171,7 @@ def study_cell(shape: str, *, device: str, dtype: str, rules: list[str], batch: 
     for n in names:
         say(f"  {shape} study cell, B={batch} K={k}: {n:10s} sampler {1e3 * med[n]:8.2f} ms, step {1e3 * step[n]:8.2f} ms "
             f"= {step[n] / step['reference']:.3f}x the reference strict step")
-    del cache
+    cache = None  # drops the KV memory
     if device.startswith("cuda"):
         torch.cuda.empty_cache()
     return {"batch": batch, "k": k, "prefix_tokens": prefix, "reference": reference, "pass_s": med["pass"],
@@ -192,7 +193,7 @@ def main(argv=None) -> int:
     ap.add_argument("--cell-k", type=int, default=4, help="drafts per session in the study cell's step (default 4)")
     ap.add_argument("--out", required=True, help="the profile file to write (JSON)")
     args = ap.parse_args(argv)
-    import torch
+    import torch  # heavy: the hf extra
 
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         print("gpu_profile: no CUDA device here", file=sys.stderr)
@@ -210,9 +211,11 @@ def main(argv=None) -> int:
     if args.cell_batch < 1 or args.cell_k < 1:
         print("gpu_profile: --cell-batch and --cell-k must be at least 1", file=sys.stderr)
         return 2
-    say = lambda s: print(s, flush=True)  # noqa: E731
+    def say(s: str) -> None:
+        print(s, flush=True)
+
     started = time.time()
-    profile = {
+    profile: dict[str, Any] = {
         "format": "acespec-device-profile", "version": 1, "engine": "transformers (eager, dynamic KV cache)",
         "device": torch.cuda.get_device_name(0) if args.device.startswith("cuda") else platform.processor() or "cpu",
         "torch": torch.__version__, "when": time.strftime("%Y-%m-%d %H:%M:%S"), "command": " ".join(sys.argv),

@@ -38,11 +38,18 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Sequence
 
-from acespec.bench import write_result
 from acespec.argtypes import pos_int as _pos_int
+from acespec.bench import write_result
+from acespec.control.policy import DepthPolicy
+from acespec.engine import SpecConfig, generate
+from acespec.engine.local import local_policy
+from acespec.eval.humaneval import chat_message, load_problems
+from acespec.models import load_model
+from acespec.models.base import check_compatible
+from acespec.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
 
 NOTE = (
     "note: on a 2-core CPU, verifying k tokens with the target costs about k single steps (compute-bound), "
@@ -94,8 +101,6 @@ class RunRecord:
 
 def humaneval_prompts(tokenizer, n: int) -> list[tuple[str, list[int]]]:
     """The first `n` HumanEval problems as (task id, chat prompt token ids)."""
-    from acespec.eval.humaneval import chat_message, load_problems
-
     problems = load_problems()
     if n > len(problems):
         raise ValueError(f"HumanEval has {len(problems)} problems, {n} requested")
@@ -117,11 +122,7 @@ def run_local_bench(
 ) -> dict:
     """Run every prompt under every configuration; returns {"configs": [...], "outputs_agree": ...}.
     Works with any pair of loaded models sharing a tokenizer (toy models in the tests)."""
-    from tqdm import tqdm
-
-    from acespec.engine import SpecConfig, generate
-    from acespec.engine.local import local_policy
-    from acespec.models.base import check_compatible
+    from tqdm import tqdm  # heavy: optional here
 
     check_compatible(draft, target)
     if not prompts:
@@ -134,7 +135,7 @@ def run_local_bench(
                 "use a larger --n-ctx or fewer --max-tokens"
             )
 
-    policies: dict[str, object] = {}  # the controller, one per config across the prompts (as a long-running process keeps it)
+    policies: dict[str, DepthPolicy] = {}  # the controller, one per config across the prompts (as a long-running process keeps it)
 
     def one(bs: BenchSpec, ids: list[int], n: int, keep: bool = True):
         draft.reset()
@@ -242,8 +243,6 @@ def format_table(result: dict) -> str:
 # ------------------------------------------------------------------------------------------ CLI
 def add_parser(bench_subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add `local` to the `acespec bench` subcommands."""
-    from acespec.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
-
     p = bench_subparsers.add_parser(
         "local",
         help="target-only vs speculative decoding (greedy, coupled, adaptive) in one process, side by side",
@@ -264,8 +263,6 @@ def add_parser(bench_subparsers: argparse._SubParsersAction) -> argparse.Argumen
 
 
 def cmd_bench_local(args: argparse.Namespace) -> int:
-    from acespec.models import load_model
-
     t0 = time.perf_counter()
     target = load_model(args.target, n_ctx=args.n_ctx)
     draft = load_model(args.draft, n_ctx=args.n_ctx)

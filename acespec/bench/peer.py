@@ -49,10 +49,16 @@ import tarfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from acespec import env as acespec_env
 from acespec.argtypes import pos_int
 from acespec.bench import write_result
+from acespec.engine import SpecConfig, generate
+from acespec.engine.local import local_policy
+from acespec.eval.humaneval import load_problems
+from acespec.models import load_model
+from acespec.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET, RegistryError, resolve
 
 TOOLS = ("llama-speculative-simple", "llama-completion")
 BAR = 1.3  # issue 24: AceSpec's best K at least this many times llama.cpp's best, same pair and threads
@@ -190,8 +196,9 @@ def parse_plain(stdout: str, stderr: str) -> tuple[str, int, float]:
 def parse_spec(stdout: str, stderr: str, prompt: str) -> tuple[str, int, float, int, int]:
     """(generated text, tokens, seconds, drafted, accepted) from llama-speculative-simple."""
     enc, dec = _ENC.search(stderr), _DEC.search(stderr)
-    counts = {k: rx.search(stderr) for k, rx in _COUNT.items()}
-    if not enc or not dec or not all(counts.values()):
+    found = {k: rx.search(stderr) for k, rx in _COUNT.items()}
+    counts = {k: m for k, m in found.items() if m is not None}
+    if not enc or not dec or len(counts) < len(found):
         raise PeerError("llama-speculative-simple printed no statistics (no `decoded N tokens` / n_accept lines)")
     text = stdout.removeprefix("\n\n").removeprefix(prompt).removesuffix("\n\n").removesuffix("\n\n")
     n = int(counts["n_predict"].group(1))
@@ -248,8 +255,6 @@ def config_name(k: int | str | None) -> str:
 
 def gguf_paths(draft_spec: str, target_spec: str) -> tuple[Path, Path]:
     """The two models' GGUF files: the peer runs llama.cpp models only."""
-    from acespec.models.registry import resolve
-
     out = []
     for flag, spec in (("--draft", draft_spec), ("--target", target_spec)):
         r = resolve(spec)
@@ -260,11 +265,6 @@ def gguf_paths(draft_spec: str, target_spec: str) -> tuple[Path, Path]:
 
 
 def run_bench(cfg: PeerConfig, bins, *, draft_spec: str, target_spec: str, progress=sys.stderr) -> dict:
-    from acespec.engine import SpecConfig, generate
-    from acespec.engine.local import local_policy
-    from acespec.eval.humaneval import load_problems
-    from acespec.models import load_model
-
     paths = gguf_paths(draft_spec, target_spec)
     target = load_model(target_spec, n_ctx=cfg.n_ctx, n_threads=cfg.threads)
     draft = load_model(draft_spec, n_ctx=cfg.n_ctx, n_threads=cfg.threads)
@@ -280,13 +280,14 @@ def run_bench(cfg: PeerConfig, bins, *, draft_spec: str, target_spec: str, progr
                 shift = (r * len(prompts) + pi) % len(confs)
                 for side, k in confs[shift:] + confs[:shift]:
                     if side == "llama.cpp":
+                        assert not isinstance(k, str), "the controller (AUTO) runs on AceSpec's side only"
                         s = run_peer(bins, cfg, paths, pid, text, k)
                     else:
                         draft.reset()
                         target.reset()
                         ids = target.tokenizer.encode(text)
                         auto = k == AUTO
-                        sc = SpecConfig(rule="greedy", k=4 if auto else (k or 0), max_tokens=cfg.max_tokens, spec=k is not None,
+                        sc = SpecConfig(rule="greedy", k=k if isinstance(k, int) else (4 if auto else 0), max_tokens=cfg.max_tokens, spec=k is not None,
                                         policy="controller" if auto else "fixed")
                         res = generate(target, ids, sc, draft=draft if k is not None else None,
                                        policy=auto_policy if auto else None)
@@ -316,7 +317,7 @@ def _mark_equal(samples: list[Sample]) -> None:
 
 
 def summarise(samples: list[Sample], cfg: PeerConfig, *, draft_spec: str, target_spec: str) -> dict:
-    rows = {}
+    rows: dict[str, dict[str, Any]] = {}  # "side config" -> its figures
     for side, k in configurations(cfg.ks):
         name = config_name(k)
         ss = [s for s in samples if s.side == side and s.config == name]
@@ -412,8 +413,6 @@ def draft_depths(text: str) -> tuple[int, ...]:
 
 
 def add_parser(bench_subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    from acespec.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
-
     p = bench_subparsers.add_parser("peer", help="AceSpec against llama.cpp's llama-speculative-simple, side by side")
     p.add_argument("--ks", type=draft_depths, default=(2, 4, 8), help="draft depths for both sides (default 2,4,8)")
     p.add_argument("--n-prompts", type=pos_int, default=4, help="HumanEval code stubs (default 4)")
@@ -430,8 +429,6 @@ def add_parser(bench_subparsers: argparse._SubParsersAction) -> argparse.Argumen
 
 
 def cmd_peer(args: argparse.Namespace) -> int:
-    from acespec.models.registry import RegistryError
-
     cfg = PeerConfig(ks=args.ks, n_prompts=args.n_prompts, max_tokens=args.max_tokens, repeats=args.repeats,
                      threads=args.threads)
     try:

@@ -10,12 +10,16 @@ alone; a step adds the model's pass, which on a real target is most of it.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import statistics
+import sys
 import time
 
 import numpy as np
 
 from acespec.argtypes import pos_int
+from acespec.cloud import vllm_plugin
+from acespec.verify import RuleSpec
 
 
 def add_parser(bench_subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -30,17 +34,11 @@ def add_parser(bench_subparsers: argparse._SubParsersAction) -> argparse.Argumen
 
 
 def cmd_plugin_cost(args: argparse.Namespace) -> int:
-    import importlib.util
-    import sys
-
     if importlib.util.find_spec("vllm") is None:
         print("bench plugin-cost needs vLLM, which this Python lacks: run `bash scripts/setup.sh vllm`, then "
               ".venv-vllm/bin/acespec bench plugin-cost", file=sys.stderr)
         return 2
-    import torch
-
-    from acespec.cloud import vllm_plugin
-    from acespec.verify import RuleSpec
+    import torch  # heavy: the hf extra
 
     rules = ["strict"] + [r for r in args.rules.split(",") if r.strip()]
     specs = {r: RuleSpec.parse(r) for r in rules}

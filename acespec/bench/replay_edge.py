@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass, field
 
 from acespec import wire
+from acespec.engine.follow import FollowConfig, UplinkBackoff
 from acespec.engine.stats import RunStats
 
 LEAD = 12  # cloud-led: tokens the replayed chain runs ahead of the stream
@@ -163,8 +164,6 @@ class ReplayEdge:
         """Cloud-led: follow the stream, keep the replayed chain LEAD tokens ahead of it and upload it as
         it grows; a streamed token the chain got wrong restarts it after that token. While the cloud
         verifies none of its drafts the uplink backs off as the edge's does (`UplinkBackoff`)."""
-        from acespec.engine.follow import FollowConfig, UplinkBackoff
-
         C = s = end = committed  # committed length, the chain's start, its end
         last = self.hello_at
         sent_end, sent_s, sent_at = -1, -1, 0.0  # the uploaded chain: its end, its start, when it went up
@@ -203,7 +202,7 @@ class ReplayEdge:
                     r = len(f.tokens) / (t - last)
                     rate = r if rate == 0 else 0.8 * rate + 0.2 * r
                 slow = self.draft_s > 0 and 1 / self.draft_s <= rate
-                up.step(f.drafted, telling=held or broke or slow)
+                up.step(f.drafted or 0, telling=held or broke or slow)  # a step's TOKENS say how many it drafted
                 C = f.start + len(f.tokens)
                 end = max(end, C)
                 if self.run.first_s != self.run.first_s:

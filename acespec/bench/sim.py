@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -28,6 +29,26 @@ from pathlib import Path
 from acespec.argtypes import nonneg_float as _nonneg
 from acespec.argtypes import parse_rtts
 from acespec.argtypes import pos_int as _pos_int
+from acespec.bench.acespec_bench import POLICY_VARIANTS, VARIANTS
+from acespec.bench.cost import calibrate, fit_line
+from acespec.bench.wan import BenchConfig, caveat, humaneval_prompts, load_pair, run_wan_bench
+from acespec.bench.wan import humaneval_prompts as eval_prompts
+from acespec.draft.cache import DRAFTER_SLOTS
+from acespec.models import load_model
+from acespec.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
+from acespec.net.profile import PROFILES, WanProfile, parse_rate, profile_from_args
+from acespec.sim.edge import MODES_DEFAULT, parse_mode, simulate
+from acespec.sim.profiles import DEVICE_PROFILES, DeviceProfile, device_profile
+from acespec.sim.report import (
+    format_assumptions,
+    format_table,
+    format_validation,
+    max_error,
+    parse_live,
+    run_grid,
+    validation_rows,
+)
+from acespec.sim.trace import TraceSet, dataset_prompts, record_traces
 
 DEFAULT_DIR = Path("runs/traces")
 DEFAULT_RTTS = "0,50,100,200"
@@ -37,10 +58,6 @@ CALIBRATION_SIZES = list(range(1, 13))  # drafter and target calls of 1..12 toke
 
 def add_parser(bench_subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add `sim` to the `acespec bench` subcommands."""
-    from acespec.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
-    from acespec.sim.edge import MODES_DEFAULT
-    from acespec.sim.profiles import DEVICE_PROFILES
-
     profiles = ["cpu-here", *DEVICE_PROFILES]
     p = bench_subparsers.add_parser(
         "sim", help="trace-driven simulation of edge-cloud runs under device and network profiles",
@@ -108,8 +125,6 @@ def newest_trace(directory: Path = DEFAULT_DIR) -> Path:
 
 
 def _net(args, rtt: float = 0.0):
-    from acespec.net.profile import PROFILES, WanProfile, parse_rate
-
     if args.net == "none":
         base = WanProfile()
     elif args.net in PROFILES:
@@ -132,8 +147,6 @@ def _net(args, rtt: float = 0.0):
 
 
 def _devices(spec: str, timings: dict):
-    from acespec.sim.profiles import DEVICE_PROFILES, device_profile
-
     names = ["cpu-here", *DEVICE_PROFILES] if spec.strip() == "all" else [s.strip() for s in spec.split(",") if s.strip()]
     if spec.strip() == "all" and not timings:
         names.remove("cpu-here")
@@ -141,8 +154,6 @@ def _devices(spec: str, timings: dict):
 
 
 def _modes(text: str) -> list[str]:
-    from acespec.sim.edge import parse_mode
-
     modes = [m.strip() for m in text.split(",") if m.strip()]
     for m in modes:
         parse_mode(m)  # validate
@@ -163,11 +174,8 @@ def cmd_bench_sim(args: argparse.Namespace) -> int:
 
 
 def _record(args) -> int:
-    from acespec.models import load_model
-
     args.n_prompts = args.n_prompts or 4
     args.max_tokens = args.max_tokens or 96
-    from acespec.sim.trace import dataset_prompts, record_traces
 
     if args.dataset == "sharegpt" and args.prompt_style == "eval":
         raise ValueError("--prompt-style eval is HumanEval's template; ShareGPT prompts are chat turns already")
@@ -180,8 +188,6 @@ def _record(args) -> int:
     draft = load_model(args.draft, n_ctx=args.n_ctx)
     try:
         if args.prompt_style == "eval":
-            from acespec.bench.wan import humaneval_prompts as eval_prompts
-
             prompts = eval_prompts(target.tokenizer, args.n_prompts)
         else:
             prompts = [(pid, list(target.tokenizer.chat_prompt([{"role": "user", "content": text}])))
@@ -201,15 +207,11 @@ def _record(args) -> int:
 
 
 def _load(args):
-    from acespec.sim.trace import TraceSet
-
     path = Path(args.traces) if args.traces else newest_trace()
     return path, TraceSet.load(path)
 
 
 def _simulate(args) -> int:
-    from acespec.sim.report import format_assumptions, format_table, run_grid
-
     path, ts = _load(args)
     devices = _devices(args.profile, ts.timings)
     rtts = parse_rtts(args.rtt or DEFAULT_RTTS)
@@ -236,10 +238,6 @@ def _simulate(args) -> int:
 
 
 def _validate(args) -> int:
-    from acespec.sim.profiles import DeviceProfile
-    from acespec.sim.report import format_validation, max_error, parse_live, run_grid, validation_rows
-    from acespec.sim.trace import TraceSet
-
     if args.dataset != "humaneval":
         raise ValueError("--validate runs `bench wan`'s HumanEval prompts live; --dataset applies to --record")
     n_prompts, max_tokens = args.n_prompts or 2, args.max_tokens or 64
@@ -299,11 +297,6 @@ def _retime(dev, live: dict, traces, net, k: int, window: int):
     the prompt's prefill among others, so they overstate a pass), the drafter's critical-path drafting
     time of the live sync runs against the same runs simulated, and the cloud-only time to first token
     (the prompt's prefill). Returns (profile, the scales), or (None, None) without per-run records."""
-    import dataclasses
-    import statistics
-
-    from acespec.sim.edge import parse_mode, simulate
-
     runs = [r for r in live.get("runs", []) if not r.get("error")]
     if not runs:
         return None, None  # a summary without its runs: nothing to take the costs from
@@ -334,8 +327,6 @@ def _retime(dev, live: dict, traces, net, k: int, window: int):
 
 def _mean_cost(a: dict, b: dict) -> dict:
     """Two calibrations of the same sizes, averaged number by number (the line fits refitted)."""
-    from acespec.bench.cost import fit_line
-
     out = {**a, "calibrations": [a, b]}
     out["models"] = {}
     for role in a["models"]:
@@ -354,20 +345,12 @@ def _mean_cost(a: dict, b: dict) -> dict:
 
 def _live_net(profile: str | None, seed: int):
     """The network the live run went through (its RTT replaced per row); None or `none`: an ideal link."""
-    from acespec.net.profile import WanProfile, profile_from_args
-
     return (profile_from_args(profile, rtt=0, seed=seed) if profile else None) or WanProfile()
 
 
 def _measure(args, cost, ts, live, n_prompts: int, max_tokens: int, rtts: list[float], variants: list[str], out_dir: Path):
     """Whatever the validation was not given, measured here with the pair loaded on split cores; each
     input is saved under `out_dir` so the comparison can be rerun from files."""
-    from acespec.bench.acespec_bench import POLICY_VARIANTS, VARIANTS
-    from acespec.bench.cost import calibrate
-    from acespec.bench.wan import BenchConfig, caveat, humaneval_prompts, load_pair, run_wan_bench
-    from acespec.draft.cache import DRAFTER_SLOTS
-    from acespec.sim.trace import record_traces
-
     cores = args.cores or "split"
     print(caveat(cores), file=sys.stderr)
     out_dir.mkdir(parents=True, exist_ok=True)

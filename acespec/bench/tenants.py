@@ -34,107 +34,48 @@ greedy and coupled, on the batch-invariant engine and on the plain one (one unif
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
-import statistics
 import sys
-import threading
-import time
 from collections import OrderedDict
 from pathlib import Path
 
 import numpy as np
 
-from acespec import wire
-from acespec.argtypes import pos_int
-from acespec.bench.tenants_report import _line, never_slower, plot, report  # noqa: F401  (re-exported)
-from acespec.bench.replay_edge import K, LEAD, WINDOW, EdgeRun, ReplayEdge  # noqa: F401  (re-exported)
-from acespec.engine.stats import draft_timeliness
+from acespec.argtypes import parse_rtts, pos_int
+from acespec.bench.edges import (
+    DEFAULT_TRACES,
+    MODES,
+    _ints,
+    _modes,
+    bundled_traces,
+    run_edges,
+    wan_port,
+)
+from acespec.bench.replay_edge import WINDOW, K
+from acespec.bench.tenants_report import _line, plot, report
+from acespec.bench.vllm import cmd_tenants_vllm
+from acespec.cloud.engine import make_engine
+from acespec.cloud.server import CloudServerThread, ServerConfig
+from acespec.engine.verifier import TargetVerifier
+from acespec.models.llama import LlamaCppModel
+from acespec.models.registry import DEFAULT_TARGET, installed_path, resolve
 
-MODES = ("acespec", "cloud-led", "sync", "cloud-only")
-CEILING_MODE = {"acespec": "pipelined", "cloud-led": "cloud-led", "sync": "sync", "cloud-only": "cloud-only"}  # bench/ceiling.py's
 ENGINES = ("batched", "serial")
-DEFAULT_TRACES = "humaneval-n16-t64.json"  # bundled with the package (acespec/sim/traces/)
-
-
-def bundled_traces(path: str = DEFAULT_TRACES):
-    """Acceptance traces to replay: a file, or the name of one bundled with the package."""
-    from acespec.sim.trace import TraceSet
-
-    return TraceSet.load(path)
 
 
 def _target(engine: str, n_slots: int, n_ctx: int):
     """The default target as each engine runs it: `batched` (exact: one KV stream per session),
     `shared` (one unified KV cache, one pass for every session), `serial` (one sequence)."""
-    from acespec.models.llama import LlamaCppModel
-    from acespec.models.registry import DEFAULT_TARGET, installed_path, resolve
-
     path = installed_path(DEFAULT_TARGET) or resolve(DEFAULT_TARGET, auto_install=True).path
+    if path is None:  # resolve installs a registry model or raises
+        raise RuntimeError(f"{DEFAULT_TARGET} is not installed")
     if engine == "serial":
         return LlamaCppModel(path, n_ctx=n_ctx, name=DEFAULT_TARGET)
     if engine == "shared":  # one unified cache holds every session: give it room for all of them
         return LlamaCppModel(path, n_ctx=n_ctx * n_slots, n_slots=n_slots, batch_invariant=False, name=DEFAULT_TARGET)
     return LlamaCppModel(path, n_ctx=n_ctx, n_slots=n_slots, batch_invariant=True, name=DEFAULT_TARGET)
-
-
-def _percentile(xs: list[float], q: float) -> float:
-    """Nearest-rank percentile (a latency that was observed), nan for no samples."""
-    return float(np.percentile(xs, 100 * q, method="nearest")) if xs else float("nan")
-
-
-def run_edges(port: int, traces, mode: str, n: int, *, model_id: str, vocab: int, rule: str = "greedy",
-              temperature: float = 0.0, max_tokens: int = 48, draft_s: float = 0.03, cap_s: float = 120.0,
-              seed: int = 0, auth: bytes = b"", rtt_s: float = 0.0) -> dict:
-    """N replay edges at once against the cloud listening on `port`; one table row (no engine figures).
-    `rtt_s`: the link's round trip, for the cell's ceiling."""
-    deadline = time.perf_counter() + cap_s
-    edges = [ReplayEdge(port, traces[i % len(traces)], mode, rule=rule, temperature=temperature, seed=seed + i,
-                        max_tokens=max_tokens, draft_s=draft_s, model_id=model_id, vocab=vocab, deadline=deadline,
-                        auth=auth, rtt_s=rtt_s) for i in range(n)]
-    out: list[EdgeRun | None] = [None] * n
-    threads = [threading.Thread(target=lambda i=i: out.__setitem__(i, edges[i].go())) for i in range(n)]
-    t0 = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(cap_s + 60)
-    wall = time.perf_counter() - t0
-    runs = [r for r in out if r is not None]
-    emitted = sum(len(r.tokens) for r in runs)
-    # a session's first verdict waits for its own prompt's prefill: reported apart, as time to first verdict
-    first = [r.first_s for r in runs if r.first_s == r.first_s]
-    lat = [x for r in runs for x in r.latencies]
-    # per session against its ceiling (bench/ceiling.py), on the passes this cell's own sessions reported
-    # (each a tick shared with the others); cloud-only streams report none, so they have no ceiling here
-    from acespec.bench.ceiling import against_ceiling, calibrate
-
-    cal = calibrate((r.stats for r in runs), rtt_s=rtt_s)
-    top, share, _ = against_ceiling([r.stats for r in runs], CEILING_MODE[mode], cal) if cal else (0.0, 0.0, 0)
-    return {
-        "mode": mode, "n": n, "rule": rule, "wall_s": round(wall, 3), "tokens": emitted,
-        "first_p50_s": _percentile(first, 0.5), "first_max_s": max(first) if first else float("nan"),
-        "agg_tok_s": emitted / wall if wall > 0 else 0.0,
-        "per_session_tok_s": statistics.mean(len(r.tokens) / r.wall_s for r in runs if r.wall_s > 0) if runs else 0.0,
-        "lat_p50_s": _percentile(lat, 0.5), "lat_p99_s": _percentile(lat, 0.99),
-        "passes_per_token": (sum(r.rounds for r in runs) / emitted) if emitted else float("nan"),
-        # cloud-led: the share of the streams' steps that had a usable draft
-        "timeliness": draft_timeliness(r.stats for r in runs) if mode == "cloud-led" else None,
-        "dropped": sum(r.dropped for r in runs),
-        "finished": sum(r.finished for r in runs), "capped": sum(not r.finished for r in runs),
-        "errors": [r.error for r in runs if r.error], "outputs": {r.prompt_id: r.tokens for r in runs},
-        "ceiling_tok_s": top or None, "of_ceiling": share or None,
-    }
-
-
-def wan_port(stack, port: int, rtt_ms: float) -> int:
-    """The port edges reach the server on `port` through: itself on loopback (0 ms), else the WAN
-    emulator's `wan` profile at `rtt_ms` in front of it, closed with `stack`."""
-    if rtt_ms <= 0:
-        return port
-    from acespec.net.profile import profile_from_args
-    from acespec.net.wan import WanProxyThread
-
-    return stack.enter_context(WanProxyThread("127.0.0.1", 0, "127.0.0.1", port, profile_from_args("wan", rtt=rtt_ms))).port
 
 
 def run_cell(engine, traces, mode: str, n: int, *, cap_s: float = 120.0, max_tokens: int = 48, rtt_ms: float = 0.0,
@@ -144,9 +85,6 @@ def run_cell(engine, traces, mode: str, n: int, *, cap_s: float = 120.0, max_tok
     5 Mbit/s up, 20 down), as `bench wan` does; 0 is loopback. `lead_memory`: the cloud-led pricer's
     memory (`CloudServer.lead_memory`) to start from and add to, as a server that ran the cells before
     this one would hold it."""
-    import contextlib
-
-    from acespec.cloud.server import CloudServerThread, ServerConfig
     target = engine.target
     # every replay edge connects from 127.0.0.1: lift the per-address connection limit past N
     cfg = ServerConfig(port=0, max_sessions=max(n, 1), max_new_tokens=max_tokens, idle_timeout_s=cap_s + 60,
@@ -171,11 +109,7 @@ class _RowLog:
     def __init__(self) -> None:
         self.rows: dict[tuple, list[str]] = {}
 
-    def __enter__(self) -> "_RowLog":
-        import hashlib
-
-        from acespec.engine.verifier import TargetVerifier
-
+    def __enter__(self) -> _RowLog:
         self._cls, self._real = TargetVerifier, TargetVerifier.finish
         real, rows = self._real, self.rows
 
@@ -184,17 +118,15 @@ class _RowLog:
                 hashlib.sha1(np.ascontiguousarray(logits, dtype=np.float32).tobytes()).hexdigest())
             return real(v, job, logits, seconds)
 
-        TargetVerifier.finish = finish
+        TargetVerifier.finish = finish  # type: ignore[method-assign]  # records every pass's rows while the cell runs
         return self
 
     def __exit__(self, *exc) -> None:
-        self._cls.finish = self._real
+        self._cls.finish = self._real  # type: ignore[method-assign]  # puts the real method back
 
 
 def invariance(model, traces, n: int, *, max_tokens: int, draft_s: float, cap_s: float, slots: int) -> list[dict]:
     """Each of n sessions alone, then all n at once, greedy and coupled: tokens, and target rows, that differ."""
-    from acespec.cloud.engine import make_engine
-
     rows = []
     for rule, temp in (("greedy", 0.0), ("coupled", 0.8)):
         alone = {}
@@ -261,31 +193,8 @@ def add_parser(sub) -> None:
     p.set_defaults(func=cmd_tenants)
 
 
-def _ints(text: str) -> list[int]:
-    try:
-        out = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise ValueError(f"expected comma-separated integers, got {text!r}") from None
-    if any(v < 1 for v in out):
-        raise ValueError(f"every N must be >= 1, got {text!r}")
-    return out
-
-
-def _modes(text: str) -> list[str]:
-    out = [m.strip() for m in text.split(",") if m.strip()]
-    bad = [m for m in out if m not in MODES]
-    if bad:
-        raise ValueError(f"unknown mode(s) {', '.join(bad)}; use {', '.join(MODES)}")
-    return out
-
-
 def cmd_tenants(args) -> int:
-    from acespec.argtypes import parse_rtts
-    from acespec.cloud.engine import make_engine
-
     if args.engine == "vllm":
-        from acespec.bench.vllm import cmd_tenants_vllm
-
         if args.temperature:
             raise ValueError("--temperature is not yet available with --engine vllm (its replayed edges are greedy)")
 
@@ -323,7 +232,9 @@ def cmd_tenants(args) -> int:
         raise ValueError("--draft-ms must be >= 0")
     n_ctx = max(len(t.prompt_tokens) for t in traces) + args.max_tokens + 2 * K + 16
     n_ctx = (n_ctx + 255) // 256 * 256
-    say = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
+    def say(s: str) -> None:
+        print(s, file=sys.stderr, flush=True)
+
     rows: list[dict] = []
     slots = max(ns + shared_ns + [args.invariance])
     result = {"command": "acespec bench tenants " + " ".join(sys.argv[3:]), "traces": str(path), "draft_s_per_token": draft_s,
@@ -348,7 +259,7 @@ def cmd_tenants(args) -> int:
 
         # one cloud-led pricer memory for the engine's cells, as one long-running server would hold: a
         # fresh one per cell would make every N = 1 session a server's first
-        memory = OrderedDict()
+        memory: OrderedDict = OrderedDict()
         try:
             run_cell(engine(), traces, cell_modes[0], 1, max_tokens=8, lead_memory=memory, **edge_kw)  # warm-up
             for rtt in rtts:

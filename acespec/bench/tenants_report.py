@@ -26,7 +26,8 @@ def _mean_row(runs: list[dict]) -> dict:
 def _timeliness(runs: list[dict]) -> float | None:
     """The cloud-led runs' mean draft timeliness (None where a run has none: files from before it)."""
     got = [r.get("timeliness") for r in runs]
-    return statistics.mean(got) if got and None not in got else None
+    values = [float(x) for x in got if x is not None]
+    return statistics.mean(values) if values and len(values) == len(got) else None
 
 
 def _on_time(t: float | None) -> str:
@@ -67,6 +68,7 @@ def never_slower(rows: list[dict]) -> list[str]:
         passes = statistics.mean(r["passes_per_token"] for r in led)
         out.append(f"  {engine:8s} RTT {rtt:5g} ms  N={n:<3d} {ratio:5.2f}x{spread} at {passes:.2f} passes/token"
                    f"{_on_time(_timeliness(led))}, {td} texts differ ({d} of {t} tokens from the first difference on)" + ("" if ratio >= 1.0 else "  <- slower"))
+    assert worst is not None, "a grid has at least one cell"
     out.append(f"  worst cell {worst[0]:.2f}x (RTT {worst[1]:g} ms, N = {worst[2]}): "
                + ("never slower in this run" if worst[0] >= 1.0 else "SLOWER than cloud-only in at least one cell")
                + f"; {texts_differ} of {texts} texts differ from cloud-only's ({differ} of {total} tokens from the first "
@@ -93,7 +95,7 @@ def report(result: dict) -> str:
                    f"{r['kv_alloc_mb']:11.1f} {r['capped']:6d} {_share(r.get('of_ceiling')):>9s}")
     out.append("first s: median over sessions of HELLO -> first verdict (cloud-only: first token), prompt prefill "
                "included; p50/p99: blocks sent after it, DRAFT -> VERDICT (cloud-only: gap between later tokens)")
-    out.append("sess/ceil: a session's steady rate over its ceiling (acespec/bench/ceiling.py) on the passes its cell's "
+    out.append("sess/ceil: a session's steady rate over its ceiling (acespec/sim/ceiling.py) on the passes its cell's "
                "sessions reported; cloud-only streams report none")
     if any(r["mode"] == "cloud-led" for r in rows):
         out.append("cloud-led: each cell's server starts from the pricer memory the engine's earlier cells left "
@@ -141,10 +143,10 @@ def report(result: dict) -> str:
 
 
 def plot(result: dict, png: str) -> None:
-    import matplotlib
+    import matplotlib  # heavy: the eval extra (plots)
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # heavy: the eval extra (plots)
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
     groups: dict[tuple[str, str], list[dict]] = {}

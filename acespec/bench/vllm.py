@@ -24,6 +24,7 @@ Two parts, one vLLM engine, one run:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import statistics
 import sys
@@ -33,13 +34,18 @@ from pathlib import Path
 
 import numpy as np
 
-from acespec.bench.tenants import K, MODES, _line, never_slower, run_edges, wan_port
+from acespec.argtypes import parse_rtts
+from acespec.bench.edges import MODES, _ints, _modes, bundled_traces, run_edges, wan_port
+from acespec.bench.replay_edge import K
+from acespec.bench.tenants_report import _line, never_slower
+from acespec.cloud.engine import make_engine
+from acespec.cloud.server import CloudServerThread, ServerConfig
+from acespec.models.synthetic import save_random_qwen2
+from acespec.sim.trace import PromptTrace
 
 
 def _traces(prompts: dict[str, list[int]], outputs: dict[str, list[int]], seed: int, p_right: float = 0.7):
     """PromptTraces with the cloud-only text `y` and drawn acceptance lengths (a_j = run of rights from j)."""
-    from acespec.sim.trace import PromptTrace
-
     rng = np.random.default_rng(seed)
     out = []
     for pid, prompt in prompts.items():
@@ -94,20 +100,13 @@ def verify_vs_decode(engine, loop, *, prefix: int = 200, k: int = 4, reps: int =
 
 
 def cmd_tenants_vllm(args) -> int:
-    import contextlib
-
-    from acespec.argtypes import parse_rtts
-    from acespec.bench.tenants import _ints, _modes
-    from acespec.cloud.engine import make_engine
-    from acespec.cloud.server import CloudServerThread, ServerConfig
-
     ns, modes, rtts = _ints(args.n), _modes(args.modes), parse_rtts(args.rtt)
-    say = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
+    def say(s: str) -> None:
+        print(s, file=sys.stderr, flush=True)
+
     tmp = None
     target = args.target
     if target is None:
-        from acespec.models.synthetic import save_random_qwen2
-
         tmp = tempfile.TemporaryDirectory(prefix="acespec-tiny-")
         target = str(save_random_qwen2(Path(tmp.name) / "qwen2-tiny"))
         say(f"bench tenants --engine vllm: serving a tiny random Qwen2 ({target})")
@@ -118,8 +117,6 @@ def cmd_tenants_vllm(args) -> int:
     if args.target is None:  # the tiny model has no tokenizer: random prompts
         prompts = {f"p{i}": [int(t) for t in rng.integers(0, V, int(rng.integers(20, 60)))] for i in range(n_prompts)}
     else:  # a real target (the exported default one): the recorded traces' chat prompts, not random ids that end at once
-        from acespec.bench.tenants import bundled_traces
-
         recorded = bundled_traces(args.traces).prompts
         if any(t >= V for tr in recorded for t in tr.prompt_tokens):
             raise ValueError(f"--traces {args.traces}: its prompts hold ids past this target's vocabulary ({V})")

@@ -32,12 +32,24 @@ import argparse
 import contextlib
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Sequence
+from typing import Any
 
-from acespec.bench import write_result
 from acespec.argtypes import parse_rtts
 from acespec.argtypes import pos_int as _pos_int
+from acespec.bench import write_result
+from acespec.cloud.engine import make_engine
+from acespec.cloud.server import CloudServerThread, ServerConfig
+from acespec.edge.client import ConnectConfig, EdgeError
+from acespec.edge.runtime import EdgeConfig, run_edge
+from acespec.eval.datasets import load_items
+from acespec.models import load_model
+from acespec.models.base import check_compatible
+from acespec.models.llama import on_cpus, split_cpus, split_threads
+from acespec.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET, resolve
+from acespec.net import PROFILES, WanProxyThread, profile_from_args
+from acespec.sim.ceiling import against_ceiling, calibrate
 
 MODES = ("cloud-only", "sync", "pipelined")
 DEFAULT_RTTS = "0,50,100,200"
@@ -58,8 +70,6 @@ SPLIT_CAVEAT = (
 
 
 def caveat(cores: str) -> str:
-    from acespec.models.llama import split_threads
-
     if cores == "shared":
         return CAVEAT
     edge, cloud = split_threads(cores)
@@ -68,10 +78,6 @@ def caveat(cores: str) -> str:
 
 def load_pair(draft_spec: str, target_spec: str, *, n_ctx: int, cores: str = "shared", draft_slots: int = 1):
     """(drafter, target) for a benchmark, with threads per --cores (llama.cpp models only)."""
-    from acespec.models import load_model
-    from acespec.models.llama import split_threads
-    from acespec.models.registry import resolve
-
     edge, cloud = split_threads(cores)
 
     def opts(spec: str, threads: int | None, slots: int) -> dict:
@@ -103,8 +109,6 @@ def parse_modes(text: str, known: Sequence[str] = MODES) -> list[str]:
 
 def humaneval_prompts(tokenizer, n: int) -> list[tuple[str, list[int]]]:
     """The first `n` HumanEval problems as (task id, chat prompt ids), as the eval harness builds them."""
-    from acespec.eval.datasets import load_items
-
     out = []
     for item in load_items("humaneval", n):
         ids = list(tokenizer.chat_prompt([{"role": "user", "content": item.text}]))
@@ -165,15 +169,7 @@ def run_wan_bench(draft, target, prompts: Sequence[tuple[str, list[int]]], cfg: 
 
     `draft`, `target`: loaded models sharing a tokenizer. The cloud server and the WAN emulator live for
     the whole call. Works with toy models too (tests)."""
-    from tqdm import tqdm
-
-    from acespec.cloud.engine import make_engine
-    from acespec.cloud.server import CloudServerThread, ServerConfig
-    from acespec.edge.client import ConnectConfig, EdgeError
-    from acespec.edge.runtime import EdgeConfig, run_edge
-    from acespec.models.base import check_compatible
-    from acespec.models.llama import on_cpus, split_cpus
-    from acespec.net import WanProxyThread, profile_from_args
+    from tqdm import tqdm  # heavy: optional here
 
     check_compatible(draft, target)
     if not prompts:
@@ -192,7 +188,7 @@ def run_wan_bench(draft, target, prompts: Sequence[tuple[str, list[int]]], cfg: 
         if reset_models:  # every run pays its own prefill, as a new session would
             _reset_cloud_model(cloud)
             draft.reset()
-        opts = {"mode": name, "k": cfg.k, "window": cfg.window}
+        opts: dict[str, Any] = {"mode": name, "k": cfg.k, "window": cfg.window}  # EdgeConfig fields
         opts.update(cfg.variants.get(name, {}))
         # coupled is lossless to the token (the noise is the seed's and the position's), so every mode
         # of a prompt at one seed writes one text, as greedy does
@@ -295,12 +291,10 @@ def _decode_rate(runs: Sequence[RunRecord]) -> float:
 
 
 def _ceilings(by_rtt: dict, records: Sequence[RunRecord], stats: dict, cfg: BenchConfig) -> None:
-    """Each (RTT, mode)'s ceiling and its steady rate's share of it (bench/ceiling.py), calibrated on
+    """Each (RTT, mode)'s ceiling and its steady rate's share of it (sim/ceiling.py), calibrated on
     every run at that RTT: their passes pooled, each run held to its own acceptance and round trip. The
     share is of the steady rate (after the first commit): the ceiling is a stream's steady rate, and the
     prompt's prefill is the same cloud work in every mode."""
-    from acespec.bench.ceiling import against_ceiling, calibrate
-
     for rtt in cfg.rtts:
         runs = [r for r in records if r.rtt_ms == rtt and id(r) in stats]
         cal = calibrate(stats[id(r)] for r in runs)
@@ -341,7 +335,7 @@ def summarize(records: Sequence[RunRecord], rtts: Sequence[float], modes: Sequen
                 "mean_k": round(_mean([k for r in runs for k in r.k_chosen]), 3) if any(r.k_chosen for r in runs) else None,
                 # cloud-led: the share of the stream's steps that had a usable draft (the others step plainly)
                 "timeliness": (round(sum(r.draft_steps for r in runs) / sum(r.steps for r in runs), 4)
-                               if mode == "cloud-led" and sum(r.steps for r in runs) else None),
+                               if mode == "cloud-led" and sum(r.steps for r in runs) > 0 else None),
                 # where the time goes, as fractions of the wall time (edge: one thread; cloud: its busy share)
                 "time": {
                     "draft": _share(sum(r.draft_s for r in runs), wall),
@@ -435,9 +429,6 @@ def format_table(result: dict) -> str:
 
 def add_parser(bench_subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add `wan` to the `acespec bench` subcommands."""
-    from acespec.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
-    from acespec.net import PROFILES
-
     p = bench_subparsers.add_parser(
         "wan", help="cloud-only vs sync vs pipelined over an emulated WAN, side by side",
         description="Cloud-only, sync and pipelined speculative decoding (greedy) on HumanEval prompts through the "
@@ -485,7 +476,6 @@ def cmd_bench_wan(args: argparse.Namespace) -> int:
         target.close()
     result["elapsed_s"] = round(time.perf_counter() - t0, 2)
     result["cores"], result["caveat"] = args.cores, caveat(args.cores)
-    from acespec.net import profile_from_args
 
     prof = profile_from_args(cfg.profile, rtt=0)
     print(f"acespec bench wan: {args.draft} -> {args.target}, greedy, k={cfg.k}, window={cfg.window}, "

@@ -45,7 +45,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from acespec.cloud.engine import EngineBusy, EngineSession, EngineStopped, SessionSpec, VerifyEngine
+from acespec.cloud.engine_api import EngineBusy, EngineSession, EngineStopped, SessionSpec, VerifyEngine
 from acespec.engine.verifier import Verdict, VerifyJob
 from acespec.models.base import Model
 
@@ -116,8 +116,11 @@ class BatchedEngine(VerifyEngine):
         cfg = config or BatchConfig()
         if cfg.slots is None:
             cfg = dataclasses.replace(cfg, slots=target.n_slots)
-        if target.n_slots < cfg.slots:
-            raise ValueError(f"the target holds {target.n_slots} KV sequences; the engine wants {cfg.slots}")
+        # the config's Optional fields, resolved (by the line above and BatchConfig.__post_init__)
+        self.slots: int = cfg.slots or target.n_slots
+        self.chunk: int = cfg.prefill_chunk or min(64, cfg.tick_tokens)
+        if target.n_slots < self.slots:
+            raise ValueError(f"the target holds {target.n_slots} KV sequences; the engine wants {self.slots}")
         self.cfg = cfg
         self._ids = itertools.count(1)
         self._cv = threading.Condition()
@@ -194,11 +197,11 @@ class BatchedEngine(VerifyEngine):
         with self._cv:
             resident = [st for st in self._holder.values()]
             retained = list(self._retained)
-            kv = sum(self.target.held(st.slot) for st in resident)
+            kv = sum(self.target.held(st.slot) for st in resident if st.slot is not None)  # resident: a slot each
             return {
-                "engine": self.name, "slots": self.cfg.slots, "tick_tokens": self.cfg.tick_tokens,
+                "engine": self.name, "slots": self.slots, "tick_tokens": self.cfg.tick_tokens,
                 "sessions": len(self._sessions), "resident": len(resident), "kv_tokens": kv, "kv_peak": self.kv_peak,
-                "kv_tokens_allocated": self.target.kv_cells or self.cfg.slots * self.target.n_ctx,
+                "kv_tokens_allocated": self.target.kv_cells or self.slots * self.target.n_ctx,
                 "kv_bytes_per_token": int(getattr(self.target, "kv_bytes_per_token", 0)),
                 "ticks": self.ticks, "evaluated": self.evaluated, "verdicts": self.verdicts, "swaps": self.swaps,
                 "refused": self.refused, "max_batch_sessions": self.max_batch_sessions,
@@ -309,7 +312,7 @@ class BatchedEngine(VerifyEngine):
             slot = self._free_slot(exclude=None)
         if slot is None:
             self.refused += 1
-            _fail(op.fut, EngineBusy(f"all {self.cfg.slots} KV sequences are held by active sessions; retry later"))
+            _fail(op.fut, EngineBusy(f"all {self.slots} KV sequences are held by active sessions; retry later"))
             return
         with self._cv:
             self._sessions[s.id] = s
@@ -322,7 +325,7 @@ class BatchedEngine(VerifyEngine):
         recently used idle session, that session), else (None, None). Picks only: `_free_slot` takes it."""
         holders = dict(self._holder)  # /ready reads this from another thread
         retained = list(self._retained)
-        for slot in range(self.cfg.slots):
+        for slot in range(self.slots):
             if slot not in holders and slot not in retained:
                 return slot, None
         if retained:  # a closed session's KV goes before any live session's (oldest first)
@@ -379,7 +382,7 @@ class BatchedEngine(VerifyEngine):
         the same tokens, by the same pass, over the same KV before it."""
         history, prompt_len = self._retained[slot]
         held = self._held_tokens(slot)
-        c = self.cfg.prefill_chunk
+        c = self.chunk
         starts = sorted(history)
         keep, i = 0, 0
         while i < len(starts) and starts[i] == keep:
@@ -475,9 +478,9 @@ class BatchedEngine(VerifyEngine):
                         _fail(op.fut, e)
                     continue
                 if op.job is None:
-                    args = (0, s.verifier.committed, []) if op.kind == "step" else op.args
+                    args: tuple = (0, s.verifier.committed, []) if op.kind == "step" else op.args
                     try:
-                        job = s.verifier.prepare(*args[:3], args[3] if len(args) > 3 else None)
+                        job = s.verifier.prepare(args[0], args[1], args[2], args[3] if len(args) > 3 else None)
                     except Exception as e:
                         s.ops.popleft()
                         _fail(op.fut, e)
@@ -551,7 +554,7 @@ class BatchedEngine(VerifyEngine):
         again = s.history.get(have)
         if again is not None:
             return list(again), True
-        c = self.cfg.prefill_chunk
+        c = self.chunk
         return s.verifier.tokens[have : min(s.verifier.committed - 1, (have // c + 1) * c)], False
 
     @staticmethod
@@ -566,6 +569,7 @@ class BatchedEngine(VerifyEngine):
         which every verify evaluates); returns how many tokens it keeps."""
         m = self.target
         prev = m.slot
+        assert s.slot is not None, "only a resident session is synced"
         try:
             m.activate(s.slot)
             return m.sync(s.verifier.tokens[:-1])

@@ -17,9 +17,11 @@ with the prefix `acespec:`; counters end in `_total` as Prometheus expects.
 from __future__ import annotations
 
 import json
+import sys
 import threading
 import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
@@ -93,7 +95,7 @@ HEALTH_LOOP_TIMEOUT_S = 5.0  # /health fails when the event loop has not run a c
 class _Handler(BaseHTTPRequestHandler):
     server_version = "acespec"
     protocol_version = "HTTP/1.1"
-    cloud = None  # the CloudServer (set on the subclass start_metrics_server makes)
+    cloud: Any = None  # the CloudServer (set on the subclass start_metrics_server makes)
     registry: CollectorRegistry
 
     def log_message(self, fmt, *args) -> None:  # health checks every second would flood stderr
@@ -122,7 +124,7 @@ class _Handler(BaseHTTPRequestHandler):
             ready, reason = self.cloud.readiness()
             self._json(200 if ready else 503, {"ready": ready, "reason": reason})
         else:
-            self._json(404, {"error": f"no such path; try /metrics, /health or /ready"})
+            self._json(404, {"error": "no such path; try /metrics, /health or /ready"})
 
     do_HEAD = do_GET
 
@@ -153,7 +155,6 @@ class _HTTPServer(ThreadingHTTPServer):
 
     def handle_error(self, request, client_address) -> None:
         # a health checker that hangs up after the status line (HAProxy does) is not an error
-        import sys
 
         if isinstance(sys.exc_info()[1], ConnectionError):
             return

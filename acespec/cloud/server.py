@@ -39,7 +39,15 @@ import numpy as np
 
 from acespec import wire
 from acespec.cloud.auth import Gatekeeper
-from acespec.cloud.engine import EngineBusy, EngineRefused, EngineSession, EngineStopped, SessionSpec, VerifyEngine, make_engine
+from acespec.cloud.engine import (
+    EngineBusy,
+    EngineRefused,
+    EngineSession,
+    EngineStopped,
+    SessionSpec,
+    VerifyEngine,
+    make_engine,
+)
 from acespec.cloud.websocket import WsListener
 from acespec.control.lead import LeadConfig, LeadMemory
 from acespec.engine.lead import LeadState
@@ -775,7 +783,7 @@ class CloudServer:
 class CloudServerThread:
     """Runs a `CloudServer` on its own event loop in a background thread (tests, demo, benchmarks)."""
 
-    def __init__(self, target: Model, config: ServerConfig | None = None) -> None:
+    def __init__(self, target: Model | VerifyEngine, config: ServerConfig | None = None) -> None:
         import threading
 
         self.server = CloudServer(target, config)

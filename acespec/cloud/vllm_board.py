@@ -38,9 +38,9 @@ parents[i] = i.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from multiprocessing import shared_memory
-from typing import Sequence
 
 import numpy as np
 
@@ -53,7 +53,7 @@ HEADER = 12
 CONFIG_KEY = "acespec_board"  # vllm_config.additional_config entry: {"name", "slots", "max_drafts", "draft_len"}
 
 
-def prompt_key(prompt: Sequence[int]) -> int:
+def prompt_key(prompt: Sequence[int] | np.ndarray) -> int:
     """The slot key of a session: its prompt's length and tokens, as a positive int64."""
     h = hashlib.blake2b(np.asarray(prompt, dtype=np.int64).tobytes(), digest_size=8,
                         person=len(prompt).to_bytes(8, "little"))
@@ -190,7 +190,7 @@ class QRows:
     """The q rows of one draft on the board, read from shared memory when indexed (only the rows a
     proposal uses are read); check `BoardReader.still` after reading."""
 
-    def __init__(self, reader: "BoardReader", slot: int, draft: int) -> None:
+    def __init__(self, reader: BoardReader, slot: int, draft: int) -> None:
         self.reader, self.slot, self.draft = reader, slot, draft
 
     def __getitem__(self, token: int) -> tuple[tuple[int, float], ...]:
@@ -233,7 +233,8 @@ class BoardReader(_Segment):
                 toks = tuple(int(t) for t in r[w + 2 : w + 2 + n])
                 par = tuple(int(p) for p in r[w + 2 + L : w + 2 + L + n])
                 q = QRows(self, int(i), j) if self.shape.q_topn else None
-                drafts.append(BoardDraft(base, toks, None if par == tuple(range(n)) else par, q))
+                # QRows reads a token's row from shared memory when indexed, which is all a board reader does with q
+                drafts.append(BoardDraft(base, toks, None if par == tuple(range(n)) else par, q))  # type: ignore[arg-type]
                 w += 2 + 2 * L
             out.append(SlotView(int(i), int(r[KEY]), int(r[PLEN]), int(r[GEN]), int(r[K_CAP]), drafts, s0))
         return out

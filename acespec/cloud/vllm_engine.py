@@ -44,12 +44,16 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from acespec.cloud.engine import EngineRefused, EngineSession, EngineStopped, SessionSpec, VerifyEngine
+from acespec.cloud.engine_api import EngineRefused, EngineSession, EngineStopped, SessionSpec, VerifyEngine
+from acespec.cloud.vllm_board import CONFIG_KEY, BoardShape, SharedBoard
+from acespec.cloud.vllm_plugin import RULE_ARG
 from acespec.engine.verifier import Verdict
 from acespec.models.base import ModelError, Tokenizer
+from acespec.models.hf import TOKENIZER_FILES, HFTokenizer, _IdTokenizer
 from acespec.verify.topk import TopKRuleError, dense_logits, tail_mass_bound, topk_exactness
 
 log = logging.getLogger("acespec.vllm")
@@ -87,8 +91,6 @@ class TargetInfo:
 
 def load_target_info(model_dir: str | Path, n_ctx: int) -> TargetInfo:
     """Read config.json and the tokenizer of a Hugging Face model directory (no weights)."""
-    from acespec.models.hf import TOKENIZER_FILES, HFTokenizer, _IdTokenizer
-
     path = Path(model_dir)
     cfg_file = path / "config.json"
     if not cfg_file.is_file():
@@ -103,7 +105,7 @@ def load_target_info(model_dir: str | Path, n_ctx: int) -> TargetInfo:
         raise ModelError(f"--n-ctx {n_ctx} exceeds the model's {ctx} positions")
     has_tok = any((path / f).is_file() for f in TOKENIZER_FILES)
     if has_tok:
-        import transformers
+        import transformers  # heavy: the hf extra
 
         tok: Tokenizer = HFTokenizer(transformers.AutoTokenizer.from_pretrained(str(path)), vocab_size=vocab)
     else:  # a bare checkpoint (the tests' random models): token i is <i>
@@ -123,7 +125,7 @@ class _Session(EngineSession):
     native: bool = False  # cloud-led inside vLLM's speculative decoding (see the module docstring)
     slot: int | None = None  # native: its slot on the shared draft board
     counted: tuple[int, int] = (0, 0)  # native: the board's (proposed, accepted) counters at the last step
-    stream: object = None  # cloud-only greedy, native cloud-led: the open vLLM stream (an async generator)
+    stream: Any = None  # cloud-only greedy, native cloud-led: the open vLLM stream (an async generator)
     stream_at: int = -1  # committed length the stream's next token follows
     streamed: deque = field(default_factory=deque)  # tokens the stream delivered ahead of step()
 
@@ -139,9 +141,10 @@ class VllmEngine(VerifyEngine):
         if not 1 <= cfg.logprobs <= 20:
             raise ValueError(f"logprobs must be in 1..20 (vLLM slows sharply past that), got {cfg.logprobs}")
         self.cfg = cfg
-        self.target = load_target_info(cfg.model, cfg.n_ctx)
-        self._llm = None
-        self._board = None  # lead_k > 0: the shared draft board (created at start)
+        # what the server reads of a target (tokenizer, vocabulary, fingerprint, context), not a Model that decodes
+        self.target = load_target_info(cfg.model, cfg.n_ctx)  # type: ignore[assignment]
+        self._llm: Any = None  # vLLM's AsyncLLM, made at start (vLLM is imported there)
+        self._board: SharedBoard | None = None  # lead_k > 0: the shared draft board (created at start)
         self._ids = itertools.count(1)
         self._rids = itertools.count(1)
         self._live: set[_Session] = set()
@@ -165,9 +168,9 @@ class VllmEngine(VerifyEngine):
         if self._llm is not None:
             return
         try:
-            from vllm.engine.arg_utils import AsyncEngineArgs
-            from vllm.platforms import current_platform
-            from vllm.v1.engine.async_llm import AsyncLLM
+            from vllm.engine.arg_utils import AsyncEngineArgs  # heavy: the vllm extra
+            from vllm.platforms import current_platform  # heavy: the vllm extra
+            from vllm.v1.engine.async_llm import AsyncLLM  # heavy: the vllm extra
         except ImportError as e:
             raise ModelError("the vLLM engine needs vLLM: run `scripts/setup.sh vllm` and serve from .venv-vllm") from e
         cpu = current_platform.is_cpu()
@@ -176,13 +179,11 @@ class VllmEngine(VerifyEngine):
         c = self.cfg
         lead = {}
         if c.lead_k > 0:
-            from acespec.cloud.vllm_board import CONFIG_KEY, BoardShape, SharedBoard
-
-            self._board = SharedBoard(BoardShape(slots=c.max_sessions, q_topn=c.lead_q_topn))
+            board = self._board = SharedBoard(BoardShape(slots=c.max_sessions, q_topn=c.lead_q_topn))
             lead = dict(
                 speculative_config={"method": "custom_class", "model": "acespec.cloud.vllm_proposer.EdgeDraftProposer",
                                     "num_speculative_tokens": c.lead_k},
-                additional_config={CONFIG_KEY: {**self._board.shape.as_config(self._board.name), "price": c.lead_price}},
+                additional_config={CONFIG_KEY: {**board.shape.as_config(board.name), "price": c.lead_price}},
             )
         args = AsyncEngineArgs(
             model=c.model, skip_tokenizer_init=True, max_model_len=c.n_ctx, max_logprobs=c.logprobs,
@@ -226,7 +227,7 @@ class VllmEngine(VerifyEngine):
         return self._board.shape.q_topn if self._board is not None else 0
 
     async def open(self, spec: SessionSpec) -> EngineSession:
-        slot = self._board.assign(spec.prompt, self.cfg.lead_k) if self._native(spec) else None
+        slot = self._board.assign(spec.prompt, self.cfg.lead_k) if self._board is not None and self._native(spec) else None
         if slot is not None:
             s = _Session(next(self._ids), self._make_verifier(spec), spec=spec, native=True, slot=slot)
             self._live.add(s)
@@ -306,7 +307,8 @@ class VllmEngine(VerifyEngine):
             chunk = await self._stream_chunk(s, lead=True)
             # what vLLM's steps behind this chunk proposed and kept, from the proposer's counters (they
             # lag one step: a proposal is accounted when the next step shows what it earned)
-            c = self._board.counters(s.slot) if s.slot is not None else {"proposed": 0, "accepted": 0}
+            c = (self._board.counters(s.slot) if s.slot is not None and self._board is not None
+                 else {"proposed": 0, "accepted": 0})
             drafted, accepted = c["proposed"] - s.counted[0], c["accepted"] - s.counted[1]
             s.counted = (c["proposed"], c["accepted"])
             self.lead_tokens += len(chunk)
@@ -330,14 +332,14 @@ class VllmEngine(VerifyEngine):
         async def __aexit__(self, *exc) -> None:
             self.s.lock.release()
 
-    def _turn(self, s: _Session) -> "_Turn":
+    def _turn(self, s: _Session) -> _Turn:
         if self._llm is None:
             raise EngineStopped("the vLLM engine is not running")
         return self._Turn(s)
 
     def _params(self, k: int, *, skip_cache: bool, logprobs: bool = True, top: int | None = None, **kw):
         """vLLM sampling params for a request of k draft tokens; `top`: tokens per row (default K)."""
-        from vllm import SamplingParams as VSP
+        from vllm import SamplingParams as VSP  # heavy: the vllm extra
 
         K = top or self.cfg.logprobs
         return VSP(max_tokens=kw.pop("max_tokens", 1), temperature=kw.pop("temperature", 0.0), detokenize=False, ignore_eos=True,
@@ -345,7 +347,7 @@ class VllmEngine(VerifyEngine):
                    skip_reading_prefix_cache=skip_cache, **kw)
 
     async def _generate(self, ids: list[int], params):
-        out = None
+        out: Any = None
         async for o in self._llm.generate({"prompt_token_ids": ids}, params, request_id=f"acespec-{next(self._rids)}"):
             out = o
         self.requests += 1
@@ -394,18 +396,16 @@ class VllmEngine(VerifyEngine):
         the request (re)opened at the committed length. Greedy: vLLM's argmax. Sampled (native cloud-led,
         `strict`): vLLM's sampler at the session's temperature / top-k / top-p, seeded by the session's
         seed and the length the request starts at, so a reopened stream does not replay its draws."""
-        from vllm.sampling_params import RequestOutputKind
+        from vllm.sampling_params import RequestOutputKind  # heavy: the vllm extra
 
         v = s.verifier
         if s.stream is None or s.stream_at != v.committed:
             self._drop_stream(s)
             left = v.prompt_len + v.max_tokens - v.committed
             sp = s.spec.sampling
-            sampling = {} if sp.greedy else dict(temperature=sp.temperature,
+            sampling: dict[str, Any] = {} if sp.greedy else dict(temperature=sp.temperature,
                                                   seed=(s.spec.seed * 1_000_003 + v.committed) % (1 << 63))
             if not sp.greedy and s.spec.rule.name != "strict":
-                from acespec.cloud.vllm_plugin import RULE_ARG
-
                 sampling["extra_args"] = {RULE_ARG: str(s.spec.rule)}  # decided by AceSpec's plugin in vLLM's sampler
             if not sp.greedy and sp.top_k:
                 sampling["top_k"] = sp.top_k

@@ -15,6 +15,7 @@ under tensor parallelism the ranks' guards choose alike.
 
 from __future__ import annotations
 
+from acespec.control.guards import NetWinGuard
 from acespec.verify import RuleSpec
 
 NET_WIN_ARG = "acespec_net_win"  # extra_args key: the task type under which the guard decides this request's arm
@@ -37,8 +38,6 @@ def net_win_of(params) -> str | None:
 
 def net_win_guard(rule: RuleSpec):
     """This worker's NetWinGuard between `rule` and strict, made on first use."""
-    from acespec.control.guards import NetWinGuard
-
     g = GUARDS.get(str(rule))
     if g is None:
         g = GUARDS[str(rule)] = NetWinGuard(str(rule))

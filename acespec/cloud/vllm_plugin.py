@@ -48,12 +48,19 @@ vLLM's strict sampler.
 from __future__ import annotations
 
 import logging
-from typing import Sequence
+import os
+import sys
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
 
 import numpy as np
 
+from acespec.cloud import vllm_proposer
+from acespec.cloud.vllm_board import prompt_key
 from acespec import env as acespec_env
 from acespec.cloud.vllm_guard import NET_WIN_ARG, PLACEHOLDER, GuardedRequests, net_win_of
+from acespec.cloud.vllm_proposer import ensure_expand_is_right
 from acespec.verify import RULES, RuleSpec
 from acespec.verify.relaxed import ROW_LAWS
 from acespec.verify.rules import RuleSpecError
@@ -69,7 +76,7 @@ _state = {"patched": False, "original": None}
 
 
 def _version_ok() -> bool:
-    import vllm
+    import vllm  # heavy: the vllm extra
 
     return getattr(vllm, "__version__", "") == VLLM_VERSION
 
@@ -84,7 +91,7 @@ def register() -> None:
     if _state["patched"]:
         return
     if not _version_ok():
-        import vllm
+        import vllm  # heavy: the vllm extra
 
         if acespec_env.vllm_rule():
             raise RuntimeError(f"{ENV_RULE} asks for AceSpec's rules, but the plugin patches vLLM {VLLM_VERSION} and this "
@@ -93,8 +100,8 @@ def register() -> None:
                     getattr(vllm, "__version__", "?"))
         return
     engine_rule()  # a malformed ACESPEC_VLLM_RULE fails the engine's start, not its first step
-    import vllm.v1.sample.logits_processor as lp
-    import vllm.v1.sample.rejection_sampler as rs
+    import vllm.v1.sample.logits_processor as lp  # heavy: the vllm extra
+    import vllm.v1.sample.rejection_sampler as rs  # heavy: the vllm extra
 
     _state["original"] = rs.rejection_sample
     rs.rejection_sample = rejection_sample
@@ -115,8 +122,6 @@ def register() -> None:
 
 def _rebind(old, new) -> None:
     """Point every loaded module's reference to `old` (`from m import f` copies) at `new`."""
-    import sys
-
     for module in list(sys.modules.values()):
         namespace = getattr(module, "__dict__", None)
         if not namespace or not getattr(module, "__name__", "").startswith("vllm"):
@@ -197,8 +202,6 @@ class AceSpecRules(_Base):  # type: ignore[misc,valid-type]
             return None
         k = self._keys.get((i, length))
         if k is None:
-            from acespec.cloud.vllm_board import prompt_key
-
             k = self._keys[(i, length)] = prompt_key(prompt[:length])
         return k
 
@@ -225,7 +228,7 @@ class AceSpecRules(_Base):  # type: ignore[misc,valid-type]
             self.prompts.pop(i, None)
             self.guard.rows.pop(i, None)
             task = net_win_of(params) if own is not None and own.name != "strict" else None
-            if task is not None and getattr(params, "temperature", 0.0) != 0.0:
+            if task is not None and own is not None and getattr(params, "temperature", 0.0) != 0.0:
                 rule = self.guard.join(i, task, own, params, output)
             # greedy requests keep vLLM's argmax; the engine's default strict is what vLLM does itself, but
             # a request that names strict is decided here too, so it draws its randomness as every other
@@ -243,13 +246,13 @@ class AceSpecRules(_Base):  # type: ignore[misc,valid-type]
             # the custom_class proposer repairs it at start; with any other method (draft_model, ngram) it is
             # repaired here, before the first step a rule decides (this runs before that step samples), and
             # not before, so an engine where no request asks for a rule stays vLLM's, bit for bit
-            from acespec.cloud.vllm_proposer import ensure_expand_is_right
 
             ensure_expand_is_right()
             self._check_expand = False
-        from vllm.v1.sample.logits_processor import MoveDirectionality
+        from vllm.v1.sample.logits_processor import MoveDirectionality  # heavy: the vllm extra
 
-        for table in (self.rows, self.support, self.prompts, self.guard.rows):
+        tables: tuple[dict[int, Any], ...] = (self.rows, self.support, self.prompts, self.guard.rows)  # one move each
+        for table in tables:
             for a, b, how in batch_update.moved:
                 ra, rb = table.pop(a, None), table.pop(b, None)
                 if ra is not None:
@@ -271,7 +274,7 @@ def _uniforms(generators: dict, reqs: list[int], counts: np.ndarray, device):
     draft row ([N], float64, in row order) and one per request for its recovered token ([R]). A seeded
     request draws its counts + 1 from its own generator (none when it drafted nothing, as vLLM does);
     the others share one draw from torch's global generator."""
-    import torch
+    import torch  # heavy: the hf extra
 
     N, R = int(counts.sum()), len(reqs)
     u = torch.rand(N + R, dtype=torch.float64, device=device)
@@ -290,7 +293,7 @@ def _uniforms(generators: dict, reqs: list[int], counts: np.ndarray, device):
 
 def _sample_rows(dist, u):
     """Inverse-CDF draw from each row of `dist` [m, V] (unnormalised, >= 0) with uniforms u [m]: int64[m]."""
-    import torch
+    import torch  # heavy: the hf extra
 
     c = torch.cumsum(dist.to(torch.float64), dim=-1)  # [m, V]
     t = (u * c[:, -1]).unsqueeze(-1)  # [m, 1]
@@ -323,7 +326,7 @@ def apply_rules(rules: dict[int, RuleSpec], reqs: list[int], draft_token_ids, nu
     `edge_q` (batch index -> one sparse q row per draft token) gives those requests' q when vLLM has no
     draft probs: the rows a cloud-led edge sent up with its drafts (`_edge_q`). Without either, a
     token-only draft's q is one-hot on its token."""
-    import torch
+    import torch  # heavy: the hf extra
 
     device = target_logits.device
     counts_all = np.asarray(num_draft_tokens, dtype=np.int64)
@@ -389,6 +392,7 @@ def apply_rules(rules: dict[int, RuleSpec], reqs: list[int], draft_token_ids, nu
     rejected = torch.nonzero(acc < counts_t)[:, 0].cpu().numpy()  # [m] requests
     at = first[rejected] + acc.cpu().numpy()[rejected]  # [m]: their rejected rows among the N
     if filtered is not None:  # where the filter stopped a block, the token comes from the filter's support
+        assert support is not None, "a filter comes from some request's support"
         cut = filtered[torch.as_tensor(at, device=device)].cpu().numpy().astype(bool)
         for b, j in zip(rejected[cut], at[cut]):
             min_p, max_rank = support[reqs[b]]
@@ -412,7 +416,7 @@ def apply_rules(rules: dict[int, RuleSpec], reqs: list[int], draft_token_ids, nu
 
 def _support_mask(p, min_p: float, max_rank: int):
     """`acespec.verify.guards.support_mask` on torch rows p [n, V]: bool [n, V], never empty."""
-    import torch
+    import torch  # heavy: the hf extra
 
     by_rank = torch.ones_like(p, dtype=torch.bool)
     if max_rank > 0:  # rank(v) <= max_rank <=> v's probability reaches the max_rank-th largest
@@ -425,7 +429,7 @@ def _support_mask(p, min_p: float, max_rank: int):
 def _filtered_rows(support: dict, reqs: list[int], req_of_row, rows, x, target_logits, piece: int):
     """bool [N]: the draft rows the support filter refuses (p(x) < min_p, or rank(x) > max_rank, rank 1 the
     argmax, ties sharing the better rank), for the requests in `support`; None if none asked for it."""
-    import torch
+    import torch  # heavy: the hf extra
 
     mine = [j for j in range(len(req_of_row)) if reqs[req_of_row[j]] in support]
     if not mine:
@@ -446,9 +450,7 @@ def _filtered_rows(support: dict, reqs: list[int], req_of_row, rows, x, target_l
 def _metadata_for(sampling_metadata, reqs: list[int]):
     """`sampling_metadata` for the requests `reqs` only (renumbered 0..), in the fields vLLM's
     `rejection_sample` reads: temperature, all_greedy / all_random and the seeded generators."""
-    from dataclasses import replace
-
-    import torch
+    import torch  # heavy: the hf extra
 
     gens = {j: sampling_metadata.generators[i] for j, i in enumerate(reqs) if i in sampling_metadata.generators}
     t = sampling_metadata.temperature
@@ -465,8 +467,6 @@ EDGE_Q = {"sent": 0, "one_hot": 0}  # this worker's drafted requests under rules
 def _edge_q(tracker, rules: dict[int, RuleSpec], draft_token_ids, num_draft_tokens) -> dict[int, list]:
     """batch index -> the q rows a cloud-led edge sent with exactly the tokens this request drafted
     (left by the proposer, `vllm_proposer.edge_q`), for the requests whose rule needs q."""
-    from acespec.cloud import vllm_proposer
-
     counts = np.asarray(num_draft_tokens, dtype=np.int64)
     starts = np.cumsum(counts) - counts
     out: dict[int, list] = {}
@@ -497,7 +497,7 @@ def rejection_sample(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_dra
     if not rules:
         return _state["original"](draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs,
                                   target_logits, bonus_token_ids, sampling_metadata, **kw)
-    import torch
+    import torch  # heavy: the hf extra
 
     device = target_logits.device
     out = torch.full((B, max_spec_len + 1), PLACEHOLDER, dtype=torch.int32, device=device)
@@ -526,15 +526,13 @@ def rejection_sample(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_dra
 def cpu_sampler():
     """vLLM's rejection-sampler module with what a CPU worker sets up first (its kernels and their
     overrides, AceSpec's expand fix), patched by this plugin."""
-    from vllm.platforms import current_platform
-
-    from acespec.cloud.vllm_proposer import ensure_expand_is_right
+    from vllm.platforms import current_platform  # heavy: the vllm extra
 
     current_platform.import_kernels()
     current_platform.register_triton_kernel_overrides()
     ensure_expand_is_right()
     register()
-    import vllm.v1.sample.rejection_sampler as rs
+    import vllm.v1.sample.rejection_sampler as rs  # heavy: the vllm extra
 
     return rs
 
@@ -543,9 +541,9 @@ def sampling_metadata(B: int, rules: dict, seeds: list[int] | None = None, tempe
                       support: dict | None = None):
     """vLLM's SamplingMetadata for B sampled requests, with an AceSpecRules tracker holding `rules`
     (row -> RuleSpec) and `support` (row -> (min_p, max_rank)) and, if `seeds`, one seeded generator per row."""
-    import torch
-    from vllm.v1.sample.logits_processor import LogitsProcessors
-    from vllm.v1.sample.metadata import SamplingMetadata
+    import torch  # heavy: the hf extra
+    from vllm.v1.sample.logits_processor import LogitsProcessors  # heavy: the vllm extra
+    from vllm.v1.sample.metadata import SamplingMetadata  # heavy: the vllm extra
 
     tracker = AceSpecRules(None, torch.device("cpu"), False)
     tracker.rows = dict(rules)

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -42,7 +42,7 @@ log = logging.getLogger("acespec.vllm.proposer")
 # sparse q rows, slot). Replaced on every propose call (a proposal is verified by the step right after
 # it), read by the plugin
 edge_q: dict[tuple[int, int], tuple[tuple[int, ...], list, int]] = {}
-_reader: "BoardReader | None" = None  # this worker's board, for the plugin's q_used count
+_reader: BoardReader | None = None  # this worker's board, for the plugin's q_used count
 
 
 def q_used(slot: int) -> None:
@@ -73,8 +73,8 @@ def expand_is_right() -> bool:
     temperatures that is a temporary int64 copy, so the real output stays uninitialised memory, the
     target's rows are divided by garbage, and sampled speculative decoding on CPU keeps drafts it
     should refuse (found here: a second-choice draft kept 9 times in 10 where the target gives it 0.29)."""
-    import torch
-    from vllm.v1.sample.rejection_sampler import expand_batch_to_tokens
+    import torch  # heavy: the hf extra
+    from vllm.v1.sample.rejection_sampler import expand_batch_to_tokens  # heavy: the vllm extra
 
     x = torch.tensor([0.7, 0.0, 1.5], dtype=torch.float32)
     got = expand_batch_to_tokens(x, torch.tensor([1, 3, 4], dtype=torch.int32), 4, replace_from=0, replace_to=1)
@@ -83,7 +83,7 @@ def expand_is_right() -> bool:
 
 def _expand_kernel(output, input_val, cu_num_tokens, replace_from, replace_to, MAX_NUM_TOKENS=None):
     """vLLM's expand_kernel, in torch: output[cu[i-1]:cu[i]] = input[i] (replace_from -> replace_to), any dtype."""
-    import torch
+    import torch  # heavy: the hf extra
 
     ends = cu_num_tokens.to(torch.int64)
     counts = torch.diff(ends, prepend=ends.new_zeros(1))
@@ -98,7 +98,7 @@ def ensure_expand_is_right() -> bool:
     still wrong after it, so a worker never runs sampled speculation on corrupted rows."""
     if expand_is_right():
         return False
-    from vllm.triton_utils.dispatcher import register_kernels
+    from vllm.triton_utils.dispatcher import register_kernels  # heavy: the vllm extra
 
     register_kernels({"vllm.v1.sample.rejection_sampler.expand_kernel": _expand_kernel})
     if not expand_is_right():

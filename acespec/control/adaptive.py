@@ -153,12 +153,12 @@ tokens are the likely rejections and the drafter stops sooner. The loop reads th
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 
-from acespec.control.depth import DepthPolicy
+from acespec.control.policy import DepthPolicy
 
 __all__ = ["AdaptiveConfig", "AdaptiveController", "VerifyTimeFit", "expected_tokens"]
 
@@ -253,7 +253,7 @@ def expected_tokens(accept: Sequence[float] | float, k: int) -> float:
     number for a constant a, in which case this equals (1 - a^(K+1)) / (1 - a)."""
     if k < 0:
         raise ValueError(f"k must be >= 0, got {k}")
-    a = np.full(k, float(accept)) if np.isscalar(accept) else np.asarray(accept, dtype=float)[:k]
+    a = np.full(k, float(accept)) if isinstance(accept, (int, float, np.number)) else np.asarray(accept, dtype=float)[:k]
     if len(a) < k:
         raise ValueError(f"need {k} acceptance values, got {len(a)}")
     return float(1.0 + np.sum(np.cumprod(a)))
@@ -521,7 +521,7 @@ class AdaptiveController(DepthPolicy):
             t_verify = self.verify.predict(b * ks)
             t_rt = rtt + t_verify + t_up
             if c.pipelined and c.auto_window:
-                stage = np.maximum.reduce([t_draft, t_verify, t_up, (t_draft + t_rt) / c.max_window])
+                stage = np.maximum(np.maximum(t_draft, t_verify), np.maximum(t_up, (t_draft + t_rt) / c.max_window))
                 cycle = stage + (1.0 - p_ok) * (rtt + t_up + (1.0 - hit) * t_draft)
             elif c.pipelined:
                 overlap = np.maximum(t_draft, t_rt)
@@ -545,8 +545,8 @@ class AdaptiveController(DepthPolicy):
         return g_bw, g_mem, g_pass
 
     def _violations(self, k: int, b: int) -> tuple[float, float, float]:
-        gs = self._violations_from(self.evaluate())
-        return tuple(float(g[b - 1, k]) for g in gs)
+        g_bw, g_mem, g_pass = self._violations_from(self.evaluate())
+        return float(g_bw[b - 1, k]), float(g_mem[b - 1, k]), float(g_pass[b - 1, k])
 
     def lagrangian(self) -> np.ndarray:
         """L(K, B) on the [b-1, K] grid (entries outside [k_min, k_max] are -inf)."""

@@ -9,18 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from acespec.control.adaptive import AdaptiveController
+from acespec.control.policy import DepthPolicy
 
-class DepthPolicy:
-    name = "policy"
-
-    def next_k(self) -> int:
-        raise NotImplementedError
-
-    def update(self, drafted: int, accepted: int, **obs: float) -> None:
-        pass
-
-    def observe(self, **obs: float) -> None:
-        pass
+__all__ = ["DEFAULT_PASS_BUDGET", "DepthPolicy", "FixedDepth", "PlusTwoMinusOne", "make_policy"]
 
 
 @dataclass
@@ -70,8 +62,6 @@ def make_policy(spec: str, k: int, *, pipelined: bool = False, auto_window: bool
     if spec in ("adaptive", "plus2minus1"):
         return PlusTwoMinusOne(k)
     if spec == "controller":
-        from acespec.control.adaptive import AdaptiveController  # noqa: PLC0415
-
         return AdaptiveController(k_init=max(1, k), pipelined=pipelined, auto_window=pipelined and auto_window,
                                   pass_budget=pass_budget, max_window=max_window, k_min=k_min)
     raise ValueError(f"unknown depth policy {spec!r}; choose fixed, adaptive or controller")

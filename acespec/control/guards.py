@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import math
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import numpy as np
 
@@ -90,7 +90,7 @@ class _TaskState:
     strict: _Arm = field(default_factory=_Arm)
     relaxed_on: bool = True  # the arm the estimate currently picks (after warm-up)
     warmup_calls: int = 0
-    rng: np.random.Generator | None = None
+    rng: np.random.Generator = field(default_factory=np.random.default_rng)  # NetWinGuard seeds its own
 
 
 class NetWinGuard:
@@ -185,6 +185,8 @@ def _as_tag(tag: str | int | Sequence[int]) -> Tag:
 def _rfind(seq: str | Sequence[int], tag: Tag) -> int:
     """Start of the last occurrence of tag in seq, or -1. Works for text and for token-id lists."""
     if isinstance(seq, str):
+        if not isinstance(tag, str):
+            raise TypeError("a text sequence needs a text tag, not token ids")
         return seq.rfind(tag)
     n = len(tag)
     for start in range(len(seq) - n, -1, -1):
@@ -248,8 +250,8 @@ class BudgetForcer:
 
     def in_trace(self, generated: str | Sequence[int]) -> bool:
         """Whether `generated` ends inside an open, unclosed reasoning trace."""
-        o = _rfind(generated, self.open_tag)
-        c = _rfind(generated, self.close_tag)
+        o = _rfind(generated, _as_tag(self.open_tag))
+        c = _rfind(generated, _as_tag(self.close_tag))
         if o < 0 and not self.opened_in_prompt:
             return False  # no trace yet
         if c < 0:
@@ -270,10 +272,10 @@ class BudgetForcer:
             n_tokens = len(generated)
         if n_tokens < self.threshold or not self.in_trace(generated):
             return None
-        if _ends_with_partial(generated, self.close_tag):
+        if _ends_with_partial(generated, _as_tag(self.close_tag)):
             return None  # the model is writing the close tag itself; look again next step
         self.fired = True
-        return self.marker
+        return _as_tag(self.close_tag if self.marker is None else self.marker)
 
     def reset(self) -> None:
         """Reuse the instance for a new generation."""

@@ -26,12 +26,12 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 import numpy as np
 
-from acespec.draft.chain import ChainDrafter, DraftBlock
+from acespec.draft.chain import ChainDrafter
 
 ENTRY_OVERHEAD = 256  # bytes of bookkeeping per entry (key, lists, object headers), counted in the budget
 # KV sequences a drafter needs for the cache: its own, a batch being drafted, and the entries of two

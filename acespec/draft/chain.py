@@ -8,8 +8,8 @@ two distributions agree), and a plain sample from `q` for the rejection-sampling
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 import numpy as np
 
@@ -160,7 +160,7 @@ class ChainDrafter:
         finally:
             model.activate(main)
         out = []
-        for (slot, ctx), logits in zip(items, model.eval_many(work)):
+        for (_slot, ctx), logits in zip(items, model.eval_many(work)):
             x, c, q, cand = self._choose(logits, len(ctx), keep_top)
             out.append((x, c, q, cand))
         self.tokens_drafted += len(out)

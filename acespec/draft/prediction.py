@@ -18,7 +18,7 @@ q see a one-hot q for a predicted token (it was proposed with certainty); `stric
 from __future__ import annotations
 
 import difflib
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

@@ -42,8 +42,18 @@ from acespec.draft.prediction import prediction_usage
 from acespec.edge.client import EdgeError
 from acespec.edge.metrics import EdgeMetrics
 from acespec.edge.service import (
-    MAX_STOP, ApiError, Done, DrafterPool, FirstTokens, GenRequest, Generation, ServeConfig, TextAssembler,
-    edge_config_for, edge_error_to_api, new_seed,
+    MAX_STOP,
+    ApiError,
+    Done,
+    DrafterPool,
+    FirstTokens,
+    Generation,
+    GenRequest,
+    ServeConfig,
+    TextAssembler,
+    edge_config_for,
+    edge_error_to_api,
+    new_seed,
 )
 from acespec.engine.loop import Round
 from acespec.models.base import Model, ModelError
@@ -51,7 +61,7 @@ from acespec.verify import RuleSpec, RuleSpecError
 
 DISCONNECT_POLL_S = 0.25  # how often a request that is not streaming yet checks that its client is still there
 # OpenAI fields the edge cannot honour: refused when set to anything but their neutral value
-_UNSUPPORTED = {"logprobs": (None, False, 0), "top_logprobs": (None, 0), "echo": (None, False), "best_of": (None, 1),
+_UNSUPPORTED: dict[str, tuple] = {"logprobs": (None, False, 0), "top_logprobs": (None, 0), "echo": (None, False), "best_of": (None, 1),
                 "suffix": (None, ""), "tools": (None, []), "functions": (None, []), "logit_bias": (None, {}),
                 "presence_penalty": (None, 0, 0.0), "frequency_penalty": (None, 0, 0.0)}
 
@@ -228,7 +238,7 @@ class EdgeService:
             if len(p) != 1:
                 raise ApiError(400, "one prompt per request (n = 1)", param="prompt")
             p = p[0]
-        return self.tokenizer.encode(p) if isinstance(p, str) else list(p)
+        return self.tokenizer.encode(p) if isinstance(p, str) else [int(t) for t in p]  # token ids
 
 
 # ------------------------------------------------------------------------------------------ responses
@@ -249,13 +259,13 @@ class _Answer:
     def finish_reason(self) -> str:
         if self.text.stopped:
             return "stop"
-        res = self.done.result
+        res = self.done.result if self.done is not None else None
         return "length" if res is not None and len(res.tokens) >= self.req.cfg.max_tokens else "stop"
 
     def usage(self) -> dict:
-        res = self.done.result
+        res = self.done.result if self.done is not None else None
         s = res.stats if res is not None else None
-        completion = self.text.stopped_at if self.text.stopped else (len(res.tokens) if res is not None else self.text.tokens)
+        completion = self.text.stopped_at if self.text.stopped_at is not None else (len(res.tokens) if res is not None else self.text.tokens)
         return {
             "prompt_tokens": len(self.req.prompt), "completion_tokens": completion,
             "total_tokens": len(self.req.prompt) + completion,
@@ -478,7 +488,7 @@ class EdgeApiThread:
     """uvicorn serving the app on its own thread (tests, benchmarks); `port` is known once started."""
 
     def __init__(self, svc: EdgeService) -> None:
-        import uvicorn
+        import uvicorn  # heavy: the HTTP server only
 
         self.svc = svc
         self.server = uvicorn.Server(uvicorn.Config(create_app(svc), host=svc.cfg.host, port=svc.cfg.port,
@@ -493,7 +503,7 @@ class EdgeApiThread:
     def url(self) -> str:
         return f"http://{self.svc.cfg.host}:{self.port}"
 
-    def start(self, timeout_s: float = 30.0) -> "EdgeApiThread":
+    def start(self, timeout_s: float = 30.0) -> EdgeApiThread:
         self._thread.start()
         deadline = time.monotonic() + timeout_s
         while not self.server.started:
@@ -507,7 +517,7 @@ class EdgeApiThread:
         self.server.should_exit = True
         self._thread.join(30)
 
-    def __enter__(self) -> "EdgeApiThread":
+    def __enter__(self) -> EdgeApiThread:
         return self.start()
 
     def __exit__(self, *exc) -> None:

@@ -33,15 +33,15 @@ import socket
 import ssl
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 import numpy as np
 
 from acespec import wire
 from acespec.engine.follow import LeadLink, StepChunk
 from acespec.engine.records import Block, Disconnected, LinkSample
-from acespec.engine.transport import RTT_SAMPLES_KEPT, Transport  # noqa: F401 (RTT_SAMPLES_KEPT: re-exported)
+from acespec.engine.transport import Transport
 from acespec.engine.verifier import Verdict
 
 
@@ -66,13 +66,13 @@ class ConnectConfig:
     backoff_max_s: float = 2.0  # longest retry delay
     busy_retry_s: float = 60.0  # keep retrying a cloud that answers BUSY for this long (does not use up attempts)
     recover: bool = True  # if the cloud lost the session (restart, expiry), open a new one that carries the committed text
-    tls: "ssl.SSLContext | None" = None  # TLS to the cloud (see tls.py); None = plain TCP
+    tls: ssl.SSLContext | None = None  # TLS to the cloud (see tls.py); None = plain TCP
     tls_server_name: str | None = None  # name to check the cloud's certificate against (default: host)
     limits: wire.Limits = field(default_factory=wire.Limits)  # what we accept from the cloud
     replicas: tuple[tuple[str, int], ...] = ()  # more cloud addresses (a fleet) besides host:port; see the module doc
     failover_after: int = 2  # in a fleet: failed RESUME attempts on the session's own replica before reopening elsewhere
 
-    def fleet(self) -> list["Replica"]:
+    def fleet(self) -> list[Replica]:
         """Every address to try: host:port and the replicas, each name expanded to every address it
         resolves to (a name that does not resolve is kept: connecting to it reports the error)."""
         out: list[Replica] = []
@@ -137,6 +137,7 @@ class _Link:
 
     # -- TLS plumbing (all under self._lock) ------------------------------------------------------
     def _tls_handshake(self) -> None:
+        assert self._tls is not None, "TLS plumbing runs only on a TLS link"
         while True:
             try:
                 self._tls.do_handshake()
@@ -146,7 +147,7 @@ class _Link:
                 self._flush()
                 data = self.sock.recv(65536)  # bounded by connect_timeout_s
                 if not data:
-                    raise ConnectionError("the cloud closed the connection during the TLS handshake")
+                    raise ConnectionError("the cloud closed the connection during the TLS handshake") from None
                 self._bio_in.write(data)
 
     def _flush(self) -> None:
@@ -159,6 +160,7 @@ class _Link:
         with self._lock:
             self._bio_in.write(data)
             chunks, closed = [], False
+            assert self._tls is not None, "TLS plumbing runs only on a TLS link"
             while True:
                 try:
                     piece = self._tls.read(65536)
@@ -244,6 +246,20 @@ class _Link:
         self.sock.close()
 
 
+def link_failure(item: object) -> EdgeError | Disconnected | None:
+    """What an item off the link (`_Link.get`) means when it is not the frame the reader waits for, written
+    once for every reader: an ERROR frame is the cloud's refusal (EdgeError, with its code); the end of the
+    stream or a socket error is a lost link (Disconnected: the reader resumes); anything else (PONG, CLOSE)
+    means nothing by itself (CLOSE(GOING_AWAY) is followed by the end of the stream)."""
+    if isinstance(item, wire.Error):
+        return EdgeError(f"cloud error {item.code.name}: {item.message}", item.code)
+    if item is _EOF:
+        return Disconnected("connection closed")
+    if isinstance(item, Exception):
+        return Disconnected(str(item))
+    return None
+
+
 def _expect_welcome(link: _Link, timeout: float) -> wire.Welcome:
     deadline = time.monotonic() + timeout
     while True:
@@ -253,12 +269,11 @@ def _expect_welcome(link: _Link, timeout: float) -> wire.Welcome:
         _, f = item
         if isinstance(f, wire.Welcome):
             return f
-        if isinstance(f, wire.Error):
-            raise EdgeError(f"cloud refused the session: {f.code.name}: {f.message}", f.code)
-        if isinstance(f, Exception):
-            raise EdgeError(f"connection failed during the handshake: {f}")
-        if f is _EOF:
-            raise EdgeError("the cloud closed the connection during the handshake")
+        failure = link_failure(f)
+        if isinstance(failure, EdgeError):
+            raise EdgeError(f"the cloud refused the session: {failure}", failure.code)
+        if isinstance(failure, Disconnected):
+            raise EdgeError(f"the connection failed during the handshake: {failure.reason}")
         if not isinstance(f, (wire.Pong, wire.Close)):
             raise EdgeError(f"unexpected {type(f).__name__} during the handshake")
 
@@ -474,11 +489,11 @@ class TcpTransport(Transport):
                     f.seq, f.accepted, f.next_token if not f.dropped else -1, f.committed, f.verify_us,
                     dropped=f.dropped, finished=f.finished,
                 )
-            if isinstance(f, wire.Error):
-                raise EdgeError(f"cloud error {f.code.name}: {f.message}", f.code)
-            if f is _EOF or isinstance(f, Exception):
-                return Disconnected(str(f) if f is not _EOF else "connection closed")
-            # PONG / CLOSE: nothing to do here (CLOSE(GOING_AWAY) is followed by the end of the stream)
+            failure = link_failure(f)
+            if isinstance(failure, EdgeError):
+                raise failure
+            if failure is not None:
+                return failure
 
     def _arrived(self, t: float, f: wire.Verdict) -> None:
         sent = self.sent_at.pop(f.seq, None)
@@ -540,11 +555,12 @@ class TcpLeadLink(LeadLink):
             if isinstance(f, wire.Pong):
                 rtt = max(0.0, t - f.sent_us / 1e6)
                 self._rtt = rtt if self._rtt is None else 0.7 * self._rtt + 0.3 * rtt
-            elif isinstance(f, wire.Error):
-                raise EdgeError(f"cloud error {f.code.name}: {f.message}", f.code)
-            elif f is _EOF or isinstance(f, Exception):
-                return Disconnected(str(f) if f is not _EOF else "connection closed")
-            # CLOSE(GOING_AWAY) is followed by the end of the stream
+            else:
+                failure = link_failure(f)
+                if isinstance(failure, EdgeError):
+                    raise failure
+                if failure is not None:
+                    return failure
 
     def resume(self, committed: Sequence[int]) -> int:
         return self.s.resume(committed)

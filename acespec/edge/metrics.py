@@ -100,7 +100,7 @@ class EdgeMetrics:
         self.success.labels(reason).inc()
         self.prompt_tokens.inc(prompt_tokens)
 
-    def tracker(self, received: float) -> "RequestTracker":
+    def tracker(self, received: float) -> RequestTracker:
         return RequestTracker(self, received)
 
 

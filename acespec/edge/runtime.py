@@ -22,10 +22,9 @@ Modes:
 from __future__ import annotations
 
 import dataclasses
-
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 from acespec import wire
 from acespec.control.depth import DEFAULT_PASS_BUDGET, DepthPolicy, make_policy

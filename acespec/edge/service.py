@@ -26,8 +26,8 @@ import dataclasses
 import secrets
 import threading
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import AsyncIterator
 
 from acespec import wire
 from acespec.edge.client import CloudSession, EdgeError

@@ -12,9 +12,13 @@ Pure bookkeeping (no model, no I/O), shared by every engine and by the simulator
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import TypeAlias
 
+import numpy as np
+
+Tokens: TypeAlias = Sequence[int] | np.ndarray  # token ids: a list, or the int array vLLM's proposer holds
 SparseRow = tuple[tuple[int, float], ...]  # the wire's sparse q row: (token, prob) pairs
 
 
@@ -33,16 +37,17 @@ class BoardDraft:
             kids.setdefault(up, []).append(i)
         self.children = kids
 
-    def follow(self, committed: Sequence[int]) -> int | None:
+    def follow(self, committed: Tokens) -> int | None:
         """The node this draft has reached at the committed tokens (-1 = its base), None if it disagrees."""
         if self.base > len(committed):  # assumes tokens the stream has not got (it was rolled back)
             return None
         node = -1
         for pos in range(self.base, len(committed)):
             want = committed[pos]
-            node = next((c for c in self.children.get(node, ()) if self.tokens[c] == want), None)
-            if node is None:
+            child = next((c for c in self.children.get(node, ()) if self.tokens[c] == want), None)
+            if child is None:
                 return None
+            node = child
         return node
 
     def path_from(self, node: int, k: int) -> list[int]:
@@ -87,7 +92,7 @@ class DraftBoard:
             del self.drafts[: len(self.drafts) - self.max_drafts]
         return True
 
-    def usable(self, committed: Sequence[int], k: int) -> tuple[list[int], list[SparseRow] | None]:
+    def usable(self, committed: Tokens, k: int) -> tuple[list[int], list[SparseRow] | None]:
         """The longest agreeing continuation (at most k tokens) of any held draft, and its q rows when
         the draft carried them; drafts that disagree or have nothing left are forgotten."""
         self.stats.steps += 1

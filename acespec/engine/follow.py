@@ -39,8 +39,8 @@ import math
 import threading
 import time
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 

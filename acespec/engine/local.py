@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 from acespec.control.depth import DepthPolicy, make_policy
 from acespec.draft.chain import ChainDrafter

@@ -27,15 +27,15 @@ Three parts, one job each:
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 import numpy as np
 
 from acespec.control.depth import DepthPolicy, FixedDepth
 from acespec.draft.chain import ChainDrafter, DraftBlock
 from acespec.engine.planner import CachePlanner
-from acespec.engine.records import BonusGuess, Block, Disconnected, InFlight, Outcome
+from acespec.engine.records import Block, BonusGuess, Disconnected, InFlight, LoopConfig, Outcome
 from acespec.engine.schedule import Scheduler
 from acespec.engine.stats import RunStats
 from acespec.engine.transport import Clock, LocalTransport, Transport
@@ -63,23 +63,6 @@ class Round:
     latency_s: float | None  # block sent -> verdict applied: round trip, queueing and verify time (None: cloud-only streaming)
     verify_s: float  # the target's verify time, as it reported it
     rtt_s: float | None  # the path's round trip estimate (None before the first sample)
-
-
-@dataclass
-class LoopConfig:
-    mode: str = "sync"  # "sync" (stop-and-wait) or "pipelined"
-    window: int = 2  # pipelined: most blocks in flight (the least, with auto_window)
-    auto_window: bool = False  # pipelined: grow the window to cover the round trip (see Scheduler.window)
-    max_window: int = 8  # auto_window's ceiling
-    min_conf: float = 0.0  # stop a block early when q(x) drops below this (a policy with min_conf overrides it)
-    max_tokens: int = 128  # generation budget (the target enforces it too)
-    branches: bool = False  # send pre-drafted outcomes as branch blocks, so the target can continue past a rejection
-
-    def __post_init__(self) -> None:
-        if self.mode not in ("sync", "pipelined"):
-            raise ValueError(f"mode must be sync or pipelined, got {self.mode!r}")
-        if self.window < 1:
-            raise ValueError(f"window must be >= 1, got {self.window}")
 
 
 @dataclass
@@ -185,8 +168,9 @@ class SpecLoop:
         and only as much as fits before the verdict is due (a step that overruns it delays the edge's
         answer) and, ahead of the next block, within the slack that leaves it in time for the target.
         Returns (a verdict that was already here, or None; whether a step was taken)."""
+        planner = self.planner
         plan = self.scheduler.predraft_plan(blocking, self.cache, self.policy.next_k(),
-                                            lambda: self.planner.outcomes_first(self.inflight.live()))
+                                            lambda: planner is not None and planner.outcomes_first(self.inflight.live()))
         if plan is None:
             return None, False
         v = self.transport.recv(0.0)
@@ -269,7 +253,7 @@ class SpecLoop:
         if d is None:
             return None
         tokens, q, top = d.tokens, d.q, d.top
-        if extra and len(tokens) == k + overlap + extra:
+        if extra and len(tokens) == k + overlap + extra and self.planner is not None:  # extra: a cache, so a planner
             self.planner.guesses[self.seq] = BonusGuess(tokens[-1], top[-1] if top else None)
             tokens, top = tokens[:-1], top[:-1]
             q = None if q is None else q[:-1]
@@ -283,6 +267,7 @@ class SpecLoop:
         rejection it leaves the target idle while the edge finishes a block built on what did not
         happen. So drafting goes on only while the block still extends what the verdicts left, and
         the block is given up (None) when it does not; the loop then starts from the committed text."""
+        assert self.drafter is not None, "only a loop with a drafter drafts"
         stop = self._heard_verdict if self.cfg.mode == "pipelined" else None
         premise = self.spec[:base] + list(lead)
         parts: list[DraftBlock] = []
@@ -303,8 +288,8 @@ class SpecLoop:
                 break
         if len(parts) == 1:
             return parts[0]
-        qs = [p.q for p in parts]
-        return DraftBlock([t for p in parts for t in p.tokens], None if any(q is None for q in qs) else np.concatenate(qs),
+        qs = [p.q for p in parts if p.q is not None]
+        return DraftBlock([t for p in parts for t in p.tokens], np.concatenate(qs) if len(qs) == len(parts) else None,
                           [c for p in parts for c in p.conf], sum(p.seconds for p in parts),
                           top=[t for p in parts for t in p.top], catchup_s=sum(p.catchup_s for p in parts))
 
@@ -387,10 +372,7 @@ class SpecLoop:
 
     def _deliver(self, block: Block, o: int, v: Verdict, emitted: list[int], drafted: int, rtt: float | None) -> None:
         now = self.clock() - self._t0
-        if self.stats.emitted == 0:
-            self.stats.ttft_s = now
-        self.stats.emitted += len(emitted)
-        self.stats.token_times.extend([now] * len(emitted))
+        self.stats.observe_tokens(len(emitted), now)
         if self.on_tokens:
             self.on_tokens(emitted)
         if self.on_round:
@@ -461,6 +443,8 @@ class SpecLoop:
     def _report(self, block: Block, o: int, v: Verdict, emitted: list[int], drafted: int, rtt: float | None) -> None:
         """Hand the applied verdict to `on_round`. Accepted token i sits at block.tokens[o + i]; the
         cache's part of the block is the `cached` tokens right after the overlap."""
+        if self.on_round is None:
+            return
         lo, hi = block.overlap, block.overlap + block.cached
         origins = [ORIGIN_CACHE if lo <= o + i < hi else ORIGIN_DRAFT for i in range(v.accepted)] + [ORIGIN_TARGET]
         self.on_round(Round(

@@ -8,10 +8,10 @@ scheduler cannot: is a pre-draft step worth more than drafting the next block ah
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Iterator, Sequence
 
-from acespec.engine.records import BonusGuess, Block
+from acespec.engine.records import Block, BonusGuess
 from acespec.engine.stats import RunStats
 
 DEFAULT_ACCEPT = 0.7  # acceptance assumed before any verdict
@@ -59,7 +59,7 @@ class CachePlanner:
             yield ChainLink(b, nxt, guess, prior)
             for i in range(len(b.tokens) - b.overlap):
                 prior *= accept[min(i, len(accept) - 1)]
-            if guess is not None:
+            if guess is not None and nxt is not None:  # a guess is the next block's first token
                 ids, probs = guess
                 hit = probs[ids == nxt.tokens[0]]
                 prior *= float(hit[0]) if len(hit) else 0.0
@@ -87,11 +87,12 @@ class CachePlanner:
     def _plan_block(self, link: ChainLink, accept: list[float], spec: Sequence[int], committed: Sequence[int],
                     depth: int) -> None:
         b = link.block
+        assert b is not None, "only a link with a block is planned"
         self.planned.add(b.seq)
         rows = list(b.top[b.overlap :])
         draft = b.tokens[b.overlap :]
         bonus_guess = None
-        if link.guess is not None:
+        if link.guess is not None and link.nxt is not None:  # a guess comes from the next block
             bonus_guess = link.nxt.tokens[0]  # already in flight: not worth a cache entry
             rows.append(link.guess)
         elif b.seq in self.guesses and self.guesses[b.seq].top is not None:

@@ -1,4 +1,5 @@
-"""Typed records the loop, its scheduler, its cache planner and the transports share.
+"""Typed records the loop, its scheduler, its cache planner and the transports share, and the loop's settings
+(`LoopConfig`, which the scheduler reads too).
 
 In-flight state is held in these, not in string-keyed dicts or bare tuples, so each field says what
 it is and a reader can follow a block from drafting to its verdict.
@@ -84,3 +85,20 @@ class BonusGuess:
 
     token: int
     top: tuple | None  # (ids, probs) the drafter ranked at that position, or None if it kept none
+
+
+@dataclass
+class LoopConfig:
+    mode: str = "sync"  # "sync" (stop-and-wait) or "pipelined"
+    window: int = 2  # pipelined: most blocks in flight (the least, with auto_window)
+    auto_window: bool = False  # pipelined: grow the window to cover the round trip (see Scheduler.window)
+    max_window: int = 8  # auto_window's ceiling
+    min_conf: float = 0.0  # stop a block early when q(x) drops below this (a policy with min_conf overrides it)
+    max_tokens: int = 128  # generation budget (the target enforces it too)
+    branches: bool = False  # send pre-drafted outcomes as branch blocks, so the target can continue past a rejection
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("sync", "pipelined"):
+            raise ValueError(f"mode must be sync or pipelined, got {self.mode!r}")
+        if self.window < 1:
+            raise ValueError(f"window must be >= 1, got {self.window}")

@@ -15,16 +15,13 @@ trip, the uplink's rate and the uplink bytes a draft token costs.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from acespec.engine.records import InFlight, LinkSample
+from acespec.engine.records import InFlight, LinkSample, LoopConfig
 from acespec.engine.stats import RunStats
 from acespec.engine.transport import Clock, Transport
-
-if TYPE_CHECKING:
-    from acespec.engine.loop import LoopConfig
 
 RTT_WINDOW = 8  # recent round trips the path estimate takes its minimum over
 RATE_WINDOW = 16  # recent blocks the uplink fit uses: a few seconds of verdicts, so it follows a link that changes
@@ -114,10 +111,11 @@ class Scheduler:
         if already at hand."""
         dues = self.dues() if dues is None else dues
         per_token = self.draft_s_per_token()
-        if dues is None or per_token is None:
+        rtt = self.rtt()
+        if dues is None or per_token is None or rtt is None:
             return None
         t_block = per_token * (max(1, next_k) + 1)
-        return dues[-1] - self.rtt() - t_block - self.clock()
+        return dues[-1] - rtt - t_block - self.clock()
 
     # -- pre-drafting ---------------------------------------------------------------------------
     def predraft_plan(self, blocking: bool, cache, next_k: int,

@@ -44,13 +44,22 @@ class RunStats:
             if i < accepted:
                 self.pos_accepted[i] += 1
 
+    def observe_tokens(self, n: int, now: float) -> None:
+        """`n` tokens emitted at `now` (seconds since the start): the count, each token's time, and the time to
+        the first token. Every loop (edge-led, cloud-led, the edge's cloud-only stream, the simulator's) counts
+        its output through this one place."""
+        if self.emitted == 0 and n:
+            self.ttft_s = now
+        self.emitted += n
+        self.token_times.extend([now] * n)
+
     @property
     def mean_acceptance_length(self) -> float:
         """tau = 1 + accepted / rounds."""
         return 1.0 + self.accepted / self.rounds if self.rounds else 0.0
 
     def observe_pass(self, drafted: int, seconds: float) -> None:
-        """One target pass as the target reported it (`Verdict.verify_us`): what `bench.ceiling` calibrates on."""
+        """One target pass as the target reported it (`Verdict.verify_us`): what `sim.ceiling` calibrates on."""
         self.verify_s += seconds
         self.passes.append((drafted, seconds))
 

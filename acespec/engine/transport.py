@@ -21,7 +21,7 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 from collections import deque
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from acespec.engine.records import Block, Disconnected, LinkSample
 from acespec.engine.verifier import TargetVerifier, Verdict
@@ -55,11 +55,12 @@ class Transport(ABC):
 
     def _record(self, sample: LinkSample) -> None:
         """Keep one verdict's round trip (subclasses call this as each verdict arrives)."""
-        if not isinstance(self.link_samples, deque):
-            self.link_samples = deque(maxlen=RTT_SAMPLES_KEPT)
-            self.rtt_samples = deque(maxlen=RTT_SAMPLES_KEPT)
-        self.link_samples.append(sample)
-        self.rtt_samples.append(sample.rtt_s)
+        links, rtts = self.link_samples, self.rtt_samples
+        if not isinstance(links, deque) or not isinstance(rtts, deque):  # the first sample: the class's () until now
+            links = self.link_samples = deque(maxlen=RTT_SAMPLES_KEPT)
+            rtts = self.rtt_samples = deque(maxlen=RTT_SAMPLES_KEPT)
+        links.append(sample)
+        rtts.append(sample.rtt_s)
         self.last_arrival = sample.arrival
 
 

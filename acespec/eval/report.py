@@ -32,20 +32,29 @@ from __future__ import annotations
 import json
 import math
 import statistics
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 import numpy as np
 
-from acespec.eval.stats import BootstrapConfig, accuracy_interval, mean_delta_interval, paired_intervals
+from acespec.eval.stats import (
+    BootstrapConfig,
+    accuracy_interval,
+    interval,
+    mean_delta_interval,
+    paired_intervals,
+    pooled_gain,
+    ratio_of_means,
+    resample_indices,
+)
 
 BASELINE = "strict"
 GUARD_SUFFIXES = ("+support", "+netwin", "+force")
 
 
-def _mean(xs: Iterable[float]) -> float | None:
-    xs = [float(x) for x in xs if x is not None]
-    return sum(xs) / len(xs) if xs else None
+def _mean(xs: Iterable[float | None]) -> float | None:
+    vals = [float(x) for x in xs if x is not None]
+    return sum(vals) / len(vals) if vals else None
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
@@ -185,7 +194,7 @@ def aggregate(records: list[dict], arms: list[str] | None = None, baseline: str 
         a["hit_budget"] = sum(bool(r.get("hit_budget")) for r in use)
         a["forced"] = sum(bool(r.get("forced")) for r in use)
         a["rescued"] = sum(bool(r.get("rescued")) for r in use)
-        used = {}
+        used: dict[str, int] = {}
         for r in use:
             used[r.get("rule_used", arm)] = used.get(r.get("rule_used", arm), 0) + 1
         a["rule_used"] = used
@@ -207,8 +216,6 @@ def guard_ablations(records: list[dict], boot: BootstrapConfig | None = None) ->
     """Each guarded arm (`X+support`, `X+netwin`) against its bare rule `X` and strict, on the pairs
     all three share: lambda and gain of both, and how much of X's excess length and of its gain the
     guard keeps (`(lambda_g - 1) / (lambda_x - 1)`, `(gain_g - 1) / (gain_x - 1)`)."""
-    from acespec.eval.stats import interval, pooled_gain, ratio_of_means, resample_indices
-
     boot = boot or BootstrapConfig()
     by_arm: dict[str, dict] = {}
     for r in records:
@@ -232,7 +239,9 @@ def guard_ablations(records: list[dict], boot: BootstrapConfig | None = None) ->
             gain_x = pooled_gain(x["accepted"], x["rounds"], s["accepted"], s["rounds"], idx)
             rnd_g = ratio_of_means(g["rounds"], s["rounds"], idx)
             full = np.arange(len(pairs))[None, :]  # the point estimate is the statistic on the pairs themselves
-            pt = lambda f, *a: float(f(*a, full)[0])  # noqa: E731
+            def pt(f, *a, full=full) -> float:
+                return float(f(*a, full)[0])
+
             row.update(
                 lambda_guarded=pt(ratio_of_means, g["length"], s["length"]), lambda_guarded_ci=interval(lam_g, boot.level),
                 lambda_bare=pt(ratio_of_means, x["length"], s["length"]), lambda_bare_ci=interval(lam_x, boot.level),
@@ -459,10 +468,10 @@ def render_markdown(agg: dict, settings: dict, command: str, *, dataset: str, th
 
 
 def make_plots(agg: dict, out_dir: Path) -> list[str]:
-    import matplotlib
+    import matplotlib  # heavy: the eval extra (plots)
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # heavy: the eval extra (plots)
 
     names: list[str] = []
     # 1. length ratio vs acceptance gain, with the net-win line lambda = (l+1)/(l_s+1)

@@ -39,47 +39,49 @@ with each other within a run; l and tau are not those of the single-process engi
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import itertools
+import json
 import os
 import queue
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
+from acespec.cloud.vllm_plugin import RULE_ARG, SUPPORT_ARG, support_arg
 from acespec.eval.generation import Generation, segments
-from acespec.eval.runner import Harness, Job, progress_bar, seed_for
+from acespec.eval.harness import Harness, Job, progress_bar, seed_for
 from acespec.models.base import ModelError
-from acespec.models.hf import TOKENIZER_FILES
+from acespec.models.export import hf_tokenizer_fingerprint
+from acespec.models.hf import TOKENIZER_FILES, HFTokenizer
 
 SETUP_HINT = "run `bash scripts/setup.sh vllm` and run acespec from .venv-vllm"
 
 
 def require_vllm() -> None:
-    try:
-        import vllm  # noqa: F401
-    except ImportError:
-        raise ModelError(f"acespec eval --engine vllm needs vLLM, which is not installed here: {SETUP_HINT}") from None
+    if importlib.util.find_spec("vllm") is None:  # looked up, not imported: importing vLLM takes seconds
+        raise ModelError(f"acespec eval --engine vllm needs vLLM, which is not installed here: {SETUP_HINT}")
 
 
 def load_tokenizer(target: str, draft: str):
     """The target directory's tokenizer (AceSpec builds the prompts and scores the texts with it), after
     checking that the drafter's vocabulary is the same one."""
-    import json
-
     for role, d in (("--target", target), ("--draft", draft)):
         if not d or not Path(d).is_dir() or not (Path(d) / "config.json").is_file():
             raise ModelError(f"--engine vllm: {role} {d!r} is not a Hugging Face model directory (config.json and "
                              "weights); `acespec models export-hf NAME DIR` writes one from a registry GGUF")
-    has_tok = lambda d: any((Path(d) / f).is_file() for f in TOKENIZER_FILES)  # noqa: E731
+    def has_tok(d: str) -> bool:
+        return any((Path(d) / f).is_file() for f in TOKENIZER_FILES)
+
     if not has_tok(target):
         raise ModelError(f"--engine vllm: {target} has no tokenizer; the harness builds prompts with the target's "
                          "(`acespec models export-hf NAME DIR` writes one with the weights)")
-    import transformers
+    import transformers  # heavy: the hf extra
 
-    from acespec.models.export import hf_tokenizer_fingerprint
-    from acespec.models.hf import HFTokenizer
+    def vocab(d: str) -> int | None:
+        return json.loads((Path(d) / "config.json").read_text()).get("vocab_size")
 
-    vocab = lambda d: json.loads((Path(d) / "config.json").read_text()).get("vocab_size")  # noqa: E731
     tok = HFTokenizer(transformers.AutoTokenizer.from_pretrained(target), vocab(target))
     if has_tok(draft):
         other = hf_tokenizer_fingerprint(Path(draft))
@@ -102,7 +104,7 @@ class VllmPair:
         self._thread = threading.Thread(target=self.loop.run_forever, name="acespec-eval-vllm", daemon=True)
         self._thread.start()
         self._ids = itertools.count(1)
-        self.llm = None
+        self.llm: Any = None  # vLLM's AsyncLLM, made at start (vLLM is imported there)
         try:
             self._call(self._start())
         except BaseException:
@@ -113,9 +115,9 @@ class VllmPair:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
 
     async def _start(self) -> None:
-        from vllm.engine.arg_utils import AsyncEngineArgs
-        from vllm.platforms import current_platform
-        from vllm.v1.engine.async_llm import AsyncLLM
+        from vllm.engine.arg_utils import AsyncEngineArgs  # heavy: the vllm extra
+        from vllm.platforms import current_platform  # heavy: the vllm extra
+        from vllm.v1.engine.async_llm import AsyncLLM  # heavy: the vllm extra
 
         c = self.cfg
         cpu = current_platform.is_cpu()
@@ -137,8 +139,8 @@ class VllmPair:
         return self._call(self._segment(context, budget, seed, extra, gen, times))
 
     async def _segment(self, context, budget, seed, extra, gen, times) -> list[int]:
-        from vllm import SamplingParams
-        from vllm.sampling_params import RequestOutputKind
+        from vllm import SamplingParams  # heavy: the vllm extra
+        from vllm.sampling_params import RequestOutputKind  # heavy: the vllm extra
 
         c = self.cfg
         sp = SamplingParams(temperature=c.temperature, top_k=c.top_k, top_p=c.top_p, seed=seed, max_tokens=budget,
@@ -173,8 +175,6 @@ class VllmPair:
 
 def rule_args(rule, support: bool, cfg) -> dict:
     """The `extra_args` asking AceSpec's plugin for `rule` (and the support filter)."""
-    from acespec.cloud.vllm_plugin import RULE_ARG, SUPPORT_ARG, support_arg
-
     extra = {RULE_ARG: str(rule)}
     if support:
         extra[SUPPORT_ARG] = support_arg(cfg.min_p, cfg.max_rank)
@@ -207,6 +207,7 @@ def run_vllm(h: Harness, *, progress: bool = True) -> list[dict]:
     pair = VllmPair(cfg, tok.eos_ids)
 
     def work(job: Job, rule, support: bool, choice, ids: list[int]) -> None:
+        out: Generation | BaseException
         try:
             out = run_job(pair, tok, ids, cfg, rule, support, seed_for(job.seed, job.item.id), job.arm.force)
         except BaseException as e:  # reported to the main thread, which stops starting jobs

@@ -17,27 +17,23 @@ from acespec.models.base import (
     VocabMismatchError,
     check_compatible,
 )
+from acespec.models.hf import HFModel
+from acespec.models.llama import LlamaCppModel
+from acespec.models.registry import resolve
+from acespec.models.toy import ToyModel
 
 
 def load_model(spec: str, *, n_ctx: int = 4096, auto_install: bool = False, **kwargs) -> Model:
     """Load a model from any spec above. Raises ModelError / RegistryError with a clear message."""
-    from acespec.models.registry import resolve
-
     r = resolve(spec, auto_install=auto_install)
     if r.kind == "toy":
-        from acespec.models.toy import ToyModel
-
         try:
             return ToyModel(**r.options)
         except TypeError as e:
             raise ModelError(f"bad toy model spec {spec!r}: {e}") from None
-    if r.kind == "gguf":
-        from acespec.models.llama import LlamaCppModel
-
+    if r.kind == "gguf" and r.path is not None:  # a GGUF spec always resolves to a file
         return LlamaCppModel(r.path, n_ctx=n_ctx, name=r.name, **kwargs)
     if r.kind == "hf":
-        from acespec.models.hf import HFModel
-
         return HFModel.load(r.path if r.path is not None else r.name, **kwargs)
     raise ModelError(f"unsupported model kind {r.kind!r} for {spec!r}")
 

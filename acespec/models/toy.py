@@ -9,7 +9,7 @@ is the same table plus seeded noise: `toy:vocab=64,seed=1,noise=0.5,noise_seed=9
 from __future__ import annotations
 
 import hashlib
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

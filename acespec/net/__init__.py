@@ -7,7 +7,13 @@ point. Only the standard library is used, and no other acespec module.
 
 from acespec.net.link import MSS, LinkQueue, StreamClock
 from acespec.net.profile import (
-    MIN_RTO_MS, PROFILES, WanProfile, format_rate, parse_hostport, parse_rate, profile_from_args,
+    MIN_RTO_MS,
+    PROFILES,
+    WanProfile,
+    format_rate,
+    parse_hostport,
+    parse_rate,
+    profile_from_args,
 )
 from acespec.net.wan import SIGNAL_BLACKHOLE_S, WanCounters, WanProxy, WanProxyThread, run_wan
 

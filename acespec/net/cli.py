@@ -13,7 +13,6 @@ import argparse
 import asyncio
 
 # Bad input raises ValueError, which the `acespec` command prints as one error line (exit status 2).
-
 from acespec.net.profile import PROFILES, profile_from_args
 from acespec.net.wan import run_wan
 

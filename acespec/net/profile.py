@@ -24,6 +24,7 @@ import dataclasses
 import math
 import re
 from dataclasses import dataclass
+from typing import Any
 
 __all__ = ["WanProfile", "PROFILES", "MIN_RTO_MS", "parse_rate", "format_rate", "parse_hostport", "profile_from_args"]
 
@@ -44,7 +45,7 @@ class WanProfile:
     loss_pct: float = 0.0  # per-segment loss in percent, emulated as a retransmission stall of rto_ms
     seed: int = 0  # seeds the jitter and loss samples, so runs are reproducible
     switch_s: float = 0.0  # > 0: alternate with `alternate` every switch_s seconds (this profile first)
-    alternate: "WanProfile | None" = None  # the other phase of a varying link (itself a fixed profile)
+    alternate: WanProfile | None = None  # the other phase of a varying link (itself a fixed profile)
 
     def __post_init__(self) -> None:
         for name in ("rtt_ms", "jitter_ms", "up_bps", "down_bps", "loss_pct"):
@@ -74,7 +75,7 @@ class WanProfile:
         switching) in even periods, the alternate in odd ones. A fixed profile is always itself."""
         if not self.varies:
             return self
-        if int(max(0.0, elapsed_s) // self.switch_s) % 2:
+        if int(max(0.0, elapsed_s) // self.switch_s) % 2 and self.alternate is not None:
             return self.alternate
         return dataclasses.replace(self, switch_s=0.0, alternate=None)
 
@@ -94,7 +95,8 @@ class WanProfile:
         return (f"rtt={_fmt_num(self.rtt_ms)}ms jitter={_fmt_num(self.jitter_ms)}ms "
                 f"up={format_rate(self.up_bps)} down={format_rate(self.down_bps)} "
                 f"loss={_fmt_num(self.loss_pct)}% seed={self.seed}"
-                + (f", switching every {_fmt_num(self.switch_s)}s with {self.alternate.describe()}" if self.varies else ""))
+                + (f", switching every {_fmt_num(self.switch_s)}s with {self.alternate.describe()}"
+                   if self.varies and self.alternate is not None else ""))
 
 
 _MBIT = 1_000_000.0
@@ -246,7 +248,7 @@ def profile_from_args(name: str | None, rtt=None, jitter=None, up=None, down=Non
         if key not in PROFILES:
             raise ValueError(f"unknown WAN profile {name!r}; choose one of {', '.join(sorted(PROFILES))}")
         base = PROFILES[key]
-    changes: dict[str, object] = {}
+    changes: dict[str, Any] = {}  # field -> value, each checked as it is parsed
     if rtt is not None:
         changes["rtt_ms"] = _parse_ms("rtt", rtt)
     if jitter is not None:

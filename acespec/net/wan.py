@@ -51,7 +51,7 @@ import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TextIO
+from typing import Any, TextIO
 
 from acespec.net.link import LinkQueue, StreamClock
 from acespec.net.profile import WanProfile, parse_hostport
@@ -94,7 +94,7 @@ class WanCounters:
         return " ".join(f"{k}={v}" for k, v in self.as_dict().items())
 
 
-def _abort_with_rst(transport: asyncio.BaseTransport | None) -> None:
+def _abort_with_rst(transport: asyncio.WriteTransport | None) -> None:
     """Close a TCP transport so the peer sees a reset, not an orderly FIN.
 
     SO_LINGER with a zero timeout makes close() send RST and discard unsent data, which is what a path
@@ -413,7 +413,7 @@ class WanProxy:
             try:
                 up_reader, up_writer = await asyncio.wait_for(
                     asyncio.open_connection(self.upstream_host, self.upstream_port), CONNECT_TIMEOUT_S)
-            except (OSError, asyncio.TimeoutError):
+            except (TimeoutError, OSError):
                 return  # upstream unreachable: the client sees a reset (below), as with a refused connect
             conn.upstream = up_writer
             pumps = [asyncio.create_task(_Pipe(self, conn, UP, client_reader, up_writer).run()),
@@ -573,7 +573,7 @@ async def run_wan(listen: str, upstream: str, profile: WanProfile, *,
     if hasattr(signal, "SIGUSR1"):
         handlers[signal.SIGUSR1] = on_usr1
         handlers[signal.SIGUSR2] = on_usr2
-    installed: dict[int, object] = {}
+    installed: dict[int, Any] = {}  # signal -> the handler signal.getsignal gave (a callable, an int or None)
     if threading.current_thread() is threading.main_thread():
         for sig, handler in handlers.items():
             previous = signal.getsignal(sig)

@@ -17,8 +17,8 @@ percentile user still gets 20 tokens/s).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 import numpy as np
 
@@ -56,7 +56,7 @@ class GpuCost:
                 f"{1e6 * self.session_s:.1f} us x B; prefill {1e6 * self.prefill_token_s:.1f} us/token")
 
     @classmethod
-    def from_profile(cls, path: str, shape: str = "1.5b") -> "GpuCost":
+    def from_profile(cls, path: str, shape: str = "1.5b") -> GpuCost:
         """The measured curve: a least-squares fit of t = a + b T + c B to the passes in a device profile
         file written by `scripts/gpu-check.sh` (`acespec.bench.gpu_profile`)."""
         with open(path) as f:
@@ -116,8 +116,9 @@ def run_capacity(traces: Sequence[PromptTrace], n_edges: int, mode: str, gpu: Gp
     stalled = [i for i, e in enumerate(edges) if e.result is None]
     if stalled:
         raise RuntimeError(f"{len(stalled)} simulated edge(s) stalled ({mode}, N = {n_edges})")
-    rates = np.array([e.result.tokens_per_s for e in edges])
-    tokens = sum(e.result.n for e in edges)
+    results = [e.result for e in edges if e.result is not None]  # all of them: none stalled
+    rates = np.array([r.tokens_per_s for r in results])
+    tokens = sum(r.n for r in results)
     return {
         "mode": mode, "n_edges": n_edges, "tokens": tokens,
         "user_tok_s_mean": round(float(rates.mean()), 3),

@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import dataclasses
 from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Protocol, Sequence
+from typing import Protocol
 
 from acespec.control.lead import LeadMemory
 from acespec.engine.lead import LeadState
@@ -99,6 +100,7 @@ class SimCloud:
         self._kick()
 
     def lead_draft(self, s: CloudSession, base: int, tokens: tuple[int, ...], parents: tuple[int, ...] | None = None) -> None:
+        assert s.lead is not None, "only a cloud-led session gets drafts"
         s.lead.take(base, tokens, parents, None, s.verifier.committed)
         self._kick()
 
@@ -108,7 +110,7 @@ class SimCloud:
             self._start_pass()
 
     def _start_pass(self) -> None:
-        work: list[tuple[CloudSession, VerifyJob | None]] = []  # None: the session's prompt prefill
+        work: list[tuple[CloudSession, VerifyJob | Verdict | None]] = []  # None: the session's prompt prefill; a Verdict: dropped
         prefill = 0
         n = len(self.sessions)
         for i in range(n):
@@ -134,7 +136,7 @@ class SimCloud:
             self.busy = False
             return
         self.busy = True
-        ks = [job.k for _, job in work if job is not None]
+        ks = [job.k for _, job in work if isinstance(job, VerifyJob)]  # prefills (None) have no k
         dt = self.cost.pass_s(ks, prefill)
         self.passes += 1
         self.busy_s += dt

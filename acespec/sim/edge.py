@@ -18,12 +18,15 @@ mean what they mean there.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
 import numpy as np
 
 from acespec.draft.cache import DRAFTER_SLOTS
 from acespec.draft.chain import ChainDrafter
+from acespec.edge.runtime import MODES, EdgeConfig, build_loop
 from acespec.engine.follow import DrafterJob, FollowConfig, FollowLoop, LeadLink, StepChunk
 from acespec.engine.lead import LeadState
+from acespec.engine.loop import SpecLoop
 from acespec.engine.records import Block, LinkSample
 from acespec.engine.stats import RunStats
 from acespec.engine.transport import Transport
@@ -64,8 +67,6 @@ class SimConfig:
     label: str = ""  # name in reports
 
     def __post_init__(self) -> None:
-        from acespec.edge.runtime import MODES
-
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         if self.k < 0 or self.window < 1:
@@ -79,8 +80,6 @@ class SimConfig:
 
     def edge_config(self, max_tokens: int):
         """The live edge's configuration for this mode."""
-        from acespec.edge.runtime import EdgeConfig
-
         return EdgeConfig(mode=self.mode, k=self.k, window=self.window, policy=self.policy, auto_window=self.auto_window,
                           cache=self.cache, branches=self.branches, max_tokens=max_tokens)
 
@@ -134,7 +133,7 @@ class SimTransport(Transport):
     """DRAFT frames up a simulated link to the simulated cloud, verdicts back through the edge's
     mailbox; link timing recorded exactly as `TcpTransport` records it."""
 
-    def __init__(self, edge: "SimEdge") -> None:
+    def __init__(self, edge: SimEdge) -> None:
         self.e = edge
         self.sent_at: dict[int, tuple[float, int, int]] = {}
 
@@ -161,7 +160,7 @@ class SimLeadLink(LeadLink):
     """A cloud-led session's steps down and drafts up, over the simulated links; the round trip the
     lead depth prices is the link profile's (the live link measures it with PINGs)."""
 
-    def __init__(self, edge: "SimEdge", rtt_s: float) -> None:
+    def __init__(self, edge: SimEdge, rtt_s: float) -> None:
         self.e = edge
         self._rtt = rtt_s
 
@@ -186,7 +185,7 @@ class SimLeadLink(LeadLink):
 class SimJob(DrafterJob):
     """Drafter work beside the edge's loop, on a simulated thread of its own (`FollowLoop`'s jobs)."""
 
-    def __init__(self, edge: "SimEdge", fn) -> None:
+    def __init__(self, edge: SimEdge, fn) -> None:
         self.edge = edge
         self.thread = edge.k.spawn(fn, name="drafter-job")
 
@@ -242,11 +241,12 @@ class SimEdge:
                                 [int(v.real_id[t]) for t in tokens])
 
     def _speculate(self, t0: float, *, lead: bool = False) -> tuple[RunStats, list[int]]:
-        from acespec.edge.runtime import build_loop
+        def drafting(sizes) -> None:  # a drafter call takes the time of the simulated thread making it (the loop's, or a job's)
+            thread = self.k.current
+            assert thread is not None, "the drafter runs on a simulated thread"
+            thread.sleep(self.device.draft_call_s(sizes))
 
-        # a drafter call takes the time of whichever simulated thread makes it (the loop's, or a job's)
-        model = ReplayModel(self.vocab, "draft", n_slots=DRAFTER_SLOTS,
-                            on_eval=lambda sizes: self.k.current.sleep(self.device.draft_call_s(sizes)))
+        model = ReplayModel(self.vocab, "draft", n_slots=DRAFTER_SLOTS, on_eval=drafting)
         drafter = ChainDrafter(model, sampling=SamplingParams(), rule=RuleSpec.parse("greedy"), clock=self.k.now)
         # the prompt's prefill while HELLO -> WELCOME is in flight, as the live edge does; cloud-led's goes on
         # beside its loop, which would otherwise hold the stream's first tokens until it is done
@@ -259,6 +259,7 @@ class SimEdge:
             item = self.inbox.get(self.thread, None)
             if item[1] == "welcome":
                 break
+        loop: FollowLoop | SpecLoop
         if lead:
             given = [drafter] if late else []
             loop = FollowLoop(SimLeadLink(self, self.rtt_s), self.vocab.prompt, drafter=None if late else drafter,
@@ -278,12 +279,8 @@ class SimEdge:
             t, f, _ = self.inbox.get(self.thread, None)
             if not isinstance(f, Streamed):
                 continue
-            now = t - t0
-            if not stats.emitted:
-                stats.ttft_s = now
-            stats.emitted += len(f.tokens)
+            stats.observe_tokens(len(f.tokens), t - t0)
             stats.rounds += len(f.tokens)
-            stats.token_times.extend([now] * len(f.tokens))
             tokens.extend(f.tokens)
             if f.finished:
                 break

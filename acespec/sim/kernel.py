@@ -18,7 +18,7 @@ from __future__ import annotations
 import heapq
 import threading
 from collections import deque
-from typing import Callable
+from collections.abc import Callable
 
 __all__ = ["Kernel", "SimThread", "Mailbox", "SimAbort"]
 

@@ -11,10 +11,11 @@ token ids, so bytes per token match the live wire.
 from __future__ import annotations
 
 import math
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 import numpy as np
 
+from acespec import wire as wf
 from acespec.net.profile import MIN_RTO_MS, WanProfile
 from acespec.sim.kernel import Kernel
 
@@ -31,8 +32,6 @@ class FrameSizer:
     the traces are greedy, so this prices the wire of such a rule, not its acceptance."""
 
     def __init__(self, q_topn: int = 0) -> None:
-        from acespec import wire as wf
-
         if q_topn < 0:
             raise ValueError(f"q_topn must be >= 0, got {q_topn}")
         self.wf = wf

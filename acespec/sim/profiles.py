@@ -21,6 +21,7 @@ tokens it verifies, plus the prompt tokens it prefills.
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -90,7 +91,7 @@ class DeviceProfile:
         """Cloud-only decoding: one target step per token."""
         return self.verify_s(0)
 
-    def replace(self, **kw) -> "DeviceProfile":
+    def replace(self, **kw) -> DeviceProfile:
         return dataclasses.replace(self, **kw)
 
     def describe(self) -> str:
@@ -100,7 +101,7 @@ class DeviceProfile:
         return s
 
     @classmethod
-    def from_timings(cls, timings: dict, name: str = "cpu-here") -> "DeviceProfile":
+    def from_timings(cls, timings: dict, name: str = "cpu-here") -> DeviceProfile:
         """The `cpu-here` profile from the timings a trace file recorded on this machine."""
         if not timings:
             raise ValueError("the trace file has no measured timings; record it with `acespec bench sim --record`")
@@ -122,7 +123,7 @@ class DeviceProfile:
         )
 
     @classmethod
-    def from_cost(cls, cost: dict, name: str = "cpu-split") -> "DeviceProfile":
+    def from_cost(cls, cost: dict, name: str = "cpu-split") -> DeviceProfile:
         """This machine as `acespec bench cost` measured it (its JSON): the drafter's call table, t_v(K) =
         the target evaluating K + 1 tokens, and both prompt-prefill rates."""
         d, t = cost["models"]["drafter"], cost["models"]["target"]
@@ -232,8 +233,6 @@ def measured_cloud(base: DeviceProfile, path: str, shape: str, *, name: str | No
     `acespec/bench/gpu_profile.py`): t_v(K) of one session from the file, interpolated between the K it
     measured and made non-decreasing. The file's batched table, t(B sessions x T new tokens), stays in
     the file for the capacity simulation."""
-    import json
-
     with open(path) as f:
         d = json.load(f)
     if d.get("format") != "acespec-device-profile":

@@ -22,7 +22,7 @@ the simulator charges virtual time for each call through `on_eval`.
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 

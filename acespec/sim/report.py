@@ -9,9 +9,10 @@ sensitivity = tokens/s at the highest RTT / tokens/s at the lowest (RTT 0 when s
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 from acespec.net.profile import WanProfile
+from acespec.sim.ceiling import MODES, against_ceiling, calibrate
 from acespec.sim.edge import SimResult, parse_mode, simulate
 from acespec.sim.link import FrameSizer
 from acespec.sim.profiles import DeviceProfile
@@ -81,7 +82,7 @@ def run_grid(traces: Sequence[PromptTrace], devices: Sequence[DeviceProfile], rt
                 for ref in ("sync", "cloud-only"):
                     base = by_mode.get(ref, {}).get("tok_s")
                     row[f"x_{ref.replace('-', '_')}"] = round(row["tok_s"] / base, 3) if base else None
-    sens = {}
+    sens: dict[str, dict[str, dict]] = {}  # profile -> mode -> its RTT sensitivity
     for dev in devices:
         lo, hi = min(rtts), max(rtts)
         for mode in modes:
@@ -92,10 +93,8 @@ def run_grid(traces: Sequence[PromptTrace], devices: Sequence[DeviceProfile], rt
 
 
 def _ceilings(by_mode: dict, runs: dict, rtt_s: float) -> None:
-    """Each row's ceiling (bench/ceiling.py), calibrated on the simulated passes of every mode at this
+    """Each row's ceiling (sim/ceiling.py), calibrated on the simulated passes of every mode at this
     device and RTT, as the live benchmarks calibrate on theirs: the simulator prints the same share."""
-    from acespec.bench.ceiling import MODES, against_ceiling, calibrate
-
     cal = calibrate((r.stats for _, res in runs.values() for r in res), rtt_s=rtt_s)
     for mode, (edge_mode, res) in runs.items():
         top, share, _ = against_ceiling([r.stats for r in res], edge_mode, cal) if cal and edge_mode in MODES else (0, 0, 0)
@@ -173,7 +172,7 @@ def _live_row(mode: str, rtt: float, m: dict) -> dict:
     tok = next((m[k] for k in _TOK_KEYS if k in m), None)
     if tok is None and m.get("wall_s"):
         tok = m.get("emitted", 0) / m["wall_s"]
-    cache = m.get("cache") if isinstance(m.get("cache"), dict) else {}
+    cache = m["cache"] if isinstance(m.get("cache"), dict) else {}
     return {
         "mode": mode, "rtt_ms": rtt, "tok_s": tok, "ttft_s": m.get("ttft_s"),
         "passes_per_token": m.get("target_passes_per_token", m.get("passes_per_token")),
@@ -189,13 +188,13 @@ def validation_rows(sim_rows: Sequence[dict], live_rows: Sequence[dict]) -> list
     out = []
     live = {(r["mode"], r["rtt_ms"]): r for r in live_rows}
     for s in sim_rows:
-        l = live.get((s["mode"], s["rtt_ms"]), {})
+        lv = live.get((s["mode"], s["rtt_ms"]), {})
         row = {"mode": s["mode"], "rtt_ms": s["rtt_ms"]}
         for key in VALIDATED:
-            a, b = s.get(key), l.get(key)
+            a, b = s.get(key), lv.get(key)
             row[f"sim_{key}"], row[f"live_{key}"] = a, b
             row[f"ratio_{key}"] = round(a / b, 3) if (a is not None and b) else None
-        a, b = s.get("cache_hit_rate"), l.get("cache_hit_rate")
+        a, b = s.get("cache_hit_rate"), lv.get("cache_hit_rate")
         row["sim_cache_hit_rate"], row["live_cache_hit_rate"] = a, b
         row["hit_rate_points"] = round(100 * (a - b), 1) if (a is not None and b is not None) else None
         out.append(row)

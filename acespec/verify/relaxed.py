@@ -35,14 +35,22 @@ Each rule is registered with one *relaxed* default setting (see `register(..., d
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 from array_api_compat import device
 
 from acespec.verify.rules import (
-    RuleSpec, as_float, namespace, register, residual, residual_sample, rows_of, template_accept, template_verify,
+    RuleSpec,
+    as_float,
+    namespace,
+    register,
+    residual,
+    residual_sample,
+    rows_of,
+    template_accept,
+    template_verify,
 )
 from acespec.verify.sampling import sample
 

@@ -21,8 +21,9 @@ AceSpec's vLLM plugin (`acespec/cloud/vllm_plugin.py`, every request of a step a
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Protocol
 
 import numpy as np
 from array_api_compat import array_namespace, device
@@ -94,7 +95,7 @@ class RuleSpec:
     params: tuple[tuple[str, float], ...] = ()
 
     @classmethod
-    def parse(cls, text: str) -> "RuleSpec":
+    def parse(cls, text: str) -> RuleSpec:
         text = text.strip()
         name, _, rest = text.partition(":")
         name = name.strip()
@@ -181,7 +182,7 @@ def template_verify(
     """The general template (Xia et al. 2026; docs/research/rules.md) that strict and the relaxed rules share:
     one u per position, accept iff u < `template_accept`, else emit a sample of `residual`."""
     k = len(draft)
-    accept = template_accept(np.asarray(draft, dtype=np.int64), q, pi_rej) if k else None  # [k]
+    accept = template_accept(np.asarray(draft, dtype=np.int64), q, pi_rej) if k else np.empty(0)  # [k]
     for i in range(k):
         u = rng.random()
         if u < accept[i]:

@@ -20,7 +20,7 @@ are exact only at temperature 0; `topk_exactness` says which (rule, sampling) pa
 from __future__ import annotations
 
 import math
-from typing import Mapping
+from collections.abc import Mapping
 
 import numpy as np
 

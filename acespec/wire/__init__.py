@@ -14,10 +14,15 @@ Pong, Error, Close, Tokens. Decoding raises WireError (with an ErrorCode) and no
 This package depends on the standard library only, so either side can use it alone.
 """
 
+from . import codec as _codec
+from . import frames as _frames
+from . import framing as _framing
+from .codec import decode, encode
 from .errors import ErrorCode, WireError
 from .frames import (
     DEFAULT_LIMITS,
     MAX_ERROR_MESSAGE_BYTES,
+    MAX_SECRET_BYTES,
     PROTOCOL_VERSION,
     Close,
     CloseReason,
@@ -38,13 +43,9 @@ from .frames import (
     Verdict,
     VerdictFlag,
     Welcome,
-    MAX_SECRET_BYTES,
 )
-from .codec import decode, encode
 from .framing import FrameDecoder, committed_digest, decode_uvarint, encode_uvarint, zigzag_decode, zigzag_encode
 from .stream import read_frame, recv_frame, send_frame, write_frame
-
-from . import codec as _codec, frames as _frames, framing as _framing
 
 # everything frames.py, codec.py and framing.py export, plus the error types and the stream helpers
 __all__ = ["ErrorCode", "WireError", *_frames.__all__, *_codec.__all__, *_framing.__all__, "read_frame", "write_frame", "recv_frame", "send_frame"]

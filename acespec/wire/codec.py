@@ -7,12 +7,43 @@ from __future__ import annotations
 
 import numbers
 import operator
+from collections.abc import Callable
+from typing import Any
 
 from .errors import ErrorCode, WireError
 from .frames import (
-    BAD_FRAME, DEFAULT_LIMITS, MAX_ERROR_MESSAGE_BYTES, MAX_SECRET_BYTES, OVER_LIMIT, PROTOCOL_VERSION, _F32, _F32_MAX,
-    _U16, _U16_MAX, _U64, _U64_MAX, _U8_MAX, Close, CloseReason, Draft, DraftFlag, Error, Frame, FrameType, Hello,
-    Limits, Mode, Ping, Pong, Resume, SparseRow, Tokens, TokensFlag, Verdict, VerdictFlag, Welcome,
+    _F32,
+    _F32_MAX,
+    _U8_MAX,
+    _U16,
+    _U16_MAX,
+    _U64,
+    _U64_MAX,
+    BAD_FRAME,
+    DEFAULT_LIMITS,
+    MAX_ERROR_MESSAGE_BYTES,
+    MAX_SECRET_BYTES,
+    OVER_LIMIT,
+    PROTOCOL_VERSION,
+    Close,
+    CloseReason,
+    Draft,
+    DraftFlag,
+    Error,
+    Frame,
+    FrameType,
+    Hello,
+    Limits,
+    Mode,
+    Ping,
+    Pong,
+    Resume,
+    SparseRow,
+    Tokens,
+    TokensFlag,
+    Verdict,
+    VerdictFlag,
+    Welcome,
 )
 
 __all__ = ["encode", "decode"]
@@ -522,7 +553,8 @@ def _dec_tokens(r: _Reader) -> Tokens:
                   verify_us=r.uvarint("TOKENS.verify_us"))
 
 
-_ENCODERS = {
+# each encoder takes its own frame type; Any, as one dict cannot say which type goes with which key
+_ENCODERS: dict[type, Callable[[_Writer, Any], None]] = {
     Hello: _enc_hello,
     Welcome: _enc_welcome,
     Draft: _enc_draft,
@@ -535,7 +567,7 @@ _ENCODERS = {
     Tokens: _enc_tokens,
 }
 
-_DECODERS = {
+_DECODERS: dict[int, Callable[[_Reader], Frame]] = {
     FrameType.HELLO: _dec_hello,
     FrameType.WELCOME: _dec_welcome,
     FrameType.DRAFT: _dec_draft,

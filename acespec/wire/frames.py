@@ -185,7 +185,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass, field, fields
 from enum import IntEnum, IntFlag
-from typing import ClassVar, Optional, Union
+from typing import ClassVar
 
 from .errors import ErrorCode
 
@@ -363,8 +363,8 @@ class Draft:
     seq: int
     base: int
     tokens: tuple[int, ...]
-    q: Optional[tuple[SparseRow, ...]] = None  # one row per token; sent iff not None (HAS_Q)
-    parents: Optional[tuple[int, ...]] = None  # one per token; sent iff not None (HAS_TREE)
+    q: tuple[SparseRow, ...] | None = None  # one row per token; sent iff not None (HAS_Q)
+    parents: tuple[int, ...] | None = None  # one per token; sent iff not None (HAS_TREE)
 
     def __post_init__(self):
         _set(self, "tokens", _tuple(self.tokens))
@@ -385,8 +385,8 @@ class Verdict:
     committed: int
     dropped: bool = False
     finished: bool = False
-    p: Optional[SparseRow] = None  # sent iff not None (HAS_P)
-    path: Optional[tuple[int, ...]] = None  # sent iff not None (HAS_PATH)
+    p: SparseRow | None = None  # sent iff not None (HAS_P)
+    path: tuple[int, ...] | None = None  # sent iff not None (HAS_PATH)
 
     def __post_init__(self):
         if self.p is not None:
@@ -455,7 +455,7 @@ class Tokens:
         _set(self, "tokens", _tuple(self.tokens))
 
 
-Frame = Union[Hello, Welcome, Draft, Verdict, Resume, Ping, Pong, Error, Close, Tokens]
+Frame = Hello | Welcome | Draft | Verdict | Resume | Ping | Pong | Error | Close | Tokens
 
 
 # The byte-level codec (encode, decode) is in codec.py and the stream framing (FrameDecoder) and small

@@ -9,7 +9,7 @@ import operator
 
 from .codec import _decode_payload, _parse_length, _put_uvarint, _Reader, _uint
 from .errors import ErrorCode, WireError
-from .frames import BAD_FRAME, DEFAULT_LIMITS, Frame, Limits  # noqa: F401
+from .frames import BAD_FRAME, DEFAULT_LIMITS, Frame, Limits
 
 __all__ = ["FrameDecoder", "committed_digest", "encode_uvarint", "decode_uvarint", "zigzag_encode", "zigzag_decode"]
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 import asyncio
 import socket
 
-from .errors import ErrorCode, WireError
 from .codec import encode
+from .errors import ErrorCode, WireError
 from .frames import DEFAULT_LIMITS, Frame, Limits
 from .framing import FrameDecoder
 
@@ -31,9 +31,9 @@ def _decoder(source: Limits | FrameDecoder) -> FrameDecoder:
 
 
 def _end_of_stream(decoder: FrameDecoder) -> None:
+    """A clean end of the stream (nothing buffered) reads as None; one in the middle of a frame is a WireError."""
     if decoder.pending:
         raise WireError(ErrorCode.BAD_FRAME, f"connection closed mid-frame, {decoder.pending} bytes in")
-    return None
 
 
 async def read_frame(
@@ -45,7 +45,8 @@ async def read_frame(
     while frame is None:
         data = await reader.read(decoder.wanted)
         if not data:
-            return _end_of_stream(decoder)
+            _end_of_stream(decoder)
+            return None
         frames = decoder.feed(data)  # at most one: we read no more than the frame needs
         frame = frames[0] if frames else None
     return frame
@@ -64,7 +65,8 @@ def recv_frame(sock: socket.socket, decoder_or_limits: Limits | FrameDecoder = D
     while frame is None:
         data = sock.recv(decoder.wanted)
         if not data:
-            return _end_of_stream(decoder)
+            _end_of_stream(decoder)
+            return None
         frames = decoder.feed(data)
         frame = frames[0] if frames else None
     return frame
