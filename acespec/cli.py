@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 from acespec.argtypes import CliError, nonneg_int, pos_int
 from acespec.cli_output import TextOutput, print_stats, prompt_tokens  # noqa: F401  (importable from here, as before)
@@ -149,9 +149,9 @@ def _extra_commands():
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from acespec.edge.client import EdgeError
     from acespec.models.base import ModelError
     from acespec.models.registry import RegistryError
-    from acespec.edge.client import EdgeError
     from acespec.verify import RuleSpecError
 
     ap = build_parser()

@@ -15,78 +15,19 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import re
 import secrets
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
-import time
 from pathlib import Path
 
-from acespec.argtypes import CliError
+from acespec.bench.children import ChildProcesses, wait_for_line
 from acespec.config import DemoRole, add_cli_args, add_config_arg, resolve
 from acespec.config.roles import DEFAULT_PROMPT  # noqa: F401  (its old home: importable from here)
 from acespec.config.schema import flat
 from acespec.models.registry import resolve as resolve_model
-
-
-class ChildProcesses:
-    """Start children in their own process groups; stop them all, whatever happens."""
-
-    def __init__(self) -> None:
-        self.procs: list[subprocess.Popen] = []
-
-    def start(self, argv: list[str], env: dict | None = None) -> subprocess.Popen:
-        p = subprocess.Popen(
-            argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True
-        )
-        self.procs.append(p)
-        return p
-
-    def stop_all(self) -> None:
-        for p in self.procs:
-            if p.poll() is None:
-                try:
-                    os.killpg(p.pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
-        deadline = time.monotonic() + 10
-        for p in self.procs:
-            try:
-                p.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                try:
-                    os.killpg(p.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                p.wait(5)
-
-
-def wait_for_line(p: subprocess.Popen, pattern: str, timeout: float, what: str) -> re.Match:
-    """Read the child's output until a line matches; keep draining it afterwards so it never blocks."""
-    rx = re.compile(pattern)
-    found: list[re.Match] = []
-    seen: list[str] = []
-    ready = threading.Event()
-
-    def pump() -> None:
-        assert p.stdout
-        for line in p.stdout:
-            if not ready.is_set():
-                seen.append(line.rstrip())
-                m = rx.search(line)
-                if m:
-                    found.append(m)
-                    ready.set()
-        ready.set()
-
-    threading.Thread(target=pump, daemon=True).start()
-    if not ready.wait(timeout) or not found:
-        tail = "\n  ".join(seen[-10:]) or "(no output)"
-        raise CliError(f"{what} did not start within {timeout:.0f} s:\n  {tail}")
-    return found[0]
+from acespec.sim.ceiling import against_ceiling, calibrate, describe
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -123,11 +64,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace, children: ChildProcesses) -> int:
+    from acespec.draft.cache import DRAFTER_SLOTS
     from acespec.edge.client import ConnectConfig
     from acespec.edge.runtime import EdgeConfig, run_edge
-    from acespec.models.llama import on_cpus, split_cpus, split_threads
-    from acespec.draft.cache import DRAFTER_SLOTS
     from acespec.models import TextStream, load_model
+    from acespec.models.llama import on_cpus, split_cpus, split_threads
 
     py = [sys.executable, "-m", "acespec.cli"]
     with tempfile.TemporaryDirectory(prefix="acespec-demo-") as tmp, contextlib.ExitStack() as stack:
@@ -244,7 +185,6 @@ def print_table(results: dict, args: argparse.Namespace, link: str, modes: dict[
     ]
     sums = {n: results[n].stats.summary() for n in names}
     # what the hardware allows each mode, from this run's own passes, drafting, link and acceptance
-    from acespec.bench.ceiling import against_ceiling, calibrate, describe
 
     cal = calibrate(results[n].stats for n in names)
     modes = modes or {}
@@ -277,7 +217,7 @@ def print_table(results: dict, args: argparse.Namespace, link: str, modes: dict[
             )
     if tops:
         out.write(describe(cal) + "\n      the ceiling: the best tokens/s any schedule of the mode could reach on those figures\n"
-                  "      (acespec/bench/ceiling.py); steady rate / ceiling: what the serving engine, the wire and Python cost\n")
+                  "      (acespec/sim/ceiling.py); steady rate / ceiling: what the serving engine, the wire and Python cost\n")
     if getattr(args, "cores", "shared") == "split":
         out.write(
             "note: the edge and the cloud each have their own CPU core(s) here (--cores split), like two devices;\n"

@@ -1,4 +1,4 @@
-"""The ceiling every speed benchmark prints beside its measurement (`bench/ceiling.py`): hand-computed
+"""The ceiling every speed benchmark prints beside its measurement (`sim/ceiling.py`): hand-computed
 cases of each mode's schedule, the calibration read from a run's own statistics, and a real session
 that records the passes the calibration needs."""
 

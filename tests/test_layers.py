@@ -51,17 +51,10 @@ HEAVY = {
 }
 
 # (a) cycles still there: the set of modules in the cycle -> why.
-KNOWN_CYCLES: dict[frozenset[str], str] = {
-    frozenset({"acespec.edge.cli", "acespec.edge.serve"}):
-        "the config branch moves the shared edge options out of edge/cli.py",
-}
+KNOWN_CYCLES: dict[frozenset[str], str] = {}
 
 # (b) upward imports still there: (importer, imported) -> why.
 KNOWN_UPWARD: dict[tuple[str, str], str] = {
-    ("acespec.edge.cli", "acespec.cloud.cli"): "read_token: the config branch moves it below both",
-    ("acespec.edge.cli", "acespec.cli"): "the shared CLI options: the config branch moves them to argtypes",
-    ("acespec.edge.serve", "acespec.cli"): "the shared CLI options: the config branch moves them to argtypes",
-    ("acespec.cloud.cli", "acespec.cli"): "the shared CLI options: the config branch moves them to argtypes",
 }
 
 # (c) modules whose functions still import acespec's own modules, or import without a `# heavy:` note.
@@ -70,7 +63,6 @@ KNOWN_INNER: dict[str, str] = {
     # runs, so that `acespec --help` stays fast; to shrink once each subcommand's import cost is known
     "acespec.cli": "command line",
     "acespec.demo": "command line",
-    "acespec.edge.cli": "command line",
     "acespec.edge.serve": "command line",
     "acespec.cloud.cli": "command line",
     # being edited on the lead's branch at the same time: its imports move up after the merge

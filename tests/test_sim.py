@@ -593,7 +593,7 @@ def test_trace_file_roundtrip(tmp_path):
 def test_grid_ratios_and_sensitivity():
     trs = [random_trace(150, 0.75, seed=s) for s in range(2)]
     # cloud-led is in the grid for its plain steps: a cloud-only stream reports no pass times, so they
-    # price t(0), as in the live benchmarks (bench/ceiling.py's calibrate)
+    # price t(0), as in the live benchmarks (sim/ceiling.py's calibrate)
     res = run_grid(trs, [NPU], [0, 100, 200], ["cloud-only", "sync", "pipelined", "cloud-led"])
     rows = {(r["rtt_ms"], r["mode"]): r for r in res["rows"]}
     assert rows[(100.0, "sync")]["x_sync"] == 1.0 and rows[(100.0, "cloud-only")]["x_cloud_only"] == 1.0

@@ -126,16 +126,15 @@ def _figures(t0: float, first: float, last: float, n: int, text: str) -> dict:
 
 # ------------------------------------------------------------------------------------------ the bench
 def cmd_bench_api(args: argparse.Namespace) -> int:
-    from acespec.draft.cache import DRAFTER_SLOTS
-    from acespec.edge.client import ConnectConfig
-    from acespec.edge.service import edge_config_for
-    from acespec.edge.runtime import EdgeConfig
-    from acespec.models import load_model
-    from acespec.models.registry import resolve
-
     import os
 
+    from acespec.draft.cache import DRAFTER_SLOTS
+    from acespec.edge.client import ConnectConfig
+    from acespec.edge.runtime import EdgeConfig
+    from acespec.edge.service import edge_config_for
+    from acespec.models import load_model
     from acespec.models.llama import on_cpus, split_cpus, split_threads
+    from acespec.models.registry import resolve
 
     exe = [sys.executable, "-m", "acespec.cli"]
     edge_threads, cloud_threads = split_threads(args.cores)

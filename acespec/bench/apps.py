@@ -32,15 +32,18 @@ import sys
 import threading
 import time
 
+from acespec.argtypes import pos_float_or_inf, pos_int
 from acespec.bench import write_result
+from acespec.bench.children import ChildProcesses, wait_for_line
+from acespec.eval.datasets import load_items
+from acespec.models.llama import on_cpus, split_cpus, split_threads
+from acespec.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
+from acespec.verify import RuleSpec
 
 FOLLOW_UP = "Thank you. Now say the same thing again in two sentences."
 
 
 def add_parser(bench_subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    from acespec.argtypes import pos_float_or_inf, pos_int
-    from acespec.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
-
     p = bench_subparsers.add_parser("apps", help="speculation as apps see it: the edge's API, every mode against "
                                                  "cloud-only, 1 and N chats, two turns, several RTTs")
     p.add_argument("--draft", default=DEFAULT_DRAFT)
@@ -134,16 +137,11 @@ def run_group(client, prompts: list[tuple[str, str]], mode: str, args: argparse.
 
 # ------------------------------------------------------------------------------------------ the bench
 def _prompts(sets: list[str], n: int) -> dict[str, list[tuple[str, str]]]:
-    from acespec.eval.datasets import load_items
-
     return {s: [(it.id, it.text) for it in load_items(s, n)] for s in sets}
 
 
 def _start_stack(args: argparse.Namespace, rtt: int, kids) -> int:
     """Cloud, emulator and edge as child processes; the edge's HTTP port."""
-    from acespec.demo import wait_for_line
-    from acespec.models.llama import on_cpus, split_cpus, split_threads
-
     exe = [sys.executable, "-m", "acespec.cli"]
     edge_threads, cloud_threads = split_threads(args.cores)
     cloud_env = {**os.environ, **({"ACESPEC_THREADS": str(cloud_threads)} if cloud_threads else {})}
@@ -164,10 +162,8 @@ def _start_stack(args: argparse.Namespace, rtt: int, kids) -> int:
 
 
 def cmd_bench_apps(args: argparse.Namespace) -> int:
-    import openai  # heavy: the benchmark's client, from the test extra
+    import openai  # heavy: the benchmark's client (the test extra)
 
-    from acespec.demo import ChildProcesses
-    from acespec.verify import RuleSpec
 
     RuleSpec.parse(args.rule)
     modes = [m for m in args.modes.split(",") if m and m != "cloud-only"]

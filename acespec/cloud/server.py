@@ -309,7 +309,7 @@ class CloudServer:
             await self._refuse(writer, e.code, str(e))
         except ProtocolError as e:
             await self._refuse(writer, e.code, str(e))
-        except asyncio.TimeoutError:
+        except TimeoutError:
             await self._refuse(writer, wire.ErrorCode.BAD_REQUEST, "no HELLO or RESUME within the handshake timeout")
         except (ConnectionError, asyncio.IncompleteReadError, ssl.SSLError):
             pass  # the edge went away (or broke its TLS, e.g. data after our close_notify); its session waits for RESUME
@@ -364,7 +364,7 @@ class CloudServer:
             if deadline and decoder.pending:
                 try:
                     data = await asyncio.wait_for(reader.read(65536), self.cfg.frame_timeout_s)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     raise ProtocolError(
                         wire.ErrorCode.BAD_FRAME, f"a frame was begun and not completed within {self.cfg.frame_timeout_s:g} s"
                     ) from None
@@ -385,7 +385,7 @@ class CloudServer:
             writer.write(wire.encode(wire.Error(code=code, message=message)))
             writer.write(wire.encode(wire.Close(reason=wire.CloseReason.ERROR)))
             await asyncio.wait_for(writer.drain(), 2.0)
-        except (ConnectionError, OSError, asyncio.TimeoutError):
+        except (TimeoutError, ConnectionError, OSError):
             pass
 
     async def _handshake(self, frames: list, writer: asyncio.StreamWriter) -> Session:
@@ -741,7 +741,7 @@ class CloudServer:
                 s.draft_in.clear()
                 try:
                     await asyncio.wait_for(s.draft_in.wait(), wait)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     break
             self.lead_held_s += time.monotonic() - t0
         return short
@@ -794,7 +794,7 @@ class CloudServerThread:
     def port(self) -> int:
         return self.server.port
 
-    def start(self, timeout: float = 30.0) -> "CloudServerThread":
+    def start(self, timeout: float = 30.0) -> CloudServerThread:
         """Start and wait until it listens (an engine that loads a model at start, vLLM, needs longer)."""
         self._thread.start()
         asyncio.run_coroutine_threadsafe(self.server.start(), self._loop).result(timeout)
@@ -809,7 +809,7 @@ class CloudServerThread:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(30)
 
-    def __enter__(self) -> "CloudServerThread":
+    def __enter__(self) -> CloudServerThread:
         return self.start()
 
     def __exit__(self, *exc) -> None:

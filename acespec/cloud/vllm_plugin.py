@@ -48,7 +48,6 @@ vLLM's strict sampler.
 from __future__ import annotations
 
 import logging
-import os
 import sys
 from collections.abc import Sequence
 from dataclasses import replace
@@ -56,9 +55,9 @@ from typing import Any
 
 import numpy as np
 
+from acespec import env as acespec_env
 from acespec.cloud import vllm_proposer
 from acespec.cloud.vllm_board import prompt_key
-from acespec import env as acespec_env
 from acespec.cloud.vllm_guard import NET_WIN_ARG, PLACEHOLDER, GuardedRequests, net_win_of
 from acespec.cloud.vllm_proposer import ensure_expand_is_right
 from acespec.verify import RULES, RuleSpec

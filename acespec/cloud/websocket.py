@@ -166,7 +166,7 @@ class WsWriter:
     async def wait_closed(self) -> None:
         try:
             await asyncio.wait_for(asyncio.shield(self._task), _CLOSE_TIMEOUT_S)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             # a peer that reads nothing and answers no close: drop the connection, as a TCP reset would
             self._ws.transport.abort()
             self._task.cancel()

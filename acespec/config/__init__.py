@@ -6,7 +6,15 @@ token files. Environment variables are read in `acespec.env`.
 """
 
 from acespec.config.roles import (
-    ROLES, CloudRole, DemoRole, EdgeOptions, EdgeRole, EdgeServeRole, SamplingConfig, parse_fleet, parse_hostport,
+    ROLES,
+    CloudRole,
+    DemoRole,
+    EdgeOptions,
+    EdgeRole,
+    EdgeServeRole,
+    SamplingConfig,
+    parse_fleet,
+    parse_hostport,
 )
 from acespec.config.schema import ConfigError, Resolved, add_cli_args, add_config_arg, render_toml, resolve
 

@@ -12,8 +12,7 @@ from __future__ import annotations
 import argparse
 
 from acespec.cli_output import TextOutput, prompt_tokens
-from acespec.config import EdgeRole, add_cli_args, add_config_arg, resolve
-from acespec.config import parse_fleet, parse_hostport  # noqa: F401  (their old home; tests and tools import them here)
+from acespec.config import EdgeRole, add_cli_args, add_config_arg, parse_fleet, parse_hostport, resolve  # noqa: F401  (their old home; tests and tools import them here)
 from acespec.edge import serve
 from acespec.edge.options import drafter_options, edge_config
 from acespec.edge.runtime import run_edge

@@ -168,7 +168,7 @@ class FirstTokens:
         self._lock = threading.Lock()
         self._waiting: set[int] = set()
 
-    def waiting(self, owner: object) -> "FirstTokens.Mark":
+    def waiting(self, owner: object) -> FirstTokens.Mark:
         with self._lock:
             self._waiting.add(id(owner))
         return FirstTokens.Mark(self, id(owner))
@@ -178,7 +178,7 @@ class FirstTokens:
             return bool(self._waiting - {id(owner)})
 
     class Mark:
-        def __init__(self, board: "FirstTokens", key: int) -> None:
+        def __init__(self, board: FirstTokens, key: int) -> None:
             self.board, self.key = board, key
 
         def done(self) -> None:

@@ -336,7 +336,7 @@ class FollowLoop:
             if (want > 0 and self._spawn is not None and not self.chain and not self.branches
                     and self.drafter.missing(self.committed) > self.cfg.catch_up_after):
                 ctx = list(self.committed)
-                self._job = self._spawn(lambda: self.drafter.prefill(ctx))
+                self._job = self._spawn(lambda ctx=ctx: self.drafter.prefill(ctx))  # this catch-up's own context
                 self.catch_ups += 1
             elif want > 0:  # a few tokens between looks at the stream; what costs nothing (a prediction) at once
                 self._draft(max(min(want, self.cfg.chunk), min(want, self.drafter.free_ahead(self.committed + self.chain))))

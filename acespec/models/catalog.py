@@ -5,7 +5,6 @@ is `registry.py`, which re-exports these names.
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
