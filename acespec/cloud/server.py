@@ -34,6 +34,7 @@ import ssl
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -48,7 +49,7 @@ from acespec.cloud.engine import (
     VerifyEngine,
     make_engine,
 )
-from acespec.cloud.websocket import WsListener
+from acespec.cloud.websocket import ConnReader, ConnWriter, WsListener
 from acespec.control.lead import LeadConfig, LeadMemory
 from acespec.engine.lead import LeadState
 from acespec.engine.verifier import TargetVerifier
@@ -89,7 +90,7 @@ class ServerConfig:
     # (`acespec serve`, whose process is the server, uses 300; a server embedded in other code leaves it alone)
 
 
-def _peer_addr(writer: asyncio.StreamWriter) -> str:
+def _peer_addr(writer: ConnWriter) -> str:
     peer = writer.get_extra_info("peername")
     return str(peer[0]) if isinstance(peer, tuple) and peer else "?"
 
@@ -113,7 +114,7 @@ class Session:
     bytes_in: int = 0
     bytes_out: int = 0
     owner: asyncio.Task | None = None  # the connection handler serving this session now
-    writer: asyncio.StreamWriter | None = None  # that connection's writer (idle expiry closes it)
+    writer: ConnWriter | None = None  # that connection's writer (idle expiry closes it)
     lead: LeadState | None = None  # cloud-led: the edge's drafts and the pricing of each step
     draft_in: asyncio.Event = field(default_factory=asyncio.Event)  # cloud-led: set when a DRAFT arrives
 
@@ -132,7 +133,7 @@ class CloudServer:
         self._server: asyncio.base_events.Server | None = None
         self._sweeper: asyncio.Task | None = None
         self._gc_task: asyncio.Task | None = None  # gc_full_s > 0: the periodic full collection (_keep_gc)
-        self._conns: dict[asyncio.Task, asyncio.StreamWriter] = {}  # live connections
+        self._conns: dict[asyncio.Task, ConnWriter] = {}  # live connections
         self._per_addr: dict[str, int] = {}  # peer address -> open connections
         self._opening = 0  # sessions admitted by the engine whose WELCOME has not gone out yet
         self._verdict_queues: dict[asyncio.Task, asyncio.Queue] = {}  # speculative connections -> their verdict queue
@@ -154,7 +155,7 @@ class CloudServer:
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         await self.engine.start()
-        tls = {} if self.cfg.tls is None else {"ssl": self.cfg.tls, "ssl_handshake_timeout": self.cfg.handshake_timeout_s}
+        tls: dict[str, Any] = {} if self.cfg.tls is None else {"ssl": self.cfg.tls, "ssl_handshake_timeout": self.cfg.handshake_timeout_s}
         self._server = await asyncio.start_server(self._on_connect, self.cfg.host, self.cfg.port, **tls)
         self.port = self._server.sockets[0].getsockname()[1]
         if self.cfg.ws_port is not None:  # the same handler, through the WebSocket adapters
@@ -282,7 +283,7 @@ class CloudServer:
                         s.writer.close()
 
     # -- one connection ---------------------------------------------------------------------------
-    async def _on_connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _on_connect(self, reader: ConnReader, writer: ConnWriter) -> None:
         task = asyncio.current_task()
         addr = _peer_addr(writer)
         if len(self._conns) >= self.cfg.max_connections or self._per_addr.get(addr, 0) >= self.cfg.max_connections_per_addr:
@@ -354,7 +355,7 @@ class CloudServer:
         if self.sessions.get(session.sid) is session:
             self.engine.park(session.handle)  # its KV may go to another session meanwhile
 
-    async def _next_frame(self, reader: asyncio.StreamReader, decoder: wire.FrameDecoder, *, deadline: bool = True) -> list | None:
+    async def _next_frame(self, reader: ConnReader, decoder: wire.FrameDecoder, *, deadline: bool = True) -> list | None:
         """The next non-empty batch of whole frames, or None on a clean end of stream.
 
         With `deadline`, a frame that has begun to arrive must be complete within `frame_timeout_s`: a
@@ -378,7 +379,7 @@ class CloudServer:
             if frames:
                 return frames
 
-    async def _refuse(self, writer: asyncio.StreamWriter, code: wire.ErrorCode, message: str) -> None:
+    async def _refuse(self, writer: ConnWriter, code: wire.ErrorCode, message: str) -> None:
         self.errors_sent[code.name] = self.errors_sent.get(code.name, 0) + 1
         log.info("refusing connection: %s %s", code.name, message)
         try:
@@ -388,7 +389,7 @@ class CloudServer:
         except (TimeoutError, ConnectionError, OSError):
             pass
 
-    async def _handshake(self, frames: list, writer: asyncio.StreamWriter) -> Session:
+    async def _handshake(self, frames: list, writer: ConnWriter) -> Session:
         """Open or resume the session, send WELCOME, and only then count the session as held by this
         connection: a connection that dies before its WELCOME is out leaves no session behind (a new
         one is closed at once; a resumed one goes back to waiting for its RESUME). A new session is
@@ -434,7 +435,7 @@ class CloudServer:
         self.handshakes["opened" if isinstance(first, wire.Hello) else "resumed"] += 1
         return session
 
-    async def _welcome(self, session: Session, writer: asyncio.StreamWriter) -> None:
+    async def _welcome(self, session: Session, writer: ConnWriter) -> None:
         writer.write(
             wire.encode(
                 wire.Welcome(session=session.sid, committed=session.verifier.committed,
@@ -575,6 +576,7 @@ class CloudServer:
         verdicts: asyncio.Queue = asyncio.Queue()
         out = asyncio.create_task(self._write_verdicts(s, verdicts, writer))
         me = asyncio.current_task()
+        assert me is not None  # a connection handler runs as a task
         self._verdict_queues[me] = verdicts
         if self._stopping:
             verdicts.put_nowait(None)
@@ -626,7 +628,7 @@ class CloudServer:
                 if item is not None:
                     item[1].add_done_callback(lambda f: f.cancelled() or f.exception())
 
-    async def _write_verdicts(self, s: Session, verdicts: asyncio.Queue, writer) -> None:
+    async def _write_verdicts(self, s: Session, verdicts: asyncio.Queue, writer: ConnWriter) -> None:
         while True:
             item = await verdicts.get()
             if item is None:  # the server is stopping: every verdict owed has gone out
@@ -691,8 +693,10 @@ class CloudServer:
                 t0 = time.perf_counter()
                 draft, q = lead.plan(v, at_least=short) if lead and not native else ([], None)
                 if native:
+                    assert lead is not None  # native implies a cloud-led session
                     verdict = await self.engine.lead_step(s.handle, lead.board)
                 elif draft:
+                    assert lead is not None  # only a cloud-led session plans drafts
                     verdict = await self.engine.verify(s.handle, lead.steps, start, draft, q)
                 else:
                     verdict = await self.engine.step(s.handle)
@@ -702,7 +706,7 @@ class CloudServer:
                     if not native:
                         lead.observe(verdict, time.perf_counter() - t0)
                     step = {"drafted": verdict.drafted, "accepted": verdict.accepted, "verify_us": verdict.verify_us}
-                writer.write(wire.encode(wire.Tokens(start=start, tokens=v.tokens[start : verdict.committed],
+                writer.write(wire.encode(wire.Tokens(start=start, tokens=tuple(v.tokens[start : verdict.committed]),
                                                      finished=verdict.finished, **step)))
                 await writer.drain()
             if lead and v.finished:
@@ -726,6 +730,7 @@ class CloudServer:
         the first step never does: the edge's drafter starts on the prompt only after the first token."""
         budget = self.cfg.lead_pass_budget
         v, lead = s.verifier, s.lead
+        assert lead is not None  # only cloud-led sessions hold for drafts
         if not math.isfinite(budget) or lead.steps == 0:  # the first step, the prompt's, waits for nobody
             return 0
         left = v.prompt_len + v.max_tokens - v.committed
@@ -772,9 +777,10 @@ class CloudServer:
         if f.q is None and rule.info.needs_q and rule.name != "strict":
             raise ProtocolError(wire.ErrorCode.BAD_REQUEST, f"rule {rule} needs q rows with each DRAFT")
         room = getattr(self.engine, "lead_q_topn", 0) if f.q is not None and self.engine.leads_natively(s.handle) else 0
-        if room and any(len(row) > room for row in f.q):
+        if room and f.q is not None and any(len(row) > room for row in f.q):  # room is 0 without q rows
             raise ProtocolError(wire.ErrorCode.OVER_LIMIT, f"a q row of more than {room} entries: this vLLM server keeps "
                                                            f"{room} per draft token (send the drafter's top {room})")
+        assert s.lead is not None  # DRAFTs are taken here in cloud-led sessions only
         if s.lead.take(f.base, f.tokens, f.parents, f.q, s.verifier.committed) and self.engine.leads_natively(s.handle):
             self.engine.lead_publish(s.handle, s.lead.board)
         s.draft_in.set()

@@ -34,6 +34,7 @@ import ssl
 import urllib.parse
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any, Protocol
 
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed, ConnectionClosedOK
@@ -52,6 +53,35 @@ _VARINT_MAX = 10  # bytes: the longest length prefix the decoder could still rea
 _CLOSE_TIMEOUT_S = 10.0  # the frames still queued and the closing handshake must be through within this
 
 Handler = Callable[["WsReader", "WsWriter"], Awaitable[None]]
+
+
+class ConnReader(Protocol):
+    """The reader the connection handler takes: an asyncio `StreamReader`, or a `WsReader`."""
+
+    async def read(self, n: int = -1) -> bytes: ...
+
+
+class _Abortable(Protocol):
+    def abort(self) -> None: ...
+
+
+class ConnWriter(Protocol):
+    """The writer the connection handler takes: an asyncio `StreamWriter`, or a `WsWriter`."""
+
+    @property
+    def transport(self) -> _Abortable: ...
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any: ...
+
+    def write(self, data: bytes) -> None: ...
+
+    async def drain(self) -> None: ...
+
+    def is_closing(self) -> bool: ...
+
+    def close(self) -> None: ...
+
+    async def wait_closed(self) -> None: ...
 
 
 def _prefix(data: bytes | bytearray, pos: int = 0) -> tuple[int, int]:
@@ -256,6 +286,7 @@ class WsListener:
         """/tokenize and /detokenize: the target's own tokenizer, for a page that sends and shows text. The
         WebSocket library's HTTP parser takes request lines of at most 8 KiB, which bounds the work."""
         arg = (query.get("text") if path == "/tokenize" else query.get("ids")) or [""]
+        body: dict[str, object]  # JSON
         if path == "/tokenize":
             body = {"ids": self._tokenizer.encode(arg[0])}
         else:

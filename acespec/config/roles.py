@@ -34,7 +34,7 @@ Policy = Literal["fixed", "adaptive", "controller"]
 Engine = Literal["batched", "serial", "vllm", "noop"]
 
 DEFAULT_PROMPT = "Write a Python function `is_prime(n)` that checks whether a number is prime, with a short docstring."
-CORES_DEFAULT = "split" if (os.cpu_count() or 1) >= 2 else "shared"
+CORES_DEFAULT: Literal["split", "shared"] = "split" if (os.cpu_count() or 1) >= 2 else "shared"
 
 
 # ------------------------------------------------------------------------------------------ sampling
@@ -100,7 +100,8 @@ class EdgeOptions:
     """How the edge drafts and reaches its cloud: shared by `acespec edge` and `acespec edge serve`."""
     draft: str = DEFAULT_DRAFT  # drafter model: a registry name, GGUF path, HF directory or toy:...
     cloud: str | None = None  # HOST:PORT of the cloud verifier (or WAN emulator); a fleet: HOST:PORT,HOST:PORT,...
-    mode: EdgeMode = "auto"  # auto: the cloud streams, drafts join when ready; sync, pipelined: edge-led
+    # the API's modes, a superset of the edge's: EdgeRole narrows it (a redeclared field keeps its place)
+    mode: ApiMode = "auto"  # auto: the cloud streams, drafts join when ready; sync, pipelined: edge-led
     k: int = 4  # draft depth (the starting depth for the adaptive policies)
     policy: Policy = "fixed"  # draft-depth policy; controller prices K every round
     window: int = 2  # pipelined: blocks in flight
@@ -168,6 +169,7 @@ class EdgeOptions:
 @dataclass(frozen=True)
 class EdgeRole(EdgeOptions):
     """`acespec edge`: one generation through the cloud, streamed to stdout."""
+    mode: EdgeMode = "auto"  # auto: the cloud streams, drafts join when ready; sync, pipelined: edge-led
     prompt: str | None = None  # the prompt (required)
     chat: bool = False  # wrap the prompt in the model's chat template
     json: bool = False  # print one JSON object (text, stats) instead of streaming; on failure too, with the error

@@ -27,6 +27,7 @@ import tokenize
 import tomllib
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -126,10 +127,11 @@ def _leaf_type(hint: Any) -> tuple[type, bool, tuple[str, ...] | None]:
 def leaves(instance: Any) -> list[Leaf]:
     """The settings of a role instance, nested dataclasses flattened, in declaration order, less the
     role's `omit` (fields that role does not use). The instance's values are the defaults."""
-    omit = getattr(type(instance), "omit", frozenset())
+    omit: frozenset[str] = getattr(type(instance), "omit", frozenset())
     out: list[Leaf] = []
     for obj in _dataclass_tree(instance):
-        hints, docs = typing.get_type_hints(type(obj)), field_docs(type(obj))
+        cls: type = type(obj)
+        hints, docs = typing.get_type_hints(cls), field_docs(cls)
         for f in dataclasses.fields(obj):
             value = getattr(obj, f.name)
             if dataclasses.is_dataclass(value) or f.name in omit:
@@ -185,7 +187,7 @@ def _parse_float(text: str) -> float:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
 
 
-_PARSERS = {int: _parse_int, float: _parse_float, str: str}
+_PARSERS: dict[type, Callable[[str], Any]] = {int: _parse_int, float: _parse_float, str: str}
 _METAVARS = {int: "N", float: "X", str: "TEXT"}
 _PATH_SUFFIXES = ("_file", "_ca", "_cert", "_key")  # settings that name a file
 

@@ -25,6 +25,7 @@ import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from acespec import wire
 from acespec.control.depth import DEFAULT_PASS_BUDGET, DepthPolicy, make_policy
@@ -103,7 +104,7 @@ def run_edge(
               else wire.Mode.SPECULATIVE),
     )
     t0 = time.perf_counter()
-    kw = dict(sampling=sp, rule=rule, seed=cfg.seed, q_topn=cfg.q_topn)
+    kw: dict[str, Any] = dict(sampling=sp, rule=rule, seed=cfg.seed, q_topn=cfg.q_topn)
 
     def make_drafter(model: Model) -> ChainDrafter:
         return (PredictedDrafter(model, Prediction(cfg.prediction, len(prompt)), **kw) if cfg.prediction
@@ -133,7 +134,8 @@ def run_edge(
                 raise EdgeError(f"cloud-led stream: {e}") from None
             res.stats.bytes_up, res.stats.bytes_down = session.total_bytes()
             _link_stats(res.stats, session)
-            res.stats.cache["rtt_ms_mean"] = None if link.rtt_s() is None else round(1e3 * link.rtt_s(), 3)
+            rtt = link.rtt_s()
+            res.stats.cache["rtt_ms_mean"] = None if rtt is None else round(1e3 * rtt, 3)
             return res
         if cfg.k + 1 > session.max_draft_tokens:
             # a block is K tokens and (pipelined) the guessed bonus before them: keep it within what the
@@ -165,7 +167,7 @@ def _auto(drafter_model: Model | None, source: Callable[[], Model | None] | None
     if drafter_model is not None:
         given: list[Model] = [drafter_model]
         source = lambda: given.pop() if given else None  # noqa: E731 - hands the one drafter over once
-    late = (lambda: (m := source()) and make_drafter(m)) if source is not None else None  # noqa: E731
+    late = (lambda: make_drafter(m) if (m := source()) is not None else None) if source is not None else None  # noqa: E731
     session = CloudSession(cfg.connect, hello)
     try:
         link = TcpLeadLink(session, send_q=rule.info.needs_q)
@@ -177,7 +179,8 @@ def _auto(drafter_model: Model | None, source: Callable[[], Model | None] | None
             raise EdgeError(f"auto stream: {e}") from None
         res.stats.bytes_up, res.stats.bytes_down = session.total_bytes()
         _link_stats(res.stats, session)
-        res.stats.cache["rtt_ms_mean"] = None if link.rtt_s() is None else round(1e3 * link.rtt_s(), 3)
+        rtt = link.rtt_s()
+        res.stats.cache["rtt_ms_mean"] = None if rtt is None else round(1e3 * rtt, 3)
         return res
     finally:
         session.close()

@@ -35,6 +35,7 @@ the short draft calls (`chunk` tokens) run in the loop.
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 import time
@@ -277,7 +278,8 @@ class FollowLoop:
         self._after_first = after_first
         self.drafter_joined_at: int | None = None  # tokens streamed when a late drafter joined
         self.drafter: ChainDrafter | None = None
-        self.needs_q, self.branching, self._main, self._free = False, False, 0, []
+        self.needs_q, self.branching, self._main = False, False, 0
+        self._free: list[int] = []  # KV slots for branches
         if drafter is not None:
             self._bind(drafter)
 
@@ -289,6 +291,11 @@ class FollowLoop:
         self._main = model.slot
         self._free = [s for s in range(model.n_slots) if s != model.slot][: self.cfg.max_branches]  # KV slots for branches
         self.branching = self.cfg.branch_len > 0 and bool(self._free) and not self.needs_q
+
+    def _bound(self) -> ChainDrafter:
+        """The drafter: the loop drafts only once one is bound (`_want` is 0 until then)."""
+        assert self.drafter is not None, "the loop drafts only with a bound drafter"
+        return self.drafter
 
     def _join(self) -> bool:
         """A late drafter, if the source has one now: bound, and its prefill started beside the loop."""
@@ -334,12 +341,13 @@ class FollowLoop:
                 break
             want = self._want()
             if (want > 0 and self._spawn is not None and not self.chain and not self.branches
-                    and self.drafter.missing(self.committed) > self.cfg.catch_up_after):
-                ctx = list(self.committed)
-                self._job = self._spawn(lambda ctx=ctx: self.drafter.prefill(ctx))  # this catch-up's own context
+                    and self._bound().missing(self.committed) > self.cfg.catch_up_after):
+                drafter, ctx = self._bound(), list(self.committed)
+                self._job = self._spawn(functools.partial(drafter.prefill, ctx))  # this catch-up's own context
                 self.catch_ups += 1
             elif want > 0:  # a few tokens between looks at the stream; what costs nothing (a prediction) at once
-                self._draft(max(min(want, self.cfg.chunk), min(want, self.drafter.free_ahead(self.committed + self.chain))))
+                ahead = self._bound().free_ahead(self.committed + self.chain)
+                self._draft(max(min(want, self.cfg.chunk), min(want, ahead)))
             elif self._can_branch():
                 self._draft_branch()
             if self.chain and self.uplink.may_send() and (self._sent_gen != self._gen or
@@ -376,7 +384,8 @@ class FollowLoop:
         return True
 
     def _draft(self, n: int) -> None:
-        blk = self.drafter.draft(self.committed + self.chain, n, keep_q=self.needs_q, keep_top=2 if self.branching else 0)
+        blk = self._bound().draft(self.committed + self.chain, n, keep_q=self.needs_q,
+                                  keep_top=2 if self.branching else 0)
         self.chain.extend(blk.tokens)
         if self.needs_q and blk.q is not None:
             self.chain_q.extend(blk.q)
@@ -408,11 +417,12 @@ class FollowLoop:
             self._nomore = base + len(self.chain)  # nothing left worth a branch until the chain grows or moves
             return
         alt = self.chain_alt[best][0]
-        model, slot = self.drafter.model, self._free.pop()
+        drafter = self._bound()
+        model, slot = drafter.model, self._free.pop()
         model.fork(slot, min(base + best, model.held(self._main)))
         model.activate(slot)
         try:
-            blk = self.drafter.draft(self.committed + self.chain[:best] + [alt], self.cfg.branch_len, keep_top=2)
+            blk = drafter.draft(self.committed + self.chain[:best] + [alt], self.cfg.branch_len, keep_top=2)
         finally:
             model.activate(self._main)
         self.branches[base + best] = _Branch(alt, list(blk.tokens), _alternatives(blk), slot)
@@ -498,7 +508,7 @@ class FollowLoop:
             del self.branches[pos]
             self._free.append(self._main)
             self._main = b.slot
-            self.drafter.model.activate(b.slot)
+            self._bound().model.activate(b.slot)
             self.chain, self.chain_alt, self.chain_q = list(b.tokens), list(b.alts), []
             self.branches_taken += 1
             self._sent_end = pos + 1 + len(self.chain)
