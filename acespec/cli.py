@@ -59,10 +59,10 @@ def cmd_models(args: argparse.Namespace) -> int:
             path = registry.install(name, progress=not args.quiet, verify=args.verify)
             print(path)
         else:  # path
-            path = registry.installed_path(name)  # raises UnknownModelError for a name not in the registry
-            if path is None:
+            found = registry.installed_path(name)  # raises UnknownModelError for a name not in the registry
+            if found is None:
                 raise registry.NotInstalledError(name, registry.model_path(name))
-            print(path)
+            print(found)
     return 0
 
 

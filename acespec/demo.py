@@ -21,6 +21,7 @@ import sys
 import tempfile
 import threading
 from pathlib import Path
+from typing import Any
 
 from acespec.bench.children import ChildProcesses, wait_for_line
 from acespec.config import DemoRole, add_cli_args, add_config_arg, resolve
@@ -100,7 +101,8 @@ def _run(args: argparse.Namespace, children: ChildProcesses) -> int:
         if args.draft.startswith("toy"):
             drafter = load_model(args.draft)
         else:
-            drafter = load_model(args.draft, n_slots=DRAFTER_SLOTS, **({"n_threads": edge_threads} if edge_threads else {}))
+            threads: dict[str, Any] = {"n_threads": edge_threads} if edge_threads else {}
+            drafter = load_model(args.draft, n_slots=DRAFTER_SLOTS, **threads)
         tok = drafter.tokenizer
         prompt = tok.chat_prompt([{"role": "user", "content": args.prompt}])
         connect = ConnectConfig(port=wan_port, token=token)

@@ -29,6 +29,7 @@ import json
 import statistics
 import sys
 import time
+from typing import Any
 
 from acespec.bench import write_result
 from acespec.bench.children import ChildProcesses, wait_for_line
@@ -117,6 +118,8 @@ def run_api_once(host: str, port: int, body: dict) -> dict:
                 first = first or last
                 pieces.append(text)
     conn.close()
+    if first is None or last is None or usage is None:
+        raise RuntimeError("the API's stream ended without text or without usage")
     return _figures(t0, first, last, usage["completion_tokens"], "".join(pieces))
 
 
@@ -155,7 +158,8 @@ def cmd_bench_api(args: argparse.Namespace) -> int:
         api = kids.start([*exe, "edge", "serve", "--cloud", f"127.0.0.1:{cloud_port}", "--draft", args.draft,
                           "--port", "0", "--n-ctx", str(args.n_ctx), "--rule", args.rule, "--mode", args.mode], env=edge_env)
         api_port = int(wait_for_line(api, r"http://[\d.]+:(\d+)", 300, "the edge API").group(1))
-        slots = {"n_slots": DRAFTER_SLOTS} if resolve(args.draft).kind == "gguf" else {}  # as `edge serve` loads it
+        # as `edge serve` loads it
+        slots: dict[str, Any] = {"n_slots": DRAFTER_SLOTS} if resolve(args.draft).kind == "gguf" else {}
         if edge_threads and resolve(args.draft).kind == "gguf":
             slots["n_threads"] = edge_threads
         drafter = load_model(args.draft, n_ctx=args.n_ctx, **slots)

@@ -29,6 +29,7 @@ import os
 import signal
 import ssl
 import sys
+from typing import Any
 
 from acespec.cloud.engine import make_engine
 from acespec.cloud.metrics import start_metrics_server
@@ -57,7 +58,7 @@ def engine_from_role(role: CloudRole):
     # llama.cpp: one KV stream per slot, batch-invariant (see LlamaCppModel); toy models hold 64
     # sequences already; other runtimes hold one, so they need --slots 1 (or --engine serial)
     kind = resolve_model(role.target).kind
-    extra = {"n_slots": slots, "batch_invariant": role.batching == "exact"} if kind == "gguf" else {}
+    extra: dict[str, Any] = {"n_slots": slots, "batch_invariant": role.batching == "exact"} if kind == "gguf" else {}
     target = load_model(role.target, n_ctx=n_ctx, **extra)
     if kind == "toy":  # a toy's context and sequences are plain attributes: give it the budget asked for
         target.n_ctx = n_ctx

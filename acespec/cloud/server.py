@@ -155,7 +155,8 @@ class CloudServer:
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         await self.engine.start()
-        tls: dict[str, Any] = {} if self.cfg.tls is None else {"ssl": self.cfg.tls, "ssl_handshake_timeout": self.cfg.handshake_timeout_s}
+        tls: dict[str, Any] = ({} if self.cfg.tls is None
+                               else {"ssl": self.cfg.tls, "ssl_handshake_timeout": self.cfg.handshake_timeout_s})
         self._server = await asyncio.start_server(self._on_connect, self.cfg.host, self.cfg.port, **tls)
         self.port = self._server.sockets[0].getsockname()[1]
         if self.cfg.ws_port is not None:  # the same handler, through the WebSocket adapters
@@ -355,7 +356,8 @@ class CloudServer:
         if self.sessions.get(session.sid) is session:
             self.engine.park(session.handle)  # its KV may go to another session meanwhile
 
-    async def _next_frame(self, reader: ConnReader, decoder: wire.FrameDecoder, *, deadline: bool = True) -> list | None:
+    async def _next_frame(self, reader: ConnReader, decoder: wire.FrameDecoder, *,
+                          deadline: bool = True) -> list | None:
         """The next non-empty batch of whole frames, or None on a clean end of stream.
 
         With `deadline`, a frame that has begun to arrive must be complete within `frame_timeout_s`: a

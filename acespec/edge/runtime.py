@@ -167,7 +167,8 @@ def _auto(drafter_model: Model | None, source: Callable[[], Model | None] | None
     if drafter_model is not None:
         given: list[Model] = [drafter_model]
         source = lambda: given.pop() if given else None  # noqa: E731 - hands the one drafter over once
-    late = (lambda: make_drafter(m) if (m := source()) is not None else None) if source is not None else None  # noqa: E731
+    late = ((lambda: make_drafter(m) if (m := source()) is not None else None)  # noqa: E731
+            if source is not None else None)
     session = CloudSession(cfg.connect, hello)
     try:
         link = TcpLeadLink(session, send_q=rule.info.needs_q)

@@ -21,7 +21,8 @@ from acespec.config import EdgeServeRole, add_cli_args, add_config_arg, resolve
 from acespec.edge.options import serve_config, serve_drafter_options
 from acespec.models import load_model
 
-SHUTDOWN_GRACE_S = 5.0  # on Ctrl-C / SIGTERM, requests in flight get this long to finish before they are stopped
+# whole seconds: uvicorn types its timeout_graceful_shutdown as an int
+SHUTDOWN_GRACE_S = 5  # on Ctrl-C / SIGTERM, requests in flight get this long to finish before they are stopped
 
 
 def register(sub: argparse._SubParsersAction) -> None:
