@@ -32,7 +32,7 @@ from acespec.control.depth import DEFAULT_PASS_BUDGET, DepthPolicy, make_policy
 from acespec.draft.cache import CacheConfig, StateCache
 from acespec.draft.chain import ChainDrafter
 from acespec.draft.prediction import PredictedDrafter, Prediction
-from acespec.edge.client import CloudSession, ConnectConfig, EdgeError, TcpLeadLink, TcpTransport
+from acespec.edge.client import CloudSession, ConnectConfig, EdgeError, TcpLeadLink, TcpTransport, link_failure
 from acespec.engine.follow import FollowConfig, FollowLoop, StreamError, ThreadJob
 from acespec.engine.loop import ORIGIN_TARGET, LoopConfig, LoopResult, Round, SpecLoop
 from acespec.engine.stats import RunStats
@@ -250,22 +250,19 @@ def _cloud_only(session: CloudSession, prompt, cfg: EdgeConfig, on_tokens, t0: f
                 raise EdgeError(f"cloud streamed from {f.start}, the edge holds {committed}")
             now = time.perf_counter() - t0
             if new:
-                if not out:
-                    stats.ttft_s = now
                 out.extend(new)
                 committed += len(new)
                 stats.rounds += len(new)
-                stats.emitted += len(new)
-                stats.token_times.extend([now] * len(new))
+                stats.observe_tokens(len(new), now)
                 if on_tokens:
                     on_tokens(new)
                 if on_round:
                     on_round(Round(tokens=list(new), origins=[ORIGIN_TARGET] * len(new), drafted=0, accepted=0,
                                    latency_s=None, verify_s=0.0, rtt_s=None))
             finished = f.finished
-        elif isinstance(f, wire.Error):
-            raise EdgeError(f"cloud error {f.code.name}: {f.message}", f.code)
-        elif item is None or f is not None and (isinstance(f, Exception) or not isinstance(f, (wire.Pong, wire.Close))):
+        elif isinstance(failure := link_failure(f), EdgeError):
+            raise failure
+        elif item is None or failure is not None or not isinstance(f, (wire.Pong, wire.Close)):
             session.resume(list(prompt) + out)  # the cloud continues streaming from what we have
     stats.wall_s = time.perf_counter() - t0
     stats.bytes_up, stats.bytes_down = session.total_bytes()

@@ -464,8 +464,6 @@ class FollowLoop:
         self._last_arrival = c.arrived
         if not new:
             return c.finished
-        if self.stats.emitted == 0:
-            self.stats.ttft_s = now
         rtt = self.link.rtt_s()
         # the cloud held our chain for this step if it went up a round trip before the step came back
         held = (self._up_gen == self._gen and c.start < self._sent_end
@@ -477,9 +475,8 @@ class FollowLoop:
         self.stats.observe_block(c.drafted, c.accepted)
         self.uplink.step(c.drafted, telling=held or slow or self.chain_breaks > breaks)
         self.stats.k_chosen.append(c.drafted)
-        self.stats.emitted += len(new)
+        self.stats.observe_tokens(len(new), now)
         self.stats.observe_pass(c.drafted, c.verify_s)
-        self.stats.token_times.extend([now] * len(new))
         self.depth.observe(c, gap)
         if self.on_tokens:
             self.on_tokens(new)
