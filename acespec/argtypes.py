@@ -64,7 +64,7 @@ def unit_float(text: str) -> float:
 
 
 def parse_rtts(text: str) -> list[float]:
-    """"0,50,100,200" -> [0.0, 50.0, 100.0, 200.0] (milliseconds, >= 0, no duplicates)."""
+    """ "0,50,100,200" -> [0.0, 50.0, 100.0, 200.0] (milliseconds, >= 0, no duplicates)."""
     out: list[float] = []
     for part in str(text).split(","):
         part = part.strip().lower().removesuffix("ms")

@@ -25,8 +25,11 @@ __all__ = ["main", "build_parser", "CliError", "TextOutput", "print_stats", "pro
 
 # ------------------------------------------------------------------------------------------ helpers
 def add_model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--draft", default=DEFAULT_DRAFT,
-                   help=f"drafter model (default {DEFAULT_DRAFT}; a registry name, GGUF path, HF dir or toy:...)")
+    p.add_argument(
+        "--draft",
+        default=DEFAULT_DRAFT,
+        help=f"drafter model (default {DEFAULT_DRAFT}; a registry name, GGUF path, HF dir or toy:...)",
+    )
     p.add_argument("--target", default=DEFAULT_TARGET, help=f"target model (default {DEFAULT_TARGET})")
     p.add_argument("--n-ctx", type=pos_int, default=4096, help="context window for llama.cpp models")
 
@@ -49,8 +52,13 @@ def cmd_models(args: argparse.Namespace) -> int:
 
         if len(args.names) != 2:
             raise CliError("export-hf takes a model and a new directory: acespec models export-hf NAME DIR")
-        export_hf(args.names[0], args.names[1], dtype=args.dtype, weights=not args.tokenizer_only,
-                  say=lambda s: print(s, file=sys.stderr, flush=True))
+        export_hf(
+            args.names[0],
+            args.names[1],
+            dtype=args.dtype,
+            weights=not args.tokenizer_only,
+            say=lambda s: print(s, file=sys.stderr, flush=True),
+        )
         print(args.names[1])
         return 0
     names = args.names or [registry.DEFAULT_DRAFT, registry.DEFAULT_TARGET]
@@ -79,7 +87,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
     out = TextOutput(target.tokenizer, to_stdout=not args.json)
     res = generate(target, ids, cfg, draft=draft, on_tokens=out.push)
     summary = res.stats.summary()
-    summary.update(mode="autoregressive" if args.no_spec else "speculative", rule=str(cfg.rule_spec), k=args.k, policy=args.policy)
+    summary.update(
+        mode="autoregressive" if args.no_spec else "speculative", rule=str(cfg.rule_spec), k=args.k, policy=args.policy
+    )
     out.finish(res.tokens, summary, as_json=args.json)
     return 0
 
@@ -97,12 +107,17 @@ def build_parser() -> argparse.ArgumentParser:
     ap = _ArgumentParser(prog="acespec", description="Speculative decoding across an edge device and a cloud GPU.")
     sub = ap.add_subparsers(dest="command", required=True)
 
-    m = sub.add_parser("models", help="list, install or locate the registry's models; export one for vLLM",
-                       description="`export-hf NAME DIR` writes a registry model (or .gguf file) as a Hugging Face "
-                                   "directory, e.g. for `acespec serve --engine vllm --target DIR`.")
+    m = sub.add_parser(
+        "models",
+        help="list, install or locate the registry's models; export one for vLLM",
+        description="`export-hf NAME DIR` writes a registry model (or .gguf file) as a Hugging Face "
+        "directory, e.g. for `acespec serve --engine vllm --target DIR`.",
+    )
     m.add_argument("action", choices=["list", "install", "path", "export-hf"])
     m.add_argument("names", nargs="*", help="registry names (default: the default pair); export-hf: NAME DIR")
-    m.add_argument("--dtype", default="bfloat16", help="export-hf: weight dtype (bfloat16, float16, float32; default bfloat16)")
+    m.add_argument(
+        "--dtype", default="bfloat16", help="export-hf: weight dtype (bfloat16, float16, float32; default bfloat16)"
+    )
     m.add_argument("--tokenizer-only", action="store_true", help="export-hf: write the tokenizer and config only")
     m.add_argument("--json", action="store_true")
     m.add_argument("--quiet", action="store_true", help="no progress output")
@@ -114,11 +129,17 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     add_model_args(g)
     g.add_argument("--k", type=nonneg_int, default=4, help="draft depth (0: plain steps)")
-    g.add_argument("--policy", choices=["fixed", "adaptive", "controller"], default="fixed",
-                   help="draft-depth policy; controller prices K every round, down to plain steps where no block pays")
+    g.add_argument(
+        "--policy",
+        choices=["fixed", "adaptive", "controller"],
+        default="fixed",
+        help="draft-depth policy; controller prices K every round, down to plain steps where no block pays",
+    )
     add_cli_args(g, SamplingConfig())
     g.add_argument("--no-spec", action="store_true", help="plain autoregressive decoding with the target (baseline)")
-    g.add_argument("--json", action="store_true", help="print one JSON object (text, tokens, stats) instead of streaming")
+    g.add_argument(
+        "--json", action="store_true", help="print one JSON object (text, tokens, stats) instead of streaming"
+    )
     g.set_defaults(func=cmd_generate)
 
     for register in _extra_commands():

@@ -50,11 +50,20 @@ class TextOutput:
 
 def print_stats(s: dict, out) -> None:
     keys = [
-        ("mode", "mode"), ("rule", "rule"), ("emitted", "tokens"), ("tokens_per_s", "tokens/s"),
-        ("rounds", "rounds"), ("drafted", "drafted"), ("accepted", "accepted"),
-        ("mean_acceptance_length", "mean acceptance length"), ("acceptance_rate", "acceptance rate"),
-        ("target_passes_per_token", "target passes/token"), ("draft_s", "draft s"), ("verify_s", "verify s"),
-        ("wall_s", "wall s"), ("ttft_s", "time to first token s"),
+        ("mode", "mode"),
+        ("rule", "rule"),
+        ("emitted", "tokens"),
+        ("tokens_per_s", "tokens/s"),
+        ("rounds", "rounds"),
+        ("drafted", "drafted"),
+        ("accepted", "accepted"),
+        ("mean_acceptance_length", "mean acceptance length"),
+        ("acceptance_rate", "acceptance rate"),
+        ("target_passes_per_token", "target passes/token"),
+        ("draft_s", "draft s"),
+        ("verify_s", "verify s"),
+        ("wall_s", "wall s"),
+        ("ttft_s", "time to first token s"),
     ]
     out.write("--- stats ---\n")
     for k, label in keys:

@@ -85,12 +85,32 @@ def _run(args: argparse.Namespace, children: ChildProcesses) -> int:
         edge_cpus, cloud_cpus = split_cpus(args.cores)
         print(f"[demo] starting the cloud verifier ({args.target}) ...", file=sys.stderr, flush=True)
         with on_cpus(cloud_cpus):
-            serve = children.start(py + ["serve", "--target", args.target, "--port", "0", "--token-file", str(token_file),
-                                           "--no-prefix-reuse"], env)
+            serve = children.start(
+                py
+                + [
+                    "serve",
+                    "--target",
+                    args.target,
+                    "--port",
+                    "0",
+                    "--token-file",
+                    str(token_file),
+                    "--no-prefix-reuse",
+                ],
+                env,
+            )
         stack.enter_context(on_cpus(edge_cpus))
         m = wait_for_line(serve, r"listening on ([\d.]+):(\d+)", 300, "the cloud verifier")
         cloud_port = int(m.group(2))
-        wan_args = ["wan", "--listen", "127.0.0.1:0", "--upstream", f"127.0.0.1:{cloud_port}", "--profile", args.profile]
+        wan_args = [
+            "wan",
+            "--listen",
+            "127.0.0.1:0",
+            "--upstream",
+            f"127.0.0.1:{cloud_port}",
+            "--profile",
+            args.profile,
+        ]
         if args.rtt:
             wan_args += ["--rtt", args.rtt]
         wan = children.start(py + wan_args, env)
@@ -106,25 +126,43 @@ def _run(args: argparse.Namespace, children: ChildProcesses) -> int:
         tok = drafter.tokenizer
         prompt = tok.chat_prompt([{"role": "user", "content": args.prompt}])
         connect = ConnectConfig(port=wan_port, token=token)
-        common = dict(rule=args.rule, temperature=args.temperature, seed=args.seed, max_tokens=args.max_tokens, connect=connect)
+        common = dict(
+            rule=args.rule, temperature=args.temperature, seed=args.seed, max_tokens=args.max_tokens, connect=connect
+        )
         runs = [("AceSpec", EdgeConfig(mode="auto", **common), True)]
         if not args.quick:
             runs += [
-                ("edge-led", EdgeConfig(mode="pipelined", k=args.k, policy="controller", cache=True, branches=True,
-                                        auto_window=True, **common), False),
+                (
+                    "edge-led",
+                    EdgeConfig(
+                        mode="pipelined",
+                        k=args.k,
+                        policy="controller",
+                        cache=True,
+                        branches=True,
+                        auto_window=True,
+                        **common,
+                    ),
+                    False,
+                ),
                 ("sync", EdgeConfig(mode="sync", k=args.k, **common), False),
                 ("cloud-only", EdgeConfig(mode="cloud-only", **common), False),
             ]
         # one short untimed run first: llama.cpp's first evaluation of a model is slow (weights are
         # repacked, threads spun up), and that cold start belongs to no mode
         print("[demo] warming up both models ...", file=sys.stderr, flush=True)
-        run_edge(drafter, prompt, EdgeConfig(mode="sync", k=args.k, **{**common, "max_tokens": 4}), model_id=tok.fingerprint)
+        run_edge(
+            drafter, prompt, EdgeConfig(mode="sync", k=args.k, **{**common, "max_tokens": 4}), model_id=tok.fingerprint
+        )
         results = {}
         for name, cfg, show in runs:
             stream = TextStream(tok)
             if show:
-                print(f"\n[demo] {name} (mode auto: the cloud streams, the edge's drafts join when ready) over the emulated link:\n",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"\n[demo] {name} (mode auto: the cloud streams, the edge's drafts join when ready) over the emulated link:\n",
+                    file=sys.stderr,
+                    flush=True,
+                )
             else:
                 print(f"\n[demo] running {name} for comparison ...", file=sys.stderr, flush=True)
 
@@ -134,7 +172,13 @@ def _run(args: argparse.Namespace, children: ChildProcesses) -> int:
                     sys.stdout.write(text)
                     sys.stdout.flush()
 
-            res = run_edge(drafter if cfg.mode != "cloud-only" else None, prompt, cfg, model_id=tok.fingerprint, on_tokens=on_tokens)
+            res = run_edge(
+                drafter if cfg.mode != "cloud-only" else None,
+                prompt,
+                cfg,
+                model_id=tok.fingerprint,
+                on_tokens=on_tokens,
+            )
             if show:
                 sys.stdout.write(stream.flush() + "\n")
             results[name] = res
@@ -142,21 +186,34 @@ def _run(args: argparse.Namespace, children: ChildProcesses) -> int:
         if not args.quick:
             from acespec.bench.tenants import demo_capacity
 
-            print("\n[demo] the cloud's side: several edges at once (a short live run of `acespec bench tenants`) ...",
-                  file=sys.stderr, flush=True)
+            print(
+                "\n[demo] the cloud's side: several edges at once (a short live run of `acespec bench tenants`) ...",
+                file=sys.stderr,
+                flush=True,
+            )
             traces = None
             if args.target.startswith("toy"):  # the committed traces are the default pair's: record toy ones
                 from acespec.sim.trace import TraceSet, record_prompt
 
                 target = load_model(args.target)
-                traces = TraceSet([record_prompt(target, drafter, prompt, max_tokens=args.max_tokens, pid=f"toy/{i}")[0]
-                                   for i in range(4)])
-            print("\n" + demo_capacity(cloud_port, model_id=tok.fingerprint, vocab=drafter.vocab_size, auth=token,
-                                        traces=traces))
+                traces = TraceSet(
+                    [
+                        record_prompt(target, drafter, prompt, max_tokens=args.max_tokens, pid=f"toy/{i}")[0]
+                        for i in range(4)
+                    ]
+                )
+            print(
+                "\n"
+                + demo_capacity(
+                    cloud_port, model_id=tok.fingerprint, vocab=drafter.vocab_size, auth=token, traces=traces
+                )
+            )
         if args.json:
             import json
 
-            Path(args.json).write_text(json.dumps({k: v.stats.summary() | {"tokens": v.tokens} for k, v in results.items()}, indent=2))
+            Path(args.json).write_text(
+                json.dumps({k: v.stats.summary() | {"tokens": v.tokens} for k, v in results.items()}, indent=2)
+            )
     return 0
 
 
@@ -198,13 +255,21 @@ def print_table(results: dict, args: argparse.Namespace, link: str, modes: dict[
     for label, fn in rows:
         out.write(f"{label:{w}}" + "".join(f"{fn(sums[n], results[n].stats):>14}" for n in names) + "\n")
     if tops:
-        out.write(f"{'ceiling tokens/s (K)':{w}}" + "".join(
-            f"{f'{tops[n][0]:.2f} ({tops[n][2]})' if n in tops else '-':>14}" for n in names) + "\n")
-        out.write(f"{'steady rate / ceiling':{w}}" + "".join(
-            f"{tops[n][1]:>14.2f}" if n in tops else f"{'-':>14}" for n in names) + "\n")
+        out.write(
+            f"{'ceiling tokens/s (K)':{w}}"
+            + "".join(f"{f'{tops[n][0]:.2f} ({tops[n][2]})' if n in tops else '-':>14}" for n in names)
+            + "\n"
+        )
+        out.write(
+            f"{'steady rate / ceiling':{w}}"
+            + "".join(f"{tops[n][1]:>14.2f}" if n in tops else f"{'-':>14}" for n in names)
+            + "\n"
+        )
     if "cloud-only" in results:
         base = sums["cloud-only"]["tokens_per_s"] or 1e-9
-        out.write(f"{'speed vs cloud-only':{w}}" + "".join(f"{sums[n]['tokens_per_s'] / base:>13.2f}x" for n in names) + "\n")
+        out.write(
+            f"{'speed vs cloud-only':{w}}" + "".join(f"{sums[n]['tokens_per_s'] / base:>13.2f}x" for n in names) + "\n"
+        )
         ref = results["cloud-only"].tokens
         for n in names:
             if n == "cloud-only":
@@ -213,13 +278,20 @@ def print_table(results: dict, args: argparse.Namespace, link: str, modes: dict[
             same = results[n].tokens == ref
             out.write(
                 f"losslessness: {n} text {'==' if same else '!='} cloud-only text"
-                + ("" if same else f" (agreement {a:.0%} of tokens before the first difference; expected equal: a"
-                   " model without exact passes, docs/design-notes.md, computes verify rows with other rounding)")
+                + (
+                    ""
+                    if same
+                    else f" (agreement {a:.0%} of tokens before the first difference; expected equal: a"
+                    " model without exact passes, docs/design-notes.md, computes verify rows with other rounding)"
+                )
                 + "\n"
             )
     if tops:
-        out.write(describe(cal) + "\n      the ceiling: the best tokens/s any schedule of the mode could reach on those figures\n"
-                  "      (acespec/sim/ceiling.py); steady rate / ceiling: what the serving engine, the wire and Python cost\n")
+        out.write(
+            describe(cal)
+            + "\n      the ceiling: the best tokens/s any schedule of the mode could reach on those figures\n"
+            "      (acespec/sim/ceiling.py); steady rate / ceiling: what the serving engine, the wire and Python cost\n"
+        )
     if getattr(args, "cores", "shared") == "split":
         out.write(
             "note: the edge and the cloud each have their own CPU core(s) here (--cores split), like two devices;\n"

@@ -20,17 +20,31 @@ class EnvVar:
     meaning: str  # one line, for the docs' table and `acespec config env`
 
 
-THREADS = EnvVar("ACESPEC_THREADS", "the CPU count",
-                 "threads a llama.cpp model computes on (a model's own n_threads wins)")
-EXACT_PASSES = EnvVar("ACESPEC_EXACT_PASSES", "1", "0 lets llama.cpp verify passes use its faster multi-row kernels "
-                                                   "(verified text may then part from plain decoding's)")
-STEP_THREADS = EnvVar("ACESPEC_STEP_THREADS", "pad", "one-token passes of a llama.cpp model past position 256: "
-                                                    "pad, auto or a thread count (see LlamaCppModel)")
-MODELS_DIR = EnvVar("ACESPEC_MODELS_DIR", "~/.cache/acespec/models", "where `acespec models install` puts models "
-                                                                    "and where they are looked up")
+THREADS = EnvVar(
+    "ACESPEC_THREADS", "the CPU count", "threads a llama.cpp model computes on (a model's own n_threads wins)"
+)
+EXACT_PASSES = EnvVar(
+    "ACESPEC_EXACT_PASSES",
+    "1",
+    "0 lets llama.cpp verify passes use its faster multi-row kernels "
+    "(verified text may then part from plain decoding's)",
+)
+STEP_THREADS = EnvVar(
+    "ACESPEC_STEP_THREADS",
+    "pad",
+    "one-token passes of a llama.cpp model past position 256: pad, auto or a thread count (see LlamaCppModel)",
+)
+MODELS_DIR = EnvVar(
+    "ACESPEC_MODELS_DIR",
+    "~/.cache/acespec/models",
+    "where `acespec models install` puts models and where they are looked up",
+)
 CACHE_DIR = EnvVar("ACESPEC_CACHE", "~/.cache/acespec", "build cache of `acespec bench peer` (its llama.cpp build)")
-VLLM_RULE = EnvVar("ACESPEC_VLLM_RULE", "unset: vLLM's own sampler", "the verification rule the vLLM plugin applies "
-                                                                    "in a vLLM process (e.g. coupled)")
+VLLM_RULE = EnvVar(
+    "ACESPEC_VLLM_RULE",
+    "unset: vLLM's own sampler",
+    "the verification rule the vLLM plugin applies in a vLLM process (e.g. coupled)",
+)
 
 VARIABLES: tuple[EnvVar, ...] = (THREADS, EXACT_PASSES, STEP_THREADS, MODELS_DIR, CACHE_DIR, VLLM_RULE)
 

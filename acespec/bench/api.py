@@ -47,20 +47,30 @@ def add_parser(bench_subparsers: argparse._SubParsersAction) -> argparse.Argumen
     from acespec.argtypes import nonneg_float, pos_int
     from acespec.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
 
-    p = bench_subparsers.add_parser("api", help="the HTTP API's cost on time to first token and inter-token latency, "
-                                                "against acespec edge")
+    p = bench_subparsers.add_parser(
+        "api", help="the HTTP API's cost on time to first token and inter-token latency, against acespec edge"
+    )
     p.add_argument("--draft", default=DEFAULT_DRAFT)
     p.add_argument("--target", default=DEFAULT_TARGET)
     p.add_argument("--runs", type=pos_int, default=5, help="measured runs per side, after one warm-up each (default 5)")
     p.add_argument("--max-tokens", type=pos_int, default=32)
     p.add_argument("--mode", choices=("acespec", "pipelined", "sync", "cloud-only"), default="acespec")
     p.add_argument("--rule", default="coupled")
-    p.add_argument("--rtt", type=nonneg_float, default=0.0, help="put `acespec wan` with this round trip (ms) in between (0 = none)")
+    p.add_argument(
+        "--rtt",
+        type=nonneg_float,
+        default=0.0,
+        help="put `acespec wan` with this round trip (ms) in between (0 = none)",
+    )
     p.add_argument("--n-ctx", type=pos_int, default=2048)
-    p.add_argument("--cores", choices=("split", "shared"), default="split",
-                   help="split (default): the cloud gets one core, the edges (the API and acespec edge, which never run "
-                        "at once) the other, like two devices; shared: every process uses every core, and llama.cpp "
-                        "threads of two processes computing at once slow each other several-fold")
+    p.add_argument(
+        "--cores",
+        choices=("split", "shared"),
+        default="split",
+        help="split (default): the cloud gets one core, the edges (the API and acespec edge, which never run "
+        "at once) the other, like two devices; shared: every process uses every core, and llama.cpp "
+        "threads of two processes computing at once slow each other several-fold",
+    )
     p.add_argument("--json", metavar="OUT")
     p.set_defaults(func=cmd_bench_api)
     return p
@@ -83,8 +93,9 @@ def run_edge_once(drafter, cfg, prompt: str) -> dict:
 
     t0 = time.perf_counter()
     ids = drafter.tokenizer.chat_prompt([{"role": "user", "content": prompt}])
-    res = run_edge(drafter if cfg.mode != "cloud-only" else None, ids, cfg, model_id=drafter.tokenizer.fingerprint,
-                   on_tokens=push)
+    res = run_edge(
+        drafter if cfg.mode != "cloud-only" else None, ids, cfg, model_id=drafter.tokenizer.fingerprint, on_tokens=push
+    )
     pieces.append(stream.flush())
     return _figures(t0, times[0], times[-1], len(res.tokens), "".join(pieces))
 
@@ -147,40 +158,91 @@ def cmd_bench_api(args: argparse.Namespace) -> int:
     stack = contextlib.ExitStack()
     try:
         edge_cpus, cloud_cpus = split_cpus(args.cores)
-        with on_cpus(cloud_cpus):  # the cloud's process on its CPUs; the edges (both kinds) and the emulator on the edge's
-            cloud = kids.start([*exe, "serve", "--target", args.target, "--port", "0", "--n-ctx", str(args.n_ctx)], env=cloud_env)
+        with on_cpus(
+            cloud_cpus
+        ):  # the cloud's process on its CPUs; the edges (both kinds) and the emulator on the edge's
+            cloud = kids.start(
+                [*exe, "serve", "--target", args.target, "--port", "0", "--n-ctx", str(args.n_ctx)], env=cloud_env
+            )
         stack.enter_context(on_cpus(edge_cpus))
         cloud_port = int(wait_for_line(cloud, r"listening on [\d.]+:(\d+)", 300, "the cloud").group(1))
         if args.rtt > 0:
-            wan = kids.start([*exe, "wan", "--listen", "127.0.0.1:0", "--upstream", f"127.0.0.1:{cloud_port}",
-                              "--profile", "lan", "--rtt", f"{args.rtt:g}", "--jitter", "0"])
+            wan = kids.start(
+                [
+                    *exe,
+                    "wan",
+                    "--listen",
+                    "127.0.0.1:0",
+                    "--upstream",
+                    f"127.0.0.1:{cloud_port}",
+                    "--profile",
+                    "lan",
+                    "--rtt",
+                    f"{args.rtt:g}",
+                    "--jitter",
+                    "0",
+                ]
+            )
             cloud_port = int(wait_for_line(wan, r"listening on [\d.]+:(\d+)", 60, "the WAN emulator").group(1))
-        api = kids.start([*exe, "edge", "serve", "--cloud", f"127.0.0.1:{cloud_port}", "--draft", args.draft,
-                          "--port", "0", "--n-ctx", str(args.n_ctx), "--rule", args.rule, "--mode", args.mode], env=edge_env)
+        api = kids.start(
+            [
+                *exe,
+                "edge",
+                "serve",
+                "--cloud",
+                f"127.0.0.1:{cloud_port}",
+                "--draft",
+                args.draft,
+                "--port",
+                "0",
+                "--n-ctx",
+                str(args.n_ctx),
+                "--rule",
+                args.rule,
+                "--mode",
+                args.mode,
+            ],
+            env=edge_env,
+        )
         api_port = int(wait_for_line(api, r"http://[\d.]+:(\d+)", 300, "the edge API").group(1))
         # as `edge serve` loads it
         slots: dict[str, Any] = {"n_slots": DRAFTER_SLOTS} if resolve(args.draft).kind == "gguf" else {}
         if edge_threads and resolve(args.draft).kind == "gguf":
             slots["n_threads"] = edge_threads
         drafter = load_model(args.draft, n_ctx=args.n_ctx, **slots)
-        base = EdgeConfig(rule=args.rule, temperature=0.0, seed=0, max_tokens=args.max_tokens,
-                          connect=ConnectConfig(port=cloud_port))
+        base = EdgeConfig(
+            rule=args.rule, temperature=0.0, seed=0, max_tokens=args.max_tokens, connect=ConnectConfig(port=cloud_port)
+        )
         cfg = edge_config_for(base, args.mode)
-        body = {"model": "acespec", "max_tokens": args.max_tokens, "temperature": 0.0, "seed": 0, "stream": True,
-                "stream_options": {"include_usage": True}, "mode": args.mode, "rule": args.rule}
+        body = {
+            "model": "acespec",
+            "max_tokens": args.max_tokens,
+            "temperature": 0.0,
+            "seed": 0,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "mode": args.mode,
+            "rule": args.rule,
+        }
         pairs = []
         for i in range(args.runs + 1):  # the first pair warms both up and is not counted
             prompt = PROMPTS[i % len(PROMPTS)]
             first_api = i % 2 == 1  # A B, then B A: neither side always runs on the heels of the other
             sides = {}
-            for side in (("api", "edge") if first_api else ("edge", "api")):
+            for side in ("api", "edge") if first_api else ("edge", "api"):
                 if side == "edge":
                     sides[side] = run_edge_once(drafter, cfg, prompt)
                 else:
-                    sides[side] = run_api_once("127.0.0.1", api_port, body | {"messages": [{"role": "user", "content": prompt}]})
-            print(f"  pair {i}{' (warm-up)' if i == 0 else ''}: ttft edge {sides['edge']['ttft_s']:.3f} s, api "
-                  f"{sides['api']['ttft_s']:.3f} s; itl edge {1e3 * sides['edge']['itl_s']:.1f} ms, api "
-                  f"{1e3 * sides['api']['itl_s']:.1f} ms", file=sys.stderr, flush=True)
+                    sides[side] = run_api_once(
+                        "127.0.0.1", api_port, body | {"messages": [{"role": "user", "content": prompt}]}
+                    )
+            print(
+                f"  pair {i}{' (warm-up)' if i == 0 else ''}: ttft edge {sides['edge']['ttft_s']:.3f} s, api "
+                f"{sides['api']['ttft_s']:.3f} s; itl edge {1e3 * sides['edge']['itl_s']:.1f} ms, api "
+                f"{1e3 * sides['api']['itl_s']:.1f} ms",
+                file=sys.stderr,
+                flush=True,
+            )
             if i:
                 pairs.append(sides)
     finally:
@@ -224,6 +286,8 @@ def format_table(r: dict) -> str:
     for name in ("ttft", "itl"):
         ok = r["ratio"][name] <= BAR
         lines.append(f"bar: the API adds at most 5% to {name}: {r['ratio'][name]:.3f}x -> {'met' if ok else 'NOT met'}")
-    lines.append("ratios and differences: medians over pairs of api / edge and api - edge (each api run against the "
-                 "edge run beside it)")
+    lines.append(
+        "ratios and differences: medians over pairs of api / edge and api - edge (each api run against the "
+        "edge run beside it)"
+    )
     return "\n".join(lines)

@@ -44,11 +44,16 @@ FOLLOW_UP = "Thank you. Now say the same thing again in two sentences."
 
 
 def add_parser(bench_subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    p = bench_subparsers.add_parser("apps", help="speculation as apps see it: the edge's API, every mode against "
-                                                 "cloud-only, 1 and N chats, two turns, several RTTs")
+    p = bench_subparsers.add_parser(
+        "apps",
+        help="speculation as apps see it: the edge's API, every mode against "
+        "cloud-only, 1 and N chats, two turns, several RTTs",
+    )
     p.add_argument("--draft", default=DEFAULT_DRAFT)
     p.add_argument("--target", default=DEFAULT_TARGET)
-    p.add_argument("--modes", default="auto,acespec,cloud-led", help="modes against cloud-only (default auto,acespec,cloud-led)")
+    p.add_argument(
+        "--modes", default="auto,acespec,cloud-led", help="modes against cloud-only (default auto,acespec,cloud-led)"
+    )
     p.add_argument("--sets", default="humaneval,sharegpt", help="prompt sets (default humaneval,sharegpt)")
     p.add_argument("--n-prompts", type=pos_int, default=4, help="prompts per set (default 4)")
     p.add_argument("--chats", default="1,4", help="conversations at once, a list (default 1,4)")
@@ -57,12 +62,21 @@ def add_parser(bench_subparsers: argparse._SubParsersAction) -> argparse.Argumen
     p.add_argument("--max-tokens", type=pos_int, default=64)
     p.add_argument("--rule", default="greedy", help="verification rule (default greedy)")
     p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--cores", choices=("split", "shared"), default="split",
-                   help="split (default): the cloud gets one core and the edge the rest, like two devices; shared: "
-                        "both use every core, as on a developer's laptop")
+    p.add_argument(
+        "--cores",
+        choices=("split", "shared"),
+        default="split",
+        help="split (default): the cloud gets one core and the edge the rest, like two devices; shared: "
+        "both use every core, as on a developer's laptop",
+    )
     p.add_argument("--drafters", type=pos_int, default=1, help="drafters the edge loads (default 1)")
-    p.add_argument("--lead-pass-budget", type=pos_float_or_inf, default=math.inf, metavar="P",
-                   help="the cloud's `acespec serve --lead-pass-budget` (default inf: no budget)")
+    p.add_argument(
+        "--lead-pass-budget",
+        type=pos_float_or_inf,
+        default=math.inf,
+        metavar="P",
+        help="the cloud's `acespec serve --lead-pass-budget` (default inf: no budget)",
+    )
     p.add_argument("--n-ctx", type=pos_int, default=4096)
     p.add_argument("--json", metavar="OUT")
     p.set_defaults(func=cmd_bench_apps)
@@ -84,8 +98,15 @@ def chat_once(client, messages: list[dict], mode: str, args: argparse.Namespace)
     """One streaming chat completion through the openai client; times from the request to each chunk."""
     t0 = time.perf_counter()
     stream = client.chat.completions.create(
-        model="acespec", messages=messages, max_tokens=args.max_tokens, temperature=args.temperature, seed=0,
-        stream=True, stream_options={"include_usage": True}, extra_body={"mode": mode, "rule": args.rule})
+        model="acespec",
+        messages=messages,
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        seed=0,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"mode": mode, "rule": args.rule},
+    )
     first, pieces, usage = None, [], None
     for chunk in stream:
         if chunk.usage is not None:
@@ -97,8 +118,14 @@ def chat_once(client, messages: list[dict], mode: str, args: argparse.Namespace)
     end = time.perf_counter()
     n = usage.completion_tokens if usage else 0
     extra = usage.model_extra or {} if usage else {}
-    return {"ttft_s": (first or end) - t0, "wall_s": end - t0, "tokens": n, "text": "".join(pieces),
-            "target_passes": extra.get("target_passes", n), "tok_s": n / (end - t0) if end > t0 else 0.0}
+    return {
+        "ttft_s": (first or end) - t0,
+        "wall_s": end - t0,
+        "tokens": n,
+        "text": "".join(pieces),
+        "target_passes": extra.get("target_passes", n),
+        "tok_s": n / (end - t0) if end > t0 else 0.0,
+    }
 
 
 def conversation(client, prompt: str, mode: str, args: argparse.Namespace) -> list[dict]:
@@ -148,22 +175,67 @@ def _start_stack(args: argparse.Namespace, rtt: int, kids) -> int:
     edge_env = {**os.environ, **({"ACESPEC_THREADS": str(edge_threads)} if edge_threads else {})}
     edge_cpus, cloud_cpus = split_cpus(args.cores)
     with on_cpus(cloud_cpus):
-        cloud = kids.start([*exe, "serve", "--target", args.target, "--port", "0", "--n-ctx", str(args.n_ctx),
-                            "--max-sessions", "16", "--lead-pass-budget", str(args.lead_pass_budget)], env=cloud_env)
+        cloud = kids.start(
+            [
+                *exe,
+                "serve",
+                "--target",
+                args.target,
+                "--port",
+                "0",
+                "--n-ctx",
+                str(args.n_ctx),
+                "--max-sessions",
+                "16",
+                "--lead-pass-budget",
+                str(args.lead_pass_budget),
+            ],
+            env=cloud_env,
+        )
     port = int(wait_for_line(cloud, r"listening on [\d.]+:(\d+)", 300, "the cloud").group(1))
     with on_cpus(edge_cpus):
         if rtt > 0:
-            wan = kids.start([*exe, "wan", "--listen", "127.0.0.1:0", "--upstream", f"127.0.0.1:{port}",
-                              "--profile", "lan", "--rtt", str(rtt), "--jitter", "0"], env=edge_env)
+            wan = kids.start(
+                [
+                    *exe,
+                    "wan",
+                    "--listen",
+                    "127.0.0.1:0",
+                    "--upstream",
+                    f"127.0.0.1:{port}",
+                    "--profile",
+                    "lan",
+                    "--rtt",
+                    str(rtt),
+                    "--jitter",
+                    "0",
+                ],
+                env=edge_env,
+            )
             port = int(wait_for_line(wan, r"listening on [\d.]+:(\d+)", 60, "the WAN emulator").group(1))
-        api = kids.start([*exe, "edge", "serve", "--cloud", f"127.0.0.1:{port}", "--draft", args.draft, "--port", "0",
-                          "--n-ctx", str(args.n_ctx), "--drafters", str(args.drafters)], env=edge_env)
+        api = kids.start(
+            [
+                *exe,
+                "edge",
+                "serve",
+                "--cloud",
+                f"127.0.0.1:{port}",
+                "--draft",
+                args.draft,
+                "--port",
+                "0",
+                "--n-ctx",
+                str(args.n_ctx),
+                "--drafters",
+                str(args.drafters),
+            ],
+            env=edge_env,
+        )
     return int(wait_for_line(api, r"http://[\d.]+:(\d+)", 300, "the edge API").group(1))
 
 
 def cmd_bench_apps(args: argparse.Namespace) -> int:
     import openai  # heavy: the benchmark's client (the test extra)
-
 
     RuleSpec.parse(args.rule)
     modes = [m for m in args.modes.split(",") if m and m != "cloud-only"]
@@ -181,21 +253,31 @@ def cmd_bench_apps(args: argparse.Namespace) -> int:
             port = _start_stack(args, rtt, kids)
             client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=600)
             warm = argparse.Namespace(**{**vars(args), "max_tokens": 4})
-            chat_once(client, [{"role": "user", "content": "Hi"}], "auto", warm)  # both models' first evaluation is slow
+            chat_once(
+                client, [{"role": "user", "content": "Hi"}], "auto", warm
+            )  # both models' first evaluation is slow
             for s in sets:
                 for n in chats:
-                    groups = [prompts[s][i:i + n] for i in range(0, len(prompts[s]), n)]
+                    groups = [prompts[s][i : i + n] for i in range(0, len(prompts[s]), n)]
                     for g, group in enumerate(groups):
-                        order = all_modes[g % len(all_modes):] + all_modes[:g % len(all_modes)]
+                        order = all_modes[g % len(all_modes) :] + all_modes[: g % len(all_modes)]
                         for mode in order:
                             got = run_group(client, group, mode, args)
                             rows += [r | {"rtt_ms": rtt, "set": s, "chats": n} for r in got]
-                            print(f"  rtt {rtt} ms, {s}, {n} chat(s), group {g}, {mode}: "
-                                  + ", ".join(f"{r['tok_s']:.1f} tok/s" for r in got), file=sys.stderr, flush=True)
+                            print(
+                                f"  rtt {rtt} ms, {s}, {n} chat(s), group {g}, {mode}: "
+                                + ", ".join(f"{r['tok_s']:.1f} tok/s" for r in got),
+                                file=sys.stderr,
+                                flush=True,
+                            )
         finally:
             kids.stop_all()
-    result = {"provenance": provenance(args, started), "config": {k: v for k, v in vars(args).items() if k != "func"},
-              "rows": rows, "summary": summarize(rows, modes)}
+    result = {
+        "provenance": provenance(args, started),
+        "config": {k: v for k, v in vars(args).items() if k != "func"},
+        "rows": rows,
+        "summary": summarize(rows, modes),
+    }
     print(format_table(result))
     write_result(args.json, result)
     return 0
@@ -203,8 +285,16 @@ def cmd_bench_apps(args: argparse.Namespace) -> int:
 
 def provenance(args: argparse.Namespace, started: float) -> dict:
     try:
-        build = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                               cwd=os.path.dirname(__file__), timeout=10).stdout.strip() or "unknown"
+        build = (
+            subprocess.run(
+                ["git", "rev-parse", "--short", "HEAD"],
+                capture_output=True,
+                text=True,
+                cwd=os.path.dirname(__file__),
+                timeout=10,
+            ).stdout.strip()
+            or "unknown"
+        )
     except (OSError, subprocess.SubprocessError):
         build = "unknown"
     cpu = "unknown"
@@ -213,8 +303,14 @@ def provenance(args: argparse.Namespace, started: float) -> dict:
             cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
     except OSError:
         pass
-    return {"command": "acespec " + " ".join(sys.argv[1:]), "build": build, "cpu": cpu, "cores": os.cpu_count(),
-            "python": platform.python_version(), "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started))}
+    return {
+        "command": "acespec " + " ".join(sys.argv[1:]),
+        "build": build,
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "python": platform.python_version(),
+        "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started)),
+    }
 
 
 # ------------------------------------------------------------------------------------------ the figures
@@ -236,8 +332,11 @@ def summarize(rows: list[dict], modes: list[str]) -> dict:
             rs = by.get(mode, [])
             if not rs:
                 continue
-            ratios = [r["tok_s"] / base[k]["tok_s"] for r in rs if (k := (r["prompt"], r["turn"])) in base
-                      and base[k]["tok_s"] > 0]
+            ratios = [
+                r["tok_s"] / base[k]["tok_s"]
+                for r in rs
+                if (k := (r["prompt"], r["turn"])) in base and base[k]["tok_s"] > 0
+            ]
             ttft = [r["ttft_s"] for r in rs]
             t1 = [r["ttft_s"] for r in rs if r["turn"] == 0]
             t2 = [r["ttft_s"] for r in rs if r["turn"] == 1]
@@ -245,10 +344,12 @@ def summarize(rows: list[dict], modes: list[str]) -> dict:
             cell[mode] = {
                 "speed_median": statistics.median(ratios) if ratios else None,
                 "speed_worst": min(ratios) if ratios else None,
-                "ttft_p50_s": _pct(ttft, 0.5), "ttft_p99_s": _pct(ttft, 0.99),
+                "ttft_p50_s": _pct(ttft, 0.5),
+                "ttft_p99_s": _pct(ttft, 0.99),
                 "turn2_ttft_speedup": statistics.median(t1) / statistics.median(t2) if t1 and t2 else None,
                 "passes_per_token": sum(r["target_passes"] for r in rs) / max(1, sum(r["tokens"] for r in rs)),
-                "same_text": same, "requests": len(rs),
+                "same_text": same,
+                "requests": len(rs),
             }
         b50 = cell.get("cloud-only", {}).get("ttft_p50_s")
         for m in cell.values():
@@ -260,19 +361,27 @@ def summarize(rows: list[dict], modes: list[str]) -> dict:
 def format_table(result: dict) -> str:
     cfg = result["config"]
     budget = "" if math.isinf(cfg["lead_pass_budget"]) else f", cloud pass budget {cfg['lead_pass_budget']:g}"
-    lines = [f"=== acespec bench apps: cores {cfg['cores']}, rule {cfg['rule']}, T {cfg['temperature']:g}, "
-             f"{cfg['max_tokens']} tokens, {cfg['turns']} turn(s){budget}; against cloud-only in the same run ==="]
-    head = (f"{'mode':<11}{'speed p50':>10}{'worst':>8}{'TTFT p50':>10}{'p99':>8}{'TTFT/c-o':>10}"
-            f"{'turn2 TTFT':>11}{'passes/tok':>11}{'same text':>10}")
+    lines = [
+        f"=== acespec bench apps: cores {cfg['cores']}, rule {cfg['rule']}, T {cfg['temperature']:g}, "
+        f"{cfg['max_tokens']} tokens, {cfg['turns']} turn(s){budget}; against cloud-only in the same run ==="
+    ]
+    head = (
+        f"{'mode':<11}{'speed p50':>10}{'worst':>8}{'TTFT p50':>10}{'p99':>8}{'TTFT/c-o':>10}"
+        f"{'turn2 TTFT':>11}{'passes/tok':>11}{'same text':>10}"
+    )
     fmt = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
     for key, cell in result["summary"].items():
         rtt, s, n = key.split("|")
         lines += ["", f"rtt {rtt} ms, {s}, {n} chat(s) at once", head]
         for mode, m in cell.items():
-            lines.append(f"{mode:<11}{fmt(m['speed_median'], '.2f') + 'x':>10}{fmt(m['speed_worst'], '.2f') + 'x':>8}"
-                         f"{m['ttft_p50_s']:>9.3f}s{m['ttft_p99_s']:>7.3f}s{fmt(m['ttft_p50_ratio'], '.2f') + 'x':>10}"
-                         f"{fmt(m['turn2_ttft_speedup'], '.2f') + 'x':>11}{m['passes_per_token']:>11.3f}"
-                         f"{'yes' if m['same_text'] else 'NO':>10}")
-    lines.append("\nspeed: completion tokens / request wall time, as a ratio to the same request in cloud-only "
-                 "(median, worst); turn2 TTFT: the first turn's median TTFT over the second's")
+            lines.append(
+                f"{mode:<11}{fmt(m['speed_median'], '.2f') + 'x':>10}{fmt(m['speed_worst'], '.2f') + 'x':>8}"
+                f"{m['ttft_p50_s']:>9.3f}s{m['ttft_p99_s']:>7.3f}s{fmt(m['ttft_p50_ratio'], '.2f') + 'x':>10}"
+                f"{fmt(m['turn2_ttft_speedup'], '.2f') + 'x':>11}{m['passes_per_token']:>11.3f}"
+                f"{'yes' if m['same_text'] else 'NO':>10}"
+            )
+    lines.append(
+        "\nspeed: completion tokens / request wall time, as a ratio to the same request in cloud-only "
+        "(median, worst); turn2 TTFT: the first turn's median TTFT over the second's"
+    )
     return "\n".join(lines)

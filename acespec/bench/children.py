@@ -34,8 +34,9 @@ def spawn(argv: list[str], *, env: dict[str, str] | None = None, log: Path | Non
     `wait_for_line`, which keeps draining it) or, with `log`, appended to that file: a pipe that nobody
     reads fills up and blocks the child, so a child whose output is not read must write to a file."""
     if log is None:
-        return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                                start_new_session=True)
+        return subprocess.Popen(
+            argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True
+        )
     with open(log, "ab") as out:  # the child keeps its own descriptor; ours closes now
         return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
@@ -92,8 +93,9 @@ class ChildProcesses:
     def __enter__(self) -> ChildProcesses:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.stop_all()
 
 

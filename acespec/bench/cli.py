@@ -13,9 +13,22 @@ import argparse
 
 # benchmark modules that may register a subcommand, in help order
 _BENCH_MODULES = (
-    "acespec.bench.local", "acespec.bench.wan", "acespec.bench.acespec_bench", "acespec.bench.sim", "acespec.bench.cost",
-    "acespec.bench.tenants", "acespec.bench.faults", "acespec.bench.fleet", "acespec.bench.frontend", "acespec.bench.fuzz", "acespec.bench.fuzz_http", "acespec.bench.api", "acespec.bench.capacity",
-    "acespec.bench.plugin_cost", "acespec.bench.peer", "acespec.bench.apps",
+    "acespec.bench.local",
+    "acespec.bench.wan",
+    "acespec.bench.acespec_bench",
+    "acespec.bench.sim",
+    "acespec.bench.cost",
+    "acespec.bench.tenants",
+    "acespec.bench.faults",
+    "acespec.bench.fleet",
+    "acespec.bench.frontend",
+    "acespec.bench.fuzz",
+    "acespec.bench.fuzz_http",
+    "acespec.bench.api",
+    "acespec.bench.capacity",
+    "acespec.bench.plugin_cost",
+    "acespec.bench.peer",
+    "acespec.bench.apps",
 )
 
 

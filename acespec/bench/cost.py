@@ -95,13 +95,15 @@ def time_engine(target, prompt: list[int], ks: list[int], repeats: int) -> tuple
     Also returns the seconds from opening the session to its first token: the prompt's prefill as
     the engine runs it (in fixed chunks, one per tick), which a bare prefill of the whole prompt in
     one call underprices (on one thread here, by about a third)."""
+
     async def run() -> tuple[list[float], float]:
         engine = make_engine("batched", target)
         await engine.start()
         try:
             t_open = time.perf_counter()
-            s = await engine.open(SessionSpec(prompt=tuple(prompt), rule=RuleSpec.parse("greedy"),
-                                              max_tokens=len(ks) * repeats + 8))
+            s = await engine.open(
+                SessionSpec(prompt=tuple(prompt), rule=RuleSpec.parse("greedy"), max_tokens=len(ks) * repeats + 8)
+            )
             await engine.step(s)  # the prompt's prefill and the first token
             first = time.perf_counter() - t_open
             times: list[list[float]] = [[] for _ in ks]
@@ -156,8 +158,12 @@ def add_parser(bench_subparsers: argparse._SubParsersAction) -> argparse.Argumen
     p = bench_subparsers.add_parser("cost", help="what a model call costs per token evaluated (drafter and target)")
     p.add_argument("--draft", default=DEFAULT_DRAFT)
     p.add_argument("--target", default=DEFAULT_TARGET)
-    p.add_argument("--sizes", default="1,2,3,5,8,14", type=_sizes,
-                   help="token counts per call, comma-separated, ranges allowed (1-12: what `bench sim` profiles need)")
+    p.add_argument(
+        "--sizes",
+        default="1,2,3,5,8,14",
+        type=_sizes,
+        help="token counts per call, comma-separated, ranges allowed (1-12: what `bench sim` profiles need)",
+    )
     p.add_argument("--repeats", type=pos_int, default=3, help="evaluations per size; the fastest counts")
     p.add_argument("--n-ctx", type=pos_int, default=2048)
     add_cores_arg(p)
@@ -184,30 +190,42 @@ def cmd_bench_cost(args: argparse.Namespace) -> int:
     print(caveat(args.cores), file=sys.stderr)
     draft, target = load_pair(args.draft, args.target, n_ctx=args.n_ctx, cores=args.cores)
     try:
-        (pid, prompt), = humaneval_prompts(target.tokenizer, 1)
+        ((pid, prompt),) = humaneval_prompts(target.tokenizer, 1)
         if len(prompt) + max(args.sizes) > min(draft.n_ctx, target.n_ctx):
-            raise ValueError(f"the prompt ({len(prompt)} tokens) + {max(args.sizes)} exceeds the context; use a larger --n-ctx")
+            raise ValueError(
+                f"the prompt ({len(prompt)} tokens) + {max(args.sizes)} exceeds the context; use a larger --n-ctx"
+            )
         result = {"prompt": pid, "cores": args.cores, **calibrate(draft, target, prompt, args.sizes, args.repeats)}
     finally:
         draft.close()
         target.close()
-    print(f"acespec bench cost: {args.draft} -> {args.target}, after {pid} ({len(prompt)} tokens), cores {args.cores}, "
-          f"fastest of {args.repeats}")
+    print(
+        f"acespec bench cost: {args.draft} -> {args.target}, after {pid} ({len(prompt)} tokens), cores {args.cores}, "
+        f"fastest of {args.repeats}"
+    )
     print(f"{'tokens':>6}  {'drafter ms':>10}  {'ms/token':>8}  {'target ms':>10}  {'ms/token':>8}")
     d, t = result["models"]["drafter"]["seconds"], result["models"]["target"]["seconds"]
     for n, a, b in zip(args.sizes, d, t):
         print(f"{n:>6}  {1e3 * a:>10.1f}  {1e3 * a / n:>8.1f}  {1e3 * b:>10.1f}  {1e3 * b / n:>8.1f}")
     for role, m in result["models"].items():
-        print(f"{role}: t(n) = {1e3 * m['c0_s']:.1f} ms + {1e3 * m['c1_s']:.1f} ms x n; prompt prefill "
-              f"{1e3 * result['prefill'][role + '_s_per_token']:.2f} ms/token")
+        print(
+            f"{role}: t(n) = {1e3 * m['c0_s']:.1f} ms + {1e3 * m['c1_s']:.1f} ms x n; prompt prefill "
+            f"{1e3 * result['prefill'][role + '_s_per_token']:.2f} ms/token"
+        )
     eng = result["engine"]
-    print("through the serving engine, block submitted -> verdict: " + ", ".join(
-        f"K={k} {1e3 * t:.1f} ms" for k, t in zip(eng["ks"], eng["verify_s"])))
-    print(f"through the serving engine, session opened -> first token (the {len(prompt)}-token prompt's prefill): "
-          f"{1e3 * eng['first_token_s']:.0f} ms")
+    print(
+        "through the serving engine, block submitted -> verdict: "
+        + ", ".join(f"K={k} {1e3 * t:.1f} ms" for k, t in zip(eng["ks"], eng["verify_s"]))
+    )
+    print(
+        f"through the serving engine, session opened -> first token (the {len(prompt)}-token prompt's prefill): "
+        f"{1e3 * eng['first_token_s']:.0f} ms"
+    )
     rows = result["rows"]
-    print(f"per vocabulary row: drafter picks a token in {1e3 * rows['draft_choose_s']:.2f} ms, the verifier judges a row "
-          f"in {1e3 * rows['verify_row_s']:.2f} ms")
+    print(
+        f"per vocabulary row: drafter picks a token in {1e3 * rows['draft_choose_s']:.2f} ms, the verifier judges a row "
+        f"in {1e3 * rows['verify_row_s']:.2f} ms"
+    )
     print()
     print(caveat(args.cores))
     write_result(args.json, result)

@@ -87,8 +87,15 @@ class _Campaign:
     def server_config(self, port: int = 0):
         n = max(64, 2 * self.cfg.concurrent)
         # every edge comes through the emulator, i.e. from one address: the per-address limit must fit them all
-        return ServerConfig(host=HOST, port=port, max_sessions=n, max_connections=4 * n, max_connections_per_addr=4 * n,
-                            max_new_tokens=max(4096, self.cfg.max_tokens), resume_grace_s=60.0)
+        return ServerConfig(
+            host=HOST,
+            port=port,
+            max_sessions=n,
+            max_connections=4 * n,
+            max_connections_per_addr=4 * n,
+            max_new_tokens=max(4096, self.cfg.max_tokens),
+            resume_grace_s=60.0,
+        )
 
     def drafter(self):
         with self._lock:
@@ -101,7 +108,9 @@ class _Campaign:
         key = (tuple(prompt), rule, seed)
         with self._lock:
             if key not in self._refs:
-                cfg = SpecConfig(rule=rule, temperature=TEMPERATURE[rule], seed=seed, max_tokens=self.cfg.max_tokens, spec=False)
+                cfg = SpecConfig(
+                    rule=rule, temperature=TEMPERATURE[rule], seed=seed, max_tokens=self.cfg.max_tokens, spec=False
+                )
                 self._refs[key] = list(generate(self._ref_target, prompt, cfg).tokens)
             return self._refs[key]
 
@@ -109,10 +118,15 @@ class _Campaign:
         """One edge generation; its result checked against the undisturbed text and counted in `out`."""
         ref = self.reference(prompt, rule, seed)
         drafter = self.drafter()
-        cfg = EdgeConfig(mode=self.cfg.mode, rule=rule, k=self.cfg.k, temperature=TEMPERATURE[rule], seed=seed,
-                         max_tokens=self.cfg.max_tokens,
-                         connect=ConnectConfig(host=HOST, port=port, reply_timeout_s=15.0, backoff_max_s=0.5,
-                                               reconnect_attempts=12))
+        cfg = EdgeConfig(
+            mode=self.cfg.mode,
+            rule=rule,
+            k=self.cfg.k,
+            temperature=TEMPERATURE[rule],
+            seed=seed,
+            max_tokens=self.cfg.max_tokens,
+            connect=ConnectConfig(host=HOST, port=port, reply_timeout_s=15.0, backoff_max_s=0.5, reconnect_attempts=12),
+        )
         streamed: list[int] = []
 
         def push(toks):
@@ -140,7 +154,9 @@ class _Campaign:
     def run(self, scenario: str, rule: str) -> Outcome:
         out = Outcome(scenario, rule)
         t0 = time.perf_counter()
-        cloud = CloudServerThread(self.target if scenario != "restart" else self._fresh_target(), self.server_config()).start()
+        cloud = CloudServerThread(
+            self.target if scenario != "restart" else self._fresh_target(), self.server_config()
+        ).start()
         port = cloud.port
         clouds = [cloud]
         profile = WanProfile(rtt_ms=self.cfg.rtt_ms, seed=self.rng.randrange(1 << 30))
@@ -221,8 +237,12 @@ class _Campaign:
                 t.join(60)
 
     def _concurrent(self, proxy, rule, out, port, clouds) -> None:
-        threads = [threading.Thread(target=self.generate, args=(proxy.port, self.prompt(), rule, self._seed(), out), daemon=True)
-                   for _ in range(self.cfg.concurrent)]
+        threads = [
+            threading.Thread(
+                target=self.generate, args=(proxy.port, self.prompt(), rule, self._seed(), out), daemon=True
+            )
+            for _ in range(self.cfg.concurrent)
+        ]
         for t in threads:
             t.start()
         rng = random.Random(self.rng.randrange(1 << 30))
@@ -253,22 +273,30 @@ def run_faults(cfg: FaultsConfig, log=None) -> dict:
 
 
 def _line(o: Outcome) -> str:
-    s = (f"{o.scenario:>10} {o.rule:>8}: {o.runs:4d} runs, {o.resets:4d} resets, {o.reconnects:4d} reconnects, "
-         f"{o.recoveries:3d} recoveries, {o.failures:3d} failed, {o.mismatches:3d} mismatched, {o.wall_s:7.1f} s")
+    s = (
+        f"{o.scenario:>10} {o.rule:>8}: {o.runs:4d} runs, {o.resets:4d} resets, {o.reconnects:4d} reconnects, "
+        f"{o.recoveries:3d} recoveries, {o.failures:3d} failed, {o.mismatches:3d} mismatched, {o.wall_s:7.1f} s"
+    )
     return s + "".join(f"\n{'':>20}{e}" for e in o.errors)
 
 
 def add_parser(bench_subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    p = bench_subparsers.add_parser("faults", help="fault campaign: resets, stalls, loss, handshake resets, restarts, crowds")
+    p = bench_subparsers.add_parser(
+        "faults", help="fault campaign: resets, stalls, loss, handshake resets, restarts, crowds"
+    )
     d = FaultsConfig()
     p.add_argument("--target", default=d.target)
     p.add_argument("--draft", default=d.draft)
     p.add_argument("--rules", default=",".join(d.rules), help="comma-separated lossless rules (greedy, coupled)")
     p.add_argument("--scenarios", default=",".join(d.scenarios), help=f"comma-separated, from {', '.join(SCENARIOS)}")
     p.add_argument("--max-tokens", type=pos_int, default=d.max_tokens)
-    p.add_argument("--resets", type=pos_int, default=d.resets, help="resets per rule in the resets scenario (default 100)")
+    p.add_argument(
+        "--resets", type=pos_int, default=d.resets, help="resets per rule in the resets scenario (default 100)"
+    )
     p.add_argument("--resets-per-gen", type=pos_int, default=d.resets_per_gen)
-    p.add_argument("--generations", type=pos_int, default=d.generations, help="generations per rule in the other scenarios")
+    p.add_argument(
+        "--generations", type=pos_int, default=d.generations, help="generations per rule in the other scenarios"
+    )
     p.add_argument("--concurrent", type=pos_int, default=d.concurrent)
     p.add_argument("--rtt", type=float, default=d.rtt_ms, help="emulated round trip in ms (default 20)")
     p.add_argument("--mode", choices=("sync", "pipelined", "cloud-only"), default=d.mode)
@@ -293,9 +321,20 @@ def cmd_bench_faults(args: argparse.Namespace) -> int:
         raise ValueError(f"--scenarios: choose from {', '.join(SCENARIOS)}")
     if not 0 <= args.rtt < float("inf"):
         raise ValueError("--rtt must be >= 0")
-    cfg = FaultsConfig(target=args.target, draft=args.draft, rules=rules, scenarios=scenarios, max_tokens=args.max_tokens,
-                       resets=args.resets, resets_per_gen=args.resets_per_gen, generations=args.generations,
-                       concurrent=args.concurrent, rtt_ms=args.rtt, mode=args.mode, seed=args.seed)
+    cfg = FaultsConfig(
+        target=args.target,
+        draft=args.draft,
+        rules=rules,
+        scenarios=scenarios,
+        max_tokens=args.max_tokens,
+        resets=args.resets,
+        resets_per_gen=args.resets_per_gen,
+        generations=args.generations,
+        concurrent=args.concurrent,
+        rtt_ms=args.rtt,
+        mode=args.mode,
+        seed=args.seed,
+    )
     result = run_faults(cfg, log=lambda line: print(line, flush=True))
     write_result(args.json, result)
     print(f"runs: {result['runs']}, failed: {result['failures']}")

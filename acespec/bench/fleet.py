@@ -52,6 +52,8 @@ from acespec.net import WanProfile, WanProxyThread
 from acespec.tls import client_context
 
 HOST = "127.0.0.1"
+
+
 class FleetError(OSError):
     """A fleet part that would not start (a replica, HAProxy, the certificates): printed as one line."""
 
@@ -64,8 +66,10 @@ def haproxy_config(bind: str, replicas: list[tuple[str, int, int]], *, check_ms:
     in front of replicas given as (host, cloud port, HTTP port): a new connection goes to the replica
     with the fewest, only while its /ready answers 200; a connect to a dead replica is retried on
     another."""
-    servers = "\n".join(f"    server r{i} {host}:{port} check port {http} inter {check_ms}ms fall 2 rise 2"
-                        for i, (host, port, http) in enumerate(replicas))
+    servers = "\n".join(
+        f"    server r{i} {host}:{port} check port {http} inter {check_ms}ms fall 2 rise 2"
+        for i, (host, port, http) in enumerate(replicas)
+    )
     return f"""global
     maxconn 8000
 
@@ -109,8 +113,21 @@ class Replica:
         exe = shutil.which("acespec", path=os.path.dirname(sys.executable)) or None
         cmd = [exe] if exe else [sys.executable, "-m", "acespec.cli"]
         tls = ["--tls-cert", self.tls[0], "--tls-key", self.tls[1]] if self.tls else []
-        self.proc = spawn([*cmd, "serve", "--host", HOST, "--port", str(self.port), "--metrics-port",
-                           str(self.http_port), *tls, *self.args], log=self.log_path)
+        self.proc = spawn(
+            [
+                *cmd,
+                "serve",
+                "--host",
+                HOST,
+                "--port",
+                str(self.port),
+                "--metrics-port",
+                str(self.http_port),
+                *tls,
+                *self.args,
+            ],
+            log=self.log_path,
+        )
         deadline = time.monotonic() + timeout
         while not self.ready():
             if self.proc.poll() is not None:
@@ -177,7 +194,9 @@ class Balancer:
                 break
             except OSError:
                 if self.proc.poll() is not None or time.monotonic() > deadline:
-                    raise FleetError(f"haproxy did not start: {self.log_path.read_text(errors='replace')[-2000:]}") from None
+                    raise FleetError(
+                        f"haproxy did not start: {self.log_path.read_text(errors='replace')[-2000:]}"
+                    ) from None
                 time.sleep(0.05)
 
     def stop(self) -> None:
@@ -244,7 +263,9 @@ class _Run:
     def __init__(self, cfg: FleetConfig) -> None:
         self.cfg = cfg
         # the fault campaign's references (the target alone), prompts and drafters, on this config's models
-        self.camp = _Campaign(FaultsConfig(target=cfg.target, draft=cfg.draft, max_tokens=cfg.max_tokens, seed=cfg.seed))
+        self.camp = _Campaign(
+            FaultsConfig(target=cfg.target, draft=cfg.draft, max_tokens=cfg.max_tokens, seed=cfg.seed)
+        )
         self.rng = random.Random(cfg.seed)
         self.lock = threading.Lock()
 
@@ -257,8 +278,20 @@ class _Run:
             ca, certs = make_certificates(work, cfg.replicas)
             n = 4 * cfg.edges
             # every edge arrives from HAProxy's address: per-address limits must hold them all
-            args = ["--target", cfg.target, "--max-sessions", str(n), "--max-connections", str(4 * n),
-                    "--max-connections-per-addr", str(4 * n), "--auth-failures-per-min", "0", "--resume-grace", "60"]
+            args = [
+                "--target",
+                cfg.target,
+                "--max-sessions",
+                str(n),
+                "--max-connections",
+                str(4 * n),
+                "--max-connections-per-addr",
+                str(4 * n),
+                "--auth-failures-per-min",
+                "0",
+                "--resume-grace",
+                "60",
+            ]
             replicas = [Replica(f"r{i}", args, certs[i], work) for i in range(cfg.replicas)]
             lb = None
             try:
@@ -272,10 +305,14 @@ class _Run:
                 lb = Balancer(replicas, work)
                 time.sleep(0.6)  # HAProxy's first checks (rise 2 x 250 ms) mark the replicas up
                 tls = client_context(ca)
-                with WanProxyThread(HOST, 0, HOST, lb.port, WanProfile(rtt_ms=2.0, seed=self.rng.randrange(1 << 30))) as wan:
+                with WanProxyThread(
+                    HOST, 0, HOST, lb.port, WanProfile(rtt_ms=2.0, seed=self.rng.randrange(1 << 30))
+                ) as wan:
                     self._campaign(rule, wan.port, tls, replicas, wan, out)
                     out.resets = wan.proxy.counters.resets
-                out.drain_exit = next((r.proc.returncode for r in replicas if r.name == out.drained and r.proc is not None), None)
+                out.drain_exit = next(
+                    (r.proc.returncode for r in replicas if r.name == out.drained and r.proc is not None), None
+                )
             finally:
                 if lb is not None:
                     lb.stop()
@@ -336,15 +373,35 @@ class _Run:
         cfg = self.cfg
         ref = self.camp.reference(prompt, rule, seed)
         drafter = self.camp.drafter()
-        ecfg = EdgeConfig(mode=cfg.mode, rule=rule, k=cfg.k, temperature=TEMPERATURE[rule], seed=seed, max_tokens=cfg.max_tokens,
-                          connect=ConnectConfig(host=HOST, port=port, tls=tls, tls_server_name=SERVER_NAME, reply_timeout_s=20.0,
-                                                # a loaded fleet may have no replica in rotation for some seconds (one killed,
-                                                # one draining, checks late): 40 attempts at most 0.5 s apart outlast ~15 s of it
-                                                backoff_max_s=0.5, reconnect_attempts=40, busy_retry_s=30.0))
+        ecfg = EdgeConfig(
+            mode=cfg.mode,
+            rule=rule,
+            k=cfg.k,
+            temperature=TEMPERATURE[rule],
+            seed=seed,
+            max_tokens=cfg.max_tokens,
+            connect=ConnectConfig(
+                host=HOST,
+                port=port,
+                tls=tls,
+                tls_server_name=SERVER_NAME,
+                reply_timeout_s=20.0,
+                # a loaded fleet may have no replica in rotation for some seconds (one killed,
+                # one draining, checks late): 40 attempts at most 0.5 s apart outlast ~15 s of it
+                backoff_max_s=0.5,
+                reconnect_attempts=40,
+                busy_retry_s=30.0,
+            ),
+        )
         streamed: list[int] = []
         try:
-            res = run_edge(None if cfg.mode == "cloud-only" else drafter, prompt, ecfg, model_id=drafter.tokenizer.fingerprint,
-                           on_tokens=streamed.extend)
+            res = run_edge(
+                None if cfg.mode == "cloud-only" else drafter,
+                prompt,
+                ecfg,
+                model_id=drafter.tokenizer.fingerprint,
+                on_tokens=streamed.extend,
+            )
         except Exception as e:  # noqa: BLE001 - every failure is counted and reported
             with self.lock:
                 out.runs += 1
@@ -377,20 +434,26 @@ def run_fleet(cfg: FleetConfig, log=print) -> dict:
 
 
 def _line(o: RuleOutcome) -> str:
-    s = (f"{o.rule:>8}: {o.runs:4d} runs, {o.resets:4d} resets, {o.reconnects:4d} resumes, {o.recoveries:4d} recoveries "
-         f"({o.failovers} on another replica); killed {o.killed or '-'} holding {o.killed_sessions} sessions, drained "
-         f"{o.drained or '-'} holding {o.drained_sessions} (exit {o.drain_exit}); "
-         f"{o.lost} lost, {o.changed} changed, {o.wall_s:.1f} s")
+    s = (
+        f"{o.rule:>8}: {o.runs:4d} runs, {o.resets:4d} resets, {o.reconnects:4d} resumes, {o.recoveries:4d} recoveries "
+        f"({o.failovers} on another replica); killed {o.killed or '-'} holding {o.killed_sessions} sessions, drained "
+        f"{o.drained or '-'} holding {o.drained_sessions} (exit {o.drain_exit}); "
+        f"{o.lost} lost, {o.changed} changed, {o.wall_s:.1f} s"
+    )
     return s + "".join(f"\n{'':>10}{e}" for e in o.errors)
 
 
 def add_parser(bench_subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     d = FleetConfig()
-    p = bench_subparsers.add_parser("fleet", help="replicas behind HAProxy: kill -9, drain, come back, resets; texts lost or changed")
+    p = bench_subparsers.add_parser(
+        "fleet", help="replicas behind HAProxy: kill -9, drain, come back, resets; texts lost or changed"
+    )
     p.add_argument("--target", default=d.target)
     p.add_argument("--draft", default=d.draft)
     p.add_argument("--rules", default=",".join(d.rules), help="comma-separated lossless rules (greedy, coupled)")
-    p.add_argument("--replicas", type=pos_int, default=d.replicas, help="acespec serve processes (default 3; at least 2)")
+    p.add_argument(
+        "--replicas", type=pos_int, default=d.replicas, help="acespec serve processes (default 3; at least 2)"
+    )
     p.add_argument("--edges", type=pos_int, default=d.edges, help="edges at once (default 64)")
     p.add_argument("--generations", type=pos_int, default=d.generations, help="generations per rule (default 200)")
     p.add_argument("--max-tokens", type=pos_int, default=d.max_tokens)
@@ -406,14 +469,27 @@ def cmd_bench_fleet(args: argparse.Namespace) -> int:
     rules = lossless_rules(args.rules)
     if args.replicas < 2:
         raise ValueError("--replicas must be at least 2 (one is killed, another drained)")
-    cfg = FleetConfig(target=args.target, draft=args.draft, rules=rules, replicas=args.replicas, edges=args.edges,
-                      generations=args.generations, max_tokens=args.max_tokens, mode=args.mode, resets=not args.no_resets,
-                      seed=args.seed)
-    print(f"bench fleet: {cfg.replicas} replicas behind HAProxy (TLS end to end), {cfg.edges} edges, {cfg.generations} "
-          f"generations per rule, {cfg.mode}; kill -9 at {cfg.kill_at:.0%}, drain at {cfg.drain_at:.0%}, back at {cfg.back_at:.0%}",
-          flush=True)
+    cfg = FleetConfig(
+        target=args.target,
+        draft=args.draft,
+        rules=rules,
+        replicas=args.replicas,
+        edges=args.edges,
+        generations=args.generations,
+        max_tokens=args.max_tokens,
+        mode=args.mode,
+        resets=not args.no_resets,
+        seed=args.seed,
+    )
+    print(
+        f"bench fleet: {cfg.replicas} replicas behind HAProxy (TLS end to end), {cfg.edges} edges, {cfg.generations} "
+        f"generations per rule, {cfg.mode}; kill -9 at {cfg.kill_at:.0%}, drain at {cfg.drain_at:.0%}, back at {cfg.back_at:.0%}",
+        flush=True,
+    )
     res = run_fleet(cfg, log=lambda s: print(s, flush=True))
-    print(f"texts lost: {res['lost']}  texts changed: {res['changed']}  unclean drains: {res['unclean_drains']}  "
-          f"runs failed: {res['failed_runs']} of {res['runs']}")
+    print(
+        f"texts lost: {res['lost']}  texts changed: {res['changed']}  unclean drains: {res['unclean_drains']}  "
+        f"runs failed: {res['failed_runs']} of {res['runs']}"
+    )
     write_result(args.json, res)
     return 0 if res["lost"] == 0 and res["changed"] == 0 and res["unclean_drains"] == 0 else 1

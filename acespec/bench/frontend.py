@@ -130,8 +130,20 @@ class _Edge:
 async def _open(port: int, i: int, cfg: FrontendConfig, model_id: str) -> _Edge:
     reader, writer = await asyncio.open_connection(HOST, port)
     prompt = tuple(1 + (i + j) % 60 for j in range(cfg.prompt_len))
-    writer.write(wire.encode(wire.Hello(model_id=model_id, max_tokens=4096, prompt=prompt, auth=b"", temperature=0.0,
-                                        rule="greedy", seed=i, mode=wire.Mode.SPECULATIVE)))
+    writer.write(
+        wire.encode(
+            wire.Hello(
+                model_id=model_id,
+                max_tokens=4096,
+                prompt=prompt,
+                auth=b"",
+                temperature=0.0,
+                rule="greedy",
+                seed=i,
+                mode=wire.Mode.SPECULATIVE,
+            )
+        )
+    )
     dec = wire.FrameDecoder()
     while True:
         data = await reader.read(65536)
@@ -184,8 +196,10 @@ async def _measure(port: int, cfg: FrontendConfig, pid: int, log) -> FrontendRes
     await asyncio.sleep(1.0)
     res.rss_open_mib = _rss_mib(pid)
     res.bytes_per_session = round((res.rss_open_mib - res.rss_idle_mib) * 2**20 / max(1, res.opened))
-    log(f"  {res.opened} sessions open in {res.open_s} s; server RSS {res.rss_idle_mib:.0f} -> {res.rss_open_mib:.0f} MiB "
-        f"({res.bytes_per_session / 1024:.1f} KiB per session)")
+    log(
+        f"  {res.opened} sessions open in {res.open_s} s; server RSS {res.rss_idle_mib:.0f} -> {res.rss_open_mib:.0f} MiB "
+        f"({res.bytes_per_session / 1024:.1f} KiB per session)"
+    )
 
     # the load generator's own heap (10,000 connections and their tasks) must not pause it for a
     # full garbage collection mid-measurement: its pauses would be counted as the server's latency
@@ -247,14 +261,22 @@ async def _measure(port: int, cfg: FrontendConfig, pid: int, log) -> FrontendRes
                 r.p99_ms = round(1e3 * xs[min(len(xs) - 1, int(0.99 * len(xs)))], 2)
                 r.max_ms = round(1e3 * xs[-1], 2)
             r.errors = len(errors)
-            r.sustained = r.verdicts >= KEEP_UP * r.sent and r.sent >= KEEP_UP * rate * cfg.seconds and r.p99_ms <= P99_BUDGET_MS \
+            r.sustained = (
+                r.verdicts >= KEEP_UP * r.sent
+                and r.sent >= KEEP_UP * rate * cfg.seconds
+                and r.p99_ms <= P99_BUDGET_MS
                 and r.errors == 0
+            )
             res.rates.append(r)
-            log(f"  {rate:6d}/s asked: {r.per_s:8.1f} verdicts/s, p50 {r.p50_ms:6.2f} ms, p99 {r.p99_ms:7.2f} ms, "
+            log(
+                f"  {rate:6d}/s asked: {r.per_s:8.1f} verdicts/s, p50 {r.p50_ms:6.2f} ms, p99 {r.p99_ms:7.2f} ms, "
                 f"max {r.max_ms:7.1f} ms, server CPU {r.server_cpu:.2f}, other CPU {r.other_cpu:.2f}, errors {r.errors}"
-                f"{'  (sustained)' if r.sustained else ''}")
+                f"{'  (sustained)' if r.sustained else ''}"
+            )
             if r.other_cpu > OTHER_CPU_WARN:
-                log(f"    warning: other work kept {r.other_cpu:.2f} cores busy during this rate; its figures are not the front end's alone")
+                log(
+                    f"    warning: other work kept {r.other_cpu:.2f} cores busy during this rate; its figures are not the front end's alone"
+                )
             if r.sustained and r.per_s > res.sustained_per_s:
                 res.sustained_per_s, res.sustained_p99_ms = r.per_s, r.p99_ms
             await asyncio.sleep(1.0)
@@ -269,12 +291,35 @@ async def _measure(port: int, cfg: FrontendConfig, pid: int, log) -> FrontendRes
     return res
 
 
-def run_frontend(cfg: FrontendConfig, log=print, serve_args: tuple[str, ...] = (), python: tuple[str, ...] = ()) -> FrontendResult:
+def run_frontend(
+    cfg: FrontendConfig, log=print, serve_args: tuple[str, ...] = (), python: tuple[str, ...] = ()
+) -> FrontendResult:
     """`python`: arguments for the server's interpreter before `-m acespec.cli` (e.g. a profiler's)."""
     n = cfg.sessions + 16
-    cmd = [sys.executable, *python, "-m", "acespec.cli", "serve", "--engine", "noop", "--target", cfg.target, "--port", "0",
-           "--max-sessions", str(n), "--max-connections", str(n), "--max-connections-per-addr", str(n),
-           "--auth-failures-per-min", "0", "--idle-timeout", "600", *serve_args]
+    cmd = [
+        sys.executable,
+        *python,
+        "-m",
+        "acespec.cli",
+        "serve",
+        "--engine",
+        "noop",
+        "--target",
+        cfg.target,
+        "--port",
+        "0",
+        "--max-sessions",
+        str(n),
+        "--max-connections",
+        str(n),
+        "--max-connections-per-addr",
+        str(n),
+        "--auth-failures-per-min",
+        "0",
+        "--idle-timeout",
+        "600",
+        *serve_args,
+    ]
     if cfg.server_cpu is not None and hasattr(os, "sched_setaffinity") and len(os.sched_getaffinity(0)) > 1:
         cmd = ["taskset", "-c", str(cfg.server_cpu), *cmd]
         others = os.sched_getaffinity(0) - {cfg.server_cpu}
@@ -296,13 +341,20 @@ def run_frontend(cfg: FrontendConfig, log=print, serve_args: tuple[str, ...] = (
 
 def add_parser(bench_subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     d = FrontendConfig()
-    p = bench_subparsers.add_parser("frontend", help="one serve front end (noop engine): sessions held, verdicts/s, p99 frame latency")
+    p = bench_subparsers.add_parser(
+        "frontend", help="one serve front end (noop engine): sessions held, verdicts/s, p99 frame latency"
+    )
     p.add_argument("--sessions", type=pos_int, default=d.sessions, help="sessions held open at once (default 10000)")
-    p.add_argument("--rates", default=",".join(map(str, d.rates)), help="DRAFT rates to try, per second (comma-separated)")
+    p.add_argument(
+        "--rates", default=",".join(map(str, d.rates)), help="DRAFT rates to try, per second (comma-separated)"
+    )
     p.add_argument("--seconds", type=pos_float, default=d.seconds, help="seconds at each rate (default 8)")
     p.add_argument("--k", type=pos_int, default=d.k, help="draft tokens per block (default 2)")
-    p.add_argument("--variants", default=",".join(d.variants),
-                   help=f"server set-ups, measured one after the other: {', '.join(VARIANTS)} (default uvloop)")
+    p.add_argument(
+        "--variants",
+        default=",".join(d.variants),
+        help=f"server set-ups, measured one after the other: {', '.join(VARIANTS)} (default uvloop)",
+    )
     p.add_argument("--json", metavar="OUT")
     p.add_argument("--quiet", action="store_true", help=argparse.SUPPRESS)  # one variant of a run of several: no table
     p.set_defaults(func=cmd_bench_frontend)
@@ -321,8 +373,11 @@ def cmd_bench_frontend(args: argparse.Namespace) -> int:
         raise ValueError(f"--variants: choose from {', '.join(VARIANTS)}")
     cfg = FrontendConfig(sessions=args.sessions, rates=rates, seconds=args.seconds, k=args.k, variants=variants)
     if not args.quiet:
-        print(f"bench frontend: one acespec serve (noop engine), {cfg.sessions} sessions over loopback, "
-              f"DRAFT rates {', '.join(map(str, rates))}/s for {cfg.seconds:g} s each, k = {cfg.k}", flush=True)
+        print(
+            f"bench frontend: one acespec serve (noop engine), {cfg.sessions} sessions over loopback, "
+            f"DRAFT rates {', '.join(map(str, rates))}/s for {cfg.seconds:g} s each, k = {cfg.k}",
+            flush=True,
+        )
     results = []
     if len(variants) == 1:
         [v] = variants
@@ -331,25 +386,50 @@ def cmd_bench_frontend(args: argparse.Namespace) -> int:
         res.variant = v
         results.append(asdict(res))
     else:  # each in a fresh load generator too: its heap after one variant would slow the next one's edges
-
         for v in variants:
             with tempfile.TemporaryDirectory() as tmp:
                 out = f"{tmp}/{v}.json"
-                subprocess.run([sys.executable, "-m", "acespec.cli", "bench", "frontend", "--sessions", str(cfg.sessions),
-                                "--rates", ",".join(map(str, rates)), "--seconds", str(cfg.seconds), "--k", str(cfg.k),
-                                "--variants", v, "--json", out, "--quiet"], check=True)
+                subprocess.run(
+                    [
+                        sys.executable,
+                        "-m",
+                        "acespec.cli",
+                        "bench",
+                        "frontend",
+                        "--sessions",
+                        str(cfg.sessions),
+                        "--rates",
+                        ",".join(map(str, rates)),
+                        "--seconds",
+                        str(cfg.seconds),
+                        "--k",
+                        str(cfg.k),
+                        "--variants",
+                        v,
+                        "--json",
+                        out,
+                        "--quiet",
+                    ],
+                    check=True,
+                )
                 results += json.load(open(out))["variants"]
     if args.quiet:
         write_result(args.json, {"variants": results})
         return 0
-    print(f"\n{'variant':>11} {'sessions':>9} {'MiB':>6} {'KiB/session':>12} {'sustained verdicts/s':>21} {'p99 ms':>7} "
-          f"{'other CPU':>10}")
+    print(
+        f"\n{'variant':>11} {'sessions':>9} {'MiB':>6} {'KiB/session':>12} {'sustained verdicts/s':>21} {'p99 ms':>7} "
+        f"{'other CPU':>10}"
+    )
     for r in results:
         other = max((x["other_cpu"] for x in r["rates"]), default=0.0)
-        print(f"{r['variant']:>11} {r['opened']:9d} {r['rss_open_mib']:6.0f} {r['bytes_per_session'] / 1024:12.1f} "
-              f"{r['sustained_per_s']:21.0f} {r['sustained_p99_ms']:7.1f} {other:10.2f}")
-    print(f"(sustained: the highest rate tried that came back at least {KEEP_UP:.0%} as verdicts with p99 <= "
-          f"{P99_BUDGET_MS:g} ms; the server on one core, the load generator on the other; other CPU: the most cores "
-          f"that anything else kept busy during one rate, 0 on a quiet machine)")
+        print(
+            f"{r['variant']:>11} {r['opened']:9d} {r['rss_open_mib']:6.0f} {r['bytes_per_session'] / 1024:12.1f} "
+            f"{r['sustained_per_s']:21.0f} {r['sustained_p99_ms']:7.1f} {other:10.2f}"
+        )
+    print(
+        f"(sustained: the highest rate tried that came back at least {KEEP_UP:.0%} as verdicts with p99 <= "
+        f"{P99_BUDGET_MS:g} ms; the server on one core, the load generator on the other; other CPU: the most cores "
+        f"that anything else kept busy during one rate, 0 on a quiet machine)"
+    )
     write_result(args.json, {"variants": results})
     return 0

@@ -41,14 +41,26 @@ def sample_frames(rng: random.Random, vocab: int = 64) -> list:
     """One valid frame of every type, with random fields."""
     toks = tuple(rng.randrange(vocab) for _ in range(rng.randrange(0, 8)))
     return [
-        wire.Hello(model_id=f"toy:vocab={vocab}", max_tokens=rng.randrange(1, 64), prompt=toks or (1,), rule="coupled",
-                   temperature=0.8, seed=rng.randrange(1 << 32)),
-        wire.Welcome(session=rng.randrange(1 << 21), committed=rng.randrange(100), max_draft_tokens=64, secret=rng.randbytes(32)),
+        wire.Hello(
+            model_id=f"toy:vocab={vocab}",
+            max_tokens=rng.randrange(1, 64),
+            prompt=toks or (1,),
+            rule="coupled",
+            temperature=0.8,
+            seed=rng.randrange(1 << 32),
+        ),
+        wire.Welcome(
+            session=rng.randrange(1 << 21), committed=rng.randrange(100), max_draft_tokens=64, secret=rng.randbytes(32)
+        ),
         wire.Draft(session=rng.randrange(1 << 21), seq=rng.randrange(1000), base=rng.randrange(100), tokens=toks),
         wire.Draft(session=1, seq=1, base=8, tokens=toks, q=tuple(((t, 0.5),) for t in toks)),
         wire.Verdict(seq=rng.randrange(1000), accepted=min(len(toks), 3), next_token=5, verify_us=100, committed=20),
-        wire.Resume(session=rng.randrange(1 << 21), committed=rng.randrange(100), secret=rng.randbytes(32),
-                    digest=rng.randbytes(32)),
+        wire.Resume(
+            session=rng.randrange(1 << 21),
+            committed=rng.randrange(100),
+            secret=rng.randbytes(32),
+            digest=rng.randbytes(32),
+        ),
         wire.Ping(nonce=rng.randrange(1 << 64), sent_us=rng.randrange(1 << 40)),
         wire.Pong(nonce=rng.randrange(1 << 64), sent_us=rng.randrange(1 << 40)),
         wire.Error(code=wire.ErrorCode.BUSY, message="x" * rng.randrange(20)),
@@ -65,7 +77,7 @@ def mutate(data: bytes, rng: random.Random) -> bytes:
         for _ in range(rng.randrange(1, 4)):
             b[rng.randrange(len(b))] ^= 1 << rng.randrange(8)
     elif op == 1 and b:  # cut
-        del b[rng.randrange(len(b)):]
+        del b[rng.randrange(len(b)) :]
     elif op == 2:  # insert junk
         i = rng.randrange(len(b) + 1)
         b[i:i] = rng.randbytes(rng.randrange(1, 6))
@@ -169,19 +181,52 @@ def _recv_until(sock: socket.socket, dec, want, deadline: float):
 
 def fuzz_server(n: int, batch: int, rng: random.Random, res: FuzzResult, target: str, frame_timeout: float) -> None:
     vocab = 64
-    cmd = [sys.executable, "-m", "acespec.cli", "serve", "--target", target, "--port", "0", "--max-sessions", "256",
-           "--frame-timeout", str(frame_timeout), "--handshake-timeout", "5", "--resume-grace", "0.2", "--idle-timeout", "30",
-           "--max-connections-per-addr", "256", "--auth-failures-per-min", "0"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "acespec.cli",
+        "serve",
+        "--target",
+        target,
+        "--port",
+        "0",
+        "--max-sessions",
+        "256",
+        "--frame-timeout",
+        str(frame_timeout),
+        "--handshake-timeout",
+        "5",
+        "--resume-grace",
+        "0.2",
+        "--idle-timeout",
+        "30",
+        "--max-connections-per-addr",
+        "256",
+        "--auth-failures-per-min",
+        "0",
+    ]
     srv = spawn(cmd)
     try:
         port = int(wait_for_line(srv, r"listening on \S+:(\d+)", 120, "acespec serve").group(1))
         prompt = (3, 1, 4, 1, 5, 9, 2, 6)
 
-        def open_session(max_tokens: int = 4000) -> tuple[Any, Any, Any]:  # (socket, decoder, WELCOME) or (why, None, None)
+        def open_session(
+            max_tokens: int = 4000,
+        ) -> tuple[Any, Any, Any]:  # (socket, decoder, WELCOME) or (why, None, None)
             s = socket.create_connection((HOST, port), timeout=10)
             s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            s.sendall(wire.encode(wire.Hello(model_id=f"toy:vocab={vocab}", max_tokens=max_tokens, prompt=prompt,
-                                             rule="coupled", temperature=0.8, seed=7)))
+            s.sendall(
+                wire.encode(
+                    wire.Hello(
+                        model_id=f"toy:vocab={vocab}",
+                        max_tokens=max_tokens,
+                        prompt=prompt,
+                        rule="coupled",
+                        temperature=0.8,
+                        seed=7,
+                    )
+                )
+            )
             dec = wire.FrameDecoder()
             how, frames = _recv_until(s, dec, lambda f: isinstance(f, wire.Welcome), time.monotonic() + 10)
             if how != "ok":
@@ -208,7 +253,7 @@ def fuzz_server(n: int, batch: int, rng: random.Random, res: FuzzResult, target:
             warm[0].close()
         time.sleep(0.5)
         res.rss_idle_kb = _rss_kb(srv.pid)
-        h_committed, h_seq = (honest_steps(*honest, len(prompt), 0, 10) if not isinstance(honest[0], str) else (None, 0))
+        h_committed, h_seq = honest_steps(*honest, len(prompt), 0, 10) if not isinstance(honest[0], str) else (None, 0)
 
         sent = 0
         while sent < n:
@@ -233,8 +278,12 @@ def fuzz_server(n: int, batch: int, rng: random.Random, res: FuzzResult, target:
                     kind = rng.random()
                     frame: wire.Frame
                     if kind < 0.75:
-                        frame = wire.Draft(session=w.session, seq=seq, base=committed,
-                                           tokens=tuple(rng.randrange(vocab) for _ in range(rng.randrange(0, 6))))
+                        frame = wire.Draft(
+                            session=w.session,
+                            seq=seq,
+                            base=committed,
+                            tokens=tuple(rng.randrange(vocab) for _ in range(rng.randrange(0, 6))),
+                        )
                         seq += 1
                     else:
                         frame = wire.Ping(nonce=rng.randrange(1 << 64), sent_us=1)
@@ -242,8 +291,12 @@ def fuzz_server(n: int, batch: int, rng: random.Random, res: FuzzResult, target:
                     res.server_valid_frames += 1
                 kind = rng.random()
                 if kind < 0.6:
-                    frame = wire.Draft(session=w.session, seq=seq, base=committed,
-                                       tokens=tuple(rng.randrange(vocab) for _ in range(rng.randrange(0, 6))))
+                    frame = wire.Draft(
+                        session=w.session,
+                        seq=seq,
+                        base=committed,
+                        tokens=tuple(rng.randrange(vocab) for _ in range(rng.randrange(0, 6))),
+                    )
                 elif kind < 0.7:
                     frame = wire.Ping(nonce=1, sent_us=1)
                 else:
@@ -266,8 +319,12 @@ def fuzz_server(n: int, batch: int, rng: random.Random, res: FuzzResult, target:
                         s.shutdown(socket.SHUT_WR)
                 except OSError:
                     pass  # refused meanwhile: the reply says how
-                how, frames = _recv_until(s, dec, lambda f, nonce=nonce: isinstance(f, wire.Pong) and f.nonce == nonce,
-                                          time.monotonic() + frame_timeout + 10)
+                how, frames = _recv_until(
+                    s,
+                    dec,
+                    lambda f, nonce=nonce: isinstance(f, wire.Pong) and f.nonce == nonce,
+                    time.monotonic() + frame_timeout + 10,
+                )
                 for f in frames:
                     if isinstance(f, wire.Verdict) and not f.dropped:
                         committed = max(committed, f.committed)
@@ -303,9 +360,13 @@ def fuzz_server(n: int, batch: int, rng: random.Random, res: FuzzResult, target:
 def add_parser(bench_subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = bench_subparsers.add_parser("fuzz", help="mutated frames through the decoder and a live server")
     p.add_argument("--frames", type=int, default=1_000_000, help="mutated frames through the decoder (default 10^6)")
-    p.add_argument("--server-frames", type=int, default=1_000_000, help="mutated frames sent to the live server (default 10^6)")
+    p.add_argument(
+        "--server-frames", type=int, default=1_000_000, help="mutated frames sent to the live server (default 10^6)"
+    )
     p.add_argument("--batch", type=pos_int, default=8, help="most valid frames ahead of each mutated one")
-    p.add_argument("--target", default="toy:vocab=64,seed=1", help="the server's target (a toy with vocab 64 by default)")
+    p.add_argument(
+        "--target", default="toy:vocab=64,seed=1", help="the server's target (a toy with vocab 64 by default)"
+    )
     p.add_argument("--frame-timeout", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", metavar="OUT")
@@ -313,8 +374,15 @@ def add_parser(bench_subparsers: argparse._SubParsersAction) -> argparse.Argumen
     return p
 
 
-def run_fuzz(frames: int, server_frames: int, *, batch: int = 8, seed: int = 0, target: str = "toy:vocab=64,seed=1",
-             frame_timeout: float = 1.0) -> FuzzResult:
+def run_fuzz(
+    frames: int,
+    server_frames: int,
+    *,
+    batch: int = 8,
+    seed: int = 0,
+    target: str = "toy:vocab=64,seed=1",
+    frame_timeout: float = 1.0,
+) -> FuzzResult:
     rng = random.Random(seed)
     res = FuzzResult()
     t0 = time.perf_counter()
@@ -331,14 +399,22 @@ def cmd_bench_fuzz(args: argparse.Namespace) -> int:
         raise ValueError("--frames and --server-frames must be >= 0")
     if not 0 < args.frame_timeout < 60:
         raise ValueError("--frame-timeout must be in (0, 60) s")
-    res = run_fuzz(args.frames, args.server_frames, batch=args.batch, seed=args.seed, target=args.target,
-                   frame_timeout=args.frame_timeout)
+    res = run_fuzz(
+        args.frames,
+        args.server_frames,
+        batch=args.batch,
+        seed=args.seed,
+        target=args.target,
+        frame_timeout=args.frame_timeout,
+    )
     write_result(args.json, asdict(res))
     ratio = res.rss_end_kb / res.rss_idle_kb if res.rss_idle_kb else float("nan")
     print(f"decoder: {res.decoder_frames} mutated frames, {res.decoder_crashes} crashes")
-    print(f"server: {res.server_frames} mutated frames (after {res.server_valid_frames} valid ones), {res.server_refusals} refused with "
-          f"ERROR + CLOSE, memory {res.rss_idle_kb} kB idle -> {res.rss_end_kb} kB ({ratio:.2f}x), "
-          f"honest session {'ok' if res.honest_ok else 'FAILED'}; {res.wall_s} s")
+    print(
+        f"server: {res.server_frames} mutated frames (after {res.server_valid_frames} valid ones), {res.server_refusals} refused with "
+        f"ERROR + CLOSE, memory {res.rss_idle_kb} kB idle -> {res.rss_end_kb} kB ({ratio:.2f}x), "
+        f"honest session {'ok' if res.honest_ok else 'FAILED'}; {res.wall_s} s"
+    )
     for e in res.crash_examples:
         print(f"  {e}")
     crashes = res.decoder_crashes + res.server_crashes

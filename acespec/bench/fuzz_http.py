@@ -111,13 +111,26 @@ def _object(schema: dict, node: dict, rng: random.Random, depth: int = 0, served
 
 
 def _wrong(rng: random.Random):
-    return rng.choice([rng.choice(NASTY_STRINGS), rng.choice(NASTY_NUMBERS), None, True, [], {}, [1, "a", None],
-                       {"a": {"b": [1]}}, [[[]]], float("inf") if rng.random() < 0.1 else "inf"])
+    return rng.choice(
+        [
+            rng.choice(NASTY_STRINGS),
+            rng.choice(NASTY_NUMBERS),
+            None,
+            True,
+            [],
+            {},
+            [1, "a", None],
+            {"a": {"b": [1]}},
+            [[[]]],
+            float("inf") if rng.random() < 0.1 else "inf",
+        ]
+    )
 
 
 class _Campaign:
-    def __init__(self, api_port: int, cloud_http_port: int, schema: dict, seed: int, timeout: float,
-                 served: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self, api_port: int, cloud_http_port: int, schema: dict, seed: int, timeout: float, served: tuple[str, ...] = ()
+    ) -> None:
         self.api_port, self.cloud_http_port, self.schema, self.timeout = api_port, cloud_http_port, schema, timeout
         self.served = served  # the edge API's model ids
         self.rng = random.Random(seed)
@@ -137,7 +150,14 @@ class _Campaign:
         if roll < 0.1:  # the cloud's HTTP port: its three paths, and anything else
             path = rng.choice(["/metrics", "/health", "/ready", "/", "/ready?x=1", "/%ff", "/" + "a" * 3000])
             method = rng.choice(["GET", "GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "BREW"])
-            return "cloud-port", self.cloud_http_port, method, path, rng.randbytes(rng.randint(0, 64)) if method != "GET" else b"", {}
+            return (
+                "cloud-port",
+                self.cloud_http_port,
+                method,
+                path,
+                rng.randbytes(rng.randint(0, 64)) if method != "GET" else b"",
+                {},
+            )
         if roll < 0.15:  # the edge API's GET paths, and unknown ones, with any method
             path = rng.choice(self.gets + ["/v1/nothing", "/static/../../etc/passwd", "/static/%00", "/v1/models/x"])
             return "api-get", self.api_port, rng.choice(["GET", "HEAD", "DELETE", "PATCH"]), path, b"", {}
@@ -174,7 +194,23 @@ class _Campaign:
             data = rng.choice([b"[]", b"1", b'"x"', b"null", b"true", b"[{}]"])
         elif kind == "content-type":
             data = json.dumps(body).encode()
-            return kind, self.api_port, "POST", path, data, {"Content-Type": rng.choice(["text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x", "application/json; charset=latin-1"])}
+            return (
+                kind,
+                self.api_port,
+                "POST",
+                path,
+                data,
+                {
+                    "Content-Type": rng.choice(
+                        [
+                            "text/plain",
+                            "application/x-www-form-urlencoded",
+                            "multipart/form-data; boundary=x",
+                            "application/json; charset=latin-1",
+                        ]
+                    )
+                },
+            )
         else:
             data = b""
         return kind, self.api_port, "POST", path, data, json_h
@@ -237,8 +273,10 @@ class _Campaign:
                     elif status.isdigit() and int(status) >= 500 and status != "503":
                         res.failures += 1
                     if res.requests % 10000 == 0:
-                        log(f"  {res.requests} requests, {res.failures} failures, {res.hangs} hangs, "
-                            f"{res.requests / (time.perf_counter() - t0):.0f}/s")
+                        log(
+                            f"  {res.requests} requests, {res.failures} failures, {res.hangs} hangs, "
+                            f"{res.requests / (time.perf_counter() - t0):.0f}/s"
+                        )
             for c in conns.values():
                 c.close()
 
@@ -252,8 +290,12 @@ class _Campaign:
 
 
 def _valid(api_port: int, cloud_http_port: int, served: tuple[str, ...]) -> bool:
-    body = json.dumps({"model": served[0] if served else "acespec", "prompt": "hello", "max_tokens": 8, "temperature": 0.0}).encode()
-    req = urllib.request.Request(f"http://{HOST}:{api_port}/v1/completions", data=body, headers={"Content-Type": "application/json"})
+    body = json.dumps(
+        {"model": served[0] if served else "acespec", "prompt": "hello", "max_tokens": 8, "temperature": 0.0}
+    ).encode()
+    req = urllib.request.Request(
+        f"http://{HOST}:{api_port}/v1/completions", data=body, headers={"Content-Type": "application/json"}
+    )
     try:
         with urllib.request.urlopen(req, timeout=60) as r:
             ok = r.status == 200 and len(json.loads(r.read())["choices"][0]["text"]) > 0
@@ -263,14 +305,33 @@ def _valid(api_port: int, cloud_http_port: int, served: tuple[str, ...]) -> bool
         return False
 
 
-def run_fuzz_http(n: int, threads: int = 8, seed: int = 0, timeout: float = 30.0, log=print,
-                  target: str = "toy:vocab=64,seed=1", draft: str = "toy:vocab=64,seed=1,noise=0.5") -> FuzzHttpResult:
+def run_fuzz_http(
+    n: int,
+    threads: int = 8,
+    seed: int = 0,
+    timeout: float = 30.0,
+    log=print,
+    target: str = "toy:vocab=64,seed=1",
+    draft: str = "toy:vocab=64,seed=1,noise=0.5",
+) -> FuzzHttpResult:
     exe = [sys.executable, "-m", "acespec.cli"]
     kids = ChildProcesses()
     try:
         cloud_port = free_port()
-        cloud = kids.start([*exe, "serve", "--target", target, "--port", str(cloud_port), "--metrics-port", "0",
-                            "--max-sessions", "64"])
+        cloud = kids.start(
+            [
+                *exe,
+                "serve",
+                "--target",
+                target,
+                "--port",
+                str(cloud_port),
+                "--metrics-port",
+                "0",
+                "--max-sessions",
+                "64",
+            ]
+        )
         cloud_http = int(wait_for_line(cloud, r"metrics at http://[\d.]+:(\d+)/metrics", 120, "the cloud").group(1))
         api = kids.start([*exe, "edge", "serve", "--cloud", f"127.0.0.1:{cloud_port}", "--draft", draft, "--port", "0"])
         api_port = int(wait_for_line(api, r"http://[\d.]+:(\d+)", 120, "the edge API").group(1))
@@ -287,10 +348,14 @@ def run_fuzz_http(n: int, threads: int = 8, seed: int = 0, timeout: float = 30.0
 
 
 def add_parser(bench_subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    p = bench_subparsers.add_parser("fuzz-http", help="schema-generated and mutated requests to the edge API and the cloud's HTTP port")
+    p = bench_subparsers.add_parser(
+        "fuzz-http", help="schema-generated and mutated requests to the edge API and the cloud's HTTP port"
+    )
     p.add_argument("--requests", type=pos_int, default=100_000, help="requests to send (default 100000)")
     p.add_argument("--threads", type=pos_int, default=8, help="clients at once (default 8)")
-    p.add_argument("--timeout", type=pos_float, default=30.0, help="seconds before an unanswered request is a hang (default 30)")
+    p.add_argument(
+        "--timeout", type=pos_float, default=30.0, help="seconds before an unanswered request is a hang (default 30)"
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", metavar="OUT")
     p.set_defaults(func=cmd_bench_fuzz_http)
@@ -298,14 +363,19 @@ def add_parser(bench_subparsers: argparse._SubParsersAction) -> argparse.Argumen
 
 
 def cmd_bench_fuzz_http(args: argparse.Namespace) -> int:
-    print(f"bench fuzz-http: {args.requests} requests from {args.threads} clients to acespec edge serve's API (built from "
-          f"its /openapi.json) and acespec serve's HTTP port; toy pair", flush=True)
+    print(
+        f"bench fuzz-http: {args.requests} requests from {args.threads} clients to acespec edge serve's API (built from "
+        f"its /openapi.json) and acespec serve's HTTP port; toy pair",
+        flush=True,
+    )
     res = run_fuzz_http(args.requests, args.threads, args.seed, args.timeout, log=lambda s: print(s, flush=True))
     print(f"  by kind: {', '.join(f'{k} {v}' for k, v in sorted(res.by_kind.items()))}")
     print(f"  by status: {', '.join(f'{k} {v}' for k, v in sorted(res.by_status.items()))}")
     for e in res.examples:
         print(f"  example: {e}")
-    print(f"{res.requests} requests in {res.wall_s:.0f} s; a valid request served after: {'yes' if res.valid_after else 'NO'}; "
-          f"failures (>= 500, not 503): {res.failures}  hangs: {res.hangs}")
+    print(
+        f"{res.requests} requests in {res.wall_s:.0f} s; a valid request served after: {'yes' if res.valid_after else 'NO'}; "
+        f"failures (>= 500, not 503): {res.failures}  hangs: {res.hangs}"
+    )
     write_result(args.json, asdict(res))
     return 0 if res.failures == 0 and res.hangs == 0 and res.valid_after else 1

@@ -46,8 +46,17 @@ def _cache_kw(model) -> str:
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
-def measure(shape: str, *, device: str, dtype: str, prefix: int = 256, reps: int = 10,
-            batches=BATCHES, new_tokens=NEW_TOKENS, say=print) -> dict:
+def measure(
+    shape: str,
+    *,
+    device: str,
+    dtype: str,
+    prefix: int = 256,
+    reps: int = 10,
+    batches=BATCHES,
+    new_tokens=NEW_TOKENS,
+    say=print,
+) -> dict:
     import torch  # heavy: the hf extra
     from transformers import DynamicCache  # heavy: the hf extra
 
@@ -82,7 +91,10 @@ def measure(shape: str, *, device: str, dtype: str, prefix: int = 256, reps: int
             torch.cuda.empty_cache()
     one = {r["new_tokens"]: r["seconds"] for r in rows if r["batch"] == 1}
     return {
-        "shape": shape, "prefix_tokens": prefix, "dtype": dtype, "passes": rows,
+        "shape": shape,
+        "prefix_tokens": prefix,
+        "dtype": dtype,
+        "passes": rows,
         # one session: t_v(K) for the K measured (K = T - 1)
         "verify_s": {str(t - 1): s for t, s in sorted(one.items())},
         # cloud-only: one decode step for N sessions at once
@@ -101,8 +113,18 @@ def _vllm_strict():
     return vllm_plugin._state["original"] or rs.rejection_sample, vllm_plugin.sampling_metadata
 
 
-def study_cell(shape: str, *, device: str, dtype: str, rules: list[str], batch: int = 16, k: int = 4, prefix: int = 256,
-               reps: int = 10, say=print) -> dict:
+def study_cell(
+    shape: str,
+    *,
+    device: str,
+    dtype: str,
+    rules: list[str],
+    batch: int = 16,
+    k: int = 4,
+    prefix: int = 256,
+    reps: int = 10,
+    say=print,
+) -> dict:
     """One speculative step of `batch` sessions x `k` drafts under each rule: the target's pass over k + 1
     new tokens per session, and the rejection sampling of its rows under the rule (seconds, medians of
     `reps`, interleaved), with each rule's step as a multiple of the reference strict sampler's."""
@@ -169,26 +191,41 @@ def study_cell(shape: str, *, device: str, dtype: str, rules: list[str], batch: 
     med = {n: statistics.median(ts) for n, ts in times.items()}
     step = {n: med["pass"] + med[n] for n in names}
     for n in names:
-        say(f"  {shape} study cell, B={batch} K={k}: {n:10s} sampler {1e3 * med[n]:8.2f} ms, step {1e3 * step[n]:8.2f} ms "
-            f"= {step[n] / step['reference']:.3f}x the reference strict step")
+        say(
+            f"  {shape} study cell, B={batch} K={k}: {n:10s} sampler {1e3 * med[n]:8.2f} ms, step {1e3 * step[n]:8.2f} ms "
+            f"= {step[n] / step['reference']:.3f}x the reference strict step"
+        )
     cache = None  # drops the KV memory
     if device.startswith("cuda"):
         torch.cuda.empty_cache()
-    return {"batch": batch, "k": k, "prefix_tokens": prefix, "reference": reference, "pass_s": med["pass"],
-            "sampler_s": {n: med[n] for n in names}, "step_s": step,
-            "step_vs_reference": {n: step[n] / step["reference"] for n in names}}
+    return {
+        "batch": batch,
+        "k": k,
+        "prefix_tokens": prefix,
+        "reference": reference,
+        "pass_s": med["pass"],
+        "sampler_s": {n: med[n] for n in names},
+        "step_s": step,
+        "step_vs_reference": {n: step[n] / step["reference"] for n in names},
+    }
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m acespec.bench.gpu_profile", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--shapes", default="1.5b,7b", help="model shapes (acespec.models.synthetic.SHAPES; default 1.5b,7b)")
+    ap.add_argument(
+        "--shapes", default="1.5b,7b", help="model shapes (acespec.models.synthetic.SHAPES; default 1.5b,7b)"
+    )
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--prefix", type=int, default=256, help="tokens already in each session's KV cache (default 256)")
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--batches", default=",".join(map(str, BATCHES)))
-    ap.add_argument("--rules", default="strict,cactus", help="rules of the study cell, against the reference strict sampler "
-                    "(default strict,cactus; empty: no study cell)")
+    ap.add_argument(
+        "--rules",
+        default="strict,cactus",
+        help="rules of the study cell, against the reference strict sampler "
+        "(default strict,cactus; empty: no study cell)",
+    )
     ap.add_argument("--cell-batch", type=int, default=16, help="sessions in the study cell's step (default 16)")
     ap.add_argument("--cell-k", type=int, default=4, help="drafts per session in the study cell's step (default 4)")
     ap.add_argument("--out", required=True, help="the profile file to write (JSON)")
@@ -211,24 +248,38 @@ def main(argv=None) -> int:
     if args.cell_batch < 1 or args.cell_k < 1:
         print("gpu_profile: --cell-batch and --cell-k must be at least 1", file=sys.stderr)
         return 2
+
     def say(s: str) -> None:
         print(s, flush=True)
 
     started = time.time()
     profile: dict[str, Any] = {
-        "format": "acespec-device-profile", "version": 1, "engine": "transformers (eager, dynamic KV cache)",
+        "format": "acespec-device-profile",
+        "version": 1,
+        "engine": "transformers (eager, dynamic KV cache)",
         "device": torch.cuda.get_device_name(0) if args.device.startswith("cuda") else platform.processor() or "cpu",
-        "torch": torch.__version__, "when": time.strftime("%Y-%m-%d %H:%M:%S"), "command": " ".join(sys.argv),
+        "torch": torch.__version__,
+        "when": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "command": " ".join(sys.argv),
         "models": {},
     }
     for shape in args.shapes.split(","):
         say(f"gpu_profile: {shape} on {profile['device']} ({args.dtype})")
-        profile["models"][shape] = measure(shape, device=args.device, dtype=args.dtype, prefix=args.prefix, reps=args.reps,
-                                           batches=batches, say=say)
+        profile["models"][shape] = measure(
+            shape, device=args.device, dtype=args.dtype, prefix=args.prefix, reps=args.reps, batches=batches, say=say
+        )
         if rules:
-            profile["models"][shape]["study_cell"] = study_cell(shape, device=args.device, dtype=args.dtype, rules=rules,
-                                                                batch=args.cell_batch, k=args.cell_k, prefix=args.prefix,
-                                                                reps=args.reps, say=say)
+            profile["models"][shape]["study_cell"] = study_cell(
+                shape,
+                device=args.device,
+                dtype=args.dtype,
+                rules=rules,
+                batch=args.cell_batch,
+                k=args.cell_k,
+                prefix=args.prefix,
+                reps=args.reps,
+                say=say,
+            )
     profile["seconds"] = round(time.time() - started, 1)
     with open(args.out, "w") as f:
         json.dump(profile, f, indent=1)

@@ -135,13 +135,16 @@ def run_local_bench(
                 "use a larger --n-ctx or fewer --max-tokens"
             )
 
-    policies: dict[str, DepthPolicy] = {}  # the controller, one per config across the prompts (as a long-running process keeps it)
+    policies: dict[
+        str, DepthPolicy
+    ] = {}  # the controller, one per config across the prompts (as a long-running process keeps it)
 
     def one(bs: BenchSpec, ids: list[int], n: int, keep: bool = True):
         draft.reset()
         target.reset()
-        cfg = SpecConfig(rule=bs.rule, k=bs.k, policy=bs.policy, temperature=bs.temperature, seed=bs.seed,
-                         max_tokens=n, spec=bs.spec)
+        cfg = SpecConfig(
+            rule=bs.rule, k=bs.k, policy=bs.policy, temperature=bs.temperature, seed=bs.seed, max_tokens=n, spec=bs.spec
+        )
         policy = None
         if bs.spec and bs.policy == "controller" and keep:
             policy = policies.setdefault(bs.name, local_policy(bs.policy, bs.k))
@@ -152,18 +155,32 @@ def run_local_bench(
             one(bs, prompts[0][1][:16], warmup_tokens, keep=False)  # (the controller learns nothing from them)
 
     records: list[RunRecord] = []
-    with tqdm(total=len(prompts) * len(specs), desc="bench local", unit="run", file=sys.stderr, disable=not progress) as bar:
+    with tqdm(
+        total=len(prompts) * len(specs), desc="bench local", unit="run", file=sys.stderr, disable=not progress
+    ) as bar:
         for i, (pid, ids) in enumerate(prompts):
-            order = list(specs[i % len(specs):]) + list(specs[: i % len(specs)])
+            order = list(specs[i % len(specs) :]) + list(specs[: i % len(specs)])
             for bs in order:
                 bar.set_postfix_str(f"{bs.name} {pid}")
                 res = one(bs, ids, max_tokens)
                 s = res.stats
-                records.append(RunRecord(
-                    bs.name, pid, len(ids), s.emitted, s.rounds, s.drafted, s.accepted, s.wall_s, s.ttft_s,
-                    s.draft_s, s.verify_s, float(sum(s.k_chosen) / len(s.k_chosen)) if s.k_chosen else 0.0,
-                    list(res.tokens),
-                ))
+                records.append(
+                    RunRecord(
+                        bs.name,
+                        pid,
+                        len(ids),
+                        s.emitted,
+                        s.rounds,
+                        s.drafted,
+                        s.accepted,
+                        s.wall_s,
+                        s.ttft_s,
+                        s.draft_s,
+                        s.verify_s,
+                        float(sum(s.k_chosen) / len(s.k_chosen)) if s.k_chosen else 0.0,
+                        list(res.tokens),
+                    )
+                )
                 bar.update(1)
     draft.reset()
     target.reset()
@@ -208,7 +225,8 @@ def summarize(records: Sequence[RunRecord], specs: Sequence[BenchSpec]) -> dict:
             # (coupled at T=0.7).
             "same_output_as_baseline": (
                 sum(1 for r in rs if r.tokens == base_tokens.get(r.prompt_id))
-                if bs.temperature == specs[0].temperature else None
+                if bs.temperature == specs[0].temperature
+                else None
             ),
         }
         out.append({"name": bs.name, "spec": asdict(bs), "summary": summary, "runs": [asdict(r) for r in rs]})
@@ -227,16 +245,25 @@ def format_table(result: dict) -> str:
         ("draft s", "{:>8.2f}", lambda c: c["summary"]["draft_s"]),
         ("verify s", "{:>9.2f}", lambda c: c["summary"]["verify_s"]),
         ("draft %", "{:>8.1f}", lambda c: 100 * c["summary"]["draft_share"]),
-        ("=base", "{:>6}", lambda c: "-" if c["summary"]["same_output_as_baseline"] is None
-            else f"{c['summary']['same_output_as_baseline']}/{c['summary']['prompts']}"),
+        (
+            "=base",
+            "{:>6}",
+            lambda c: (
+                "-"
+                if c["summary"]["same_output_as_baseline"] is None
+                else f"{c['summary']['same_output_as_baseline']}/{c['summary']['prompts']}"
+            ),
+        ),
     ]
     head = " ".join(fmt.replace(".2f", "").replace(".3f", "").replace(".1f", "").format(name) for name, fmt, _ in cols)
     lines = [head, "-" * len(head)]
     for c in result["configs"]:
         lines.append(" ".join(fmt.format(get(c)) for _, fmt, get in cols))
-    lines.append("tau = 1 + accepted/rounds; accept = accepted/drafted; target passes/token = rounds/emitted; "
-                 "draft % = draft s / (draft s + verify s); =base: prompts whose output equals the baseline's "
-                 "(greedy configs)")
+    lines.append(
+        "tau = 1 + accepted/rounds; accept = accepted/drafted; target passes/token = rounds/emitted; "
+        "draft % = draft s / (draft s + verify s); =base: prompts whose output equals the baseline's "
+        "(greedy configs)"
+    )
     return "\n".join(lines)
 
 
@@ -247,7 +274,7 @@ def add_parser(bench_subparsers: argparse._SubParsersAction) -> argparse.Argumen
         "local",
         help="target-only vs speculative decoding (greedy, coupled, adaptive) in one process, side by side",
         description="Target-only autoregressive decoding vs speculative decoding (greedy k=K, coupled T=0.7 k=K, "
-                    "adaptive +2/-1) on HumanEval prompts (chat template), in one process. " + NOTE,
+        "adaptive +2/-1) on HumanEval prompts (chat template), in one process. " + NOTE,
     )
     p.add_argument("--n-prompts", type=_pos_int, default=8, help="HumanEval problems to run (default 8)")
     p.add_argument("--max-tokens", type=_pos_int, default=128, help="new tokens per generation (default 128)")
@@ -270,25 +297,35 @@ def cmd_bench_local(args: argparse.Namespace) -> int:
     try:
         prompts = humaneval_prompts(target.tokenizer, args.n_prompts)
         result = run_local_bench(
-            draft, target, prompts, specs=specs, max_tokens=args.max_tokens,
-            warmup_tokens=max(0, args.warmup_tokens), progress=not args.no_progress,
+            draft,
+            target,
+            prompts,
+            specs=specs,
+            max_tokens=args.max_tokens,
+            warmup_tokens=max(0, args.warmup_tokens),
+            progress=not args.no_progress,
         )
     finally:
         draft.close()
         target.close()
     result.update(
         elapsed_s=round(time.perf_counter() - t0, 2),
-        config={"n_prompts": args.n_prompts, "max_tokens": args.max_tokens, "k": args.k, "n_ctx": args.n_ctx,
-                "warmup_tokens": args.warmup_tokens},
+        config={
+            "n_prompts": args.n_prompts,
+            "max_tokens": args.max_tokens,
+            "k": args.k,
+            "n_ctx": args.n_ctx,
+            "warmup_tokens": args.warmup_tokens,
+        },
         models={"draft": args.draft, "target": args.target},
         prompts=[pid for pid, _ in prompts],
     )
-    print(f"acespec bench local: {args.draft} -> {args.target}; {len(prompts)} HumanEval prompt(s) (chat) "
-          f"x {args.max_tokens} new tokens; all configs side by side in one run ({result['elapsed_s']:.1f} s)")
+    print(
+        f"acespec bench local: {args.draft} -> {args.target}; {len(prompts)} HumanEval prompt(s) (chat) "
+        f"x {args.max_tokens} new tokens; all configs side by side in one run ({result['elapsed_s']:.1f} s)"
+    )
     print(format_table(result))
     print()
     print(NOTE)
     write_result(args.json, result)
     return 0
-
-

@@ -112,15 +112,47 @@ def build_steps(root: Path, version: str) -> list[tuple[str, list[str]]]:
     """(what, argv) for each step that gets the source and builds the two tools under `root`."""
     src = root / "src" / f"llama_cpp_python-{version}" / "vendor" / "llama.cpp"
     return [
-        ("download llama-cpp-python's sdist from the package registry",
-         [sys.executable, "-m", "pip", "download", "-q", "--disable-pip-version-check", "--no-deps",
-          "--no-binary", ":all:", "--no-build-isolation", f"llama-cpp-python=={version}", "-d", str(root / "sdist")]),
-        ("configure llama.cpp (Release, shared libraries, no network code, no tests)",
-         [_tool("cmake"), "-S", str(src), "-B", str(root / "build"), "-G", "Ninja", f"-DCMAKE_MAKE_PROGRAM={_tool('ninja')}",
-          "-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=ON", "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF",
-          "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_SERVER=OFF"]),
-        ("build llama-speculative-simple and llama-completion",
-         [_tool("cmake"), "--build", str(root / "build"), "--target", *TOOLS, "-j", str(os.cpu_count() or 1)]),
+        (
+            "download llama-cpp-python's sdist from the package registry",
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "-q",
+                "--disable-pip-version-check",
+                "--no-deps",
+                "--no-binary",
+                ":all:",
+                "--no-build-isolation",
+                f"llama-cpp-python=={version}",
+                "-d",
+                str(root / "sdist"),
+            ],
+        ),
+        (
+            "configure llama.cpp (Release, shared libraries, no network code, no tests)",
+            [
+                _tool("cmake"),
+                "-S",
+                str(src),
+                "-B",
+                str(root / "build"),
+                "-G",
+                "Ninja",
+                f"-DCMAKE_MAKE_PROGRAM={_tool('ninja')}",
+                "-DCMAKE_BUILD_TYPE=Release",
+                "-DBUILD_SHARED_LIBS=ON",
+                "-DLLAMA_CURL=OFF",
+                "-DLLAMA_OPENSSL=OFF",
+                "-DLLAMA_BUILD_TESTS=OFF",
+                "-DLLAMA_BUILD_SERVER=OFF",
+            ],
+        ),
+        (
+            "build llama-speculative-simple and llama-completion",
+            [_tool("cmake"), "--build", str(root / "build"), "--target", *TOOLS, "-j", str(os.cpu_count() or 1)],
+        ),
     ]
 
 
@@ -141,8 +173,12 @@ def ensure_built(root: Path, *, steps: list[tuple[str, list[str]]] | None = None
     version = peer_version()
     steps = build_steps(root, version) if steps is None else steps
     root.mkdir(parents=True, exist_ok=True)
-    print(f"peer: building llama.cpp's {' and '.join(TOOLS)} once, from llama-cpp-python {version}'s source, "
-          f"into {root} (about 3 minutes on 2 cores)", file=log, flush=True)
+    print(
+        f"peer: building llama.cpp's {' and '.join(TOOLS)} once, from llama-cpp-python {version}'s source, "
+        f"into {root} (about 3 minutes on 2 cores)",
+        file=log,
+        flush=True,
+    )
     for i, (what, argv) in enumerate(steps):
         if i > 0 and steps[i - 1][0].startswith("download"):
             _unpack(root)
@@ -151,8 +187,10 @@ def ensure_built(root: Path, *, steps: list[tuple[str, list[str]]] | None = None
         done = subprocess.run(argv, capture_output=True, text=True)
         if done.returncode != 0:
             tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-15:])
-            raise PeerError(f"peer: step {i + 1} ({what}) failed with exit status {done.returncode}:\n{tail}\n"
-                            f"retry with `acespec bench peer`; delete {root} to start over")
+            raise PeerError(
+                f"peer: step {i + 1} ({what}) failed with exit status {done.returncode}:\n{tail}\n"
+                f"retry with `acespec bench peer`; delete {root} to start over"
+            )
         print(f"peer:   done in {time.perf_counter() - t0:.0f} s", file=log, flush=True)
     missing = [str(p) for p in bins.values() if not p.is_file()]
     if missing:
@@ -163,19 +201,57 @@ def ensure_built(root: Path, *, steps: list[tuple[str, list[str]]] | None = None
 # ------------------------------------------------------------------------------------------ llama.cpp runs
 
 
-def peer_argv(bins: dict[str, Path], *, target: Path, draft: Path | None, prompt: str, k: int, max_tokens: int,
-              threads: int, n_ctx: int) -> list[str]:
+def peer_argv(
+    bins: dict[str, Path],
+    *,
+    target: Path,
+    draft: Path | None,
+    prompt: str,
+    k: int,
+    max_tokens: int,
+    threads: int,
+    n_ctx: int,
+) -> list[str]:
     """llama.cpp's command line for one generation: plain (`draft=None`) or speculative with depth k."""
-    common = ["-m", str(target), "-p", prompt, "-n", str(max_tokens), "--temp", "0", "-c", str(n_ctx),
-              "-t", str(threads), "-tb", str(threads), "-nr"]
+    common = [
+        "-m",
+        str(target),
+        "-p",
+        prompt,
+        "-n",
+        str(max_tokens),
+        "--temp",
+        "0",
+        "-c",
+        str(n_ctx),
+        "-t",
+        str(threads),
+        "-tb",
+        str(threads),
+        "-nr",
+    ]
     if draft is None:
         return [str(bins["llama-completion"]), *common, "-no-cnv", "--no-display-prompt"]
-    return [str(bins["llama-speculative-simple"]), *common, "-md", str(draft), "--spec-type", "draft-simple",
-            "--spec-draft-n-max", str(k), "-td", str(threads), "-tbd", str(threads)]
+    return [
+        str(bins["llama-speculative-simple"]),
+        *common,
+        "-md",
+        str(draft),
+        "--spec-type",
+        "draft-simple",
+        "--spec-draft-n-max",
+        str(k),
+        "-td",
+        str(threads),
+        "-tbd",
+        str(threads),
+    ]
 
 
-_PERF = re.compile(r"common_perf_print:\s+(sampling time|prompt eval time|eval time|unaccounted time)\s+=\s+([0-9.]+) ms"
-                   r"(?:\s*/\s*(\d+) (?:runs|tokens))?")
+_PERF = re.compile(
+    r"common_perf_print:\s+(sampling time|prompt eval time|eval time|unaccounted time)\s+=\s+([0-9.]+) ms"
+    r"(?:\s*/\s*(\d+) (?:runs|tokens))?"
+)
 _ENC = re.compile(r"encoded\s+(\d+) tokens in\s+([0-9.]+) seconds")
 _DEC = re.compile(r"decoded\s+(\d+) tokens in\s+([0-9.]+) seconds")
 _COUNT = {name: re.compile(rf"\b{name}\s*=\s*(\d+)") for name in ("n_predict", "n_drafted", "n_accept")}
@@ -202,13 +278,27 @@ def parse_spec(stdout: str, stderr: str, prompt: str) -> tuple[str, int, float, 
         raise PeerError("llama-speculative-simple printed no statistics (no `decoded N tokens` / n_accept lines)")
     text = stdout.removeprefix("\n\n").removeprefix(prompt).removesuffix("\n\n").removesuffix("\n\n")
     n = int(counts["n_predict"].group(1))
-    return text, n, float(enc.group(2)) + float(dec.group(2)), int(counts["n_drafted"].group(1)), int(counts["n_accept"].group(1))
+    return (
+        text,
+        n,
+        float(enc.group(2)) + float(dec.group(2)),
+        int(counts["n_drafted"].group(1)),
+        int(counts["n_accept"].group(1)),
+    )
 
 
 def run_peer(bins, cfg: PeerConfig, paths: tuple[Path, Path], prompt_id: str, prompt: str, k: int | None) -> Sample:
     draft_path, target_path = paths
-    argv = peer_argv(bins, target=target_path, draft=None if k is None else draft_path, prompt=prompt,
-                     k=k or 0, max_tokens=cfg.max_tokens, threads=cfg.threads, n_ctx=cfg.n_ctx)
+    argv = peer_argv(
+        bins,
+        target=target_path,
+        draft=None if k is None else draft_path,
+        prompt=prompt,
+        k=k or 0,
+        max_tokens=cfg.max_tokens,
+        threads=cfg.threads,
+        n_ctx=cfg.n_ctx,
+    )
     try:
         done = subprocess.run(argv, capture_output=True, text=True, errors="replace", timeout=cfg.timeout_s)
     except subprocess.TimeoutExpired:
@@ -287,18 +377,41 @@ def run_bench(cfg: PeerConfig, bins, *, draft_spec: str, target_spec: str, progr
                         target.reset()
                         ids = target.tokenizer.encode(text)
                         auto = k == AUTO
-                        sc = SpecConfig(rule="greedy", k=k if isinstance(k, int) else (4 if auto else 0), max_tokens=cfg.max_tokens, spec=k is not None,
-                                        policy="controller" if auto else "fixed")
-                        res = generate(target, ids, sc, draft=draft if k is not None else None,
-                                       policy=auto_policy if auto else None)
+                        sc = SpecConfig(
+                            rule="greedy",
+                            k=k if isinstance(k, int) else (4 if auto else 0),
+                            max_tokens=cfg.max_tokens,
+                            spec=k is not None,
+                            policy="controller" if auto else "fixed",
+                        )
+                        res = generate(
+                            target,
+                            ids,
+                            sc,
+                            draft=draft if k is not None else None,
+                            policy=auto_policy if auto else None,
+                        )
                         st = res.stats
-                        s = Sample("acespec", config_name(k), pid, target.tokenizer.decode(res.tokens),
-                                   st.emitted, st.wall_s, st.drafted, st.accepted, st.rounds if k is not None else 0,
-                                   blocks=sum(1 for x in st.k_chosen if x > 0) if k is not None else 0)
+                        s = Sample(
+                            "acespec",
+                            config_name(k),
+                            pid,
+                            target.tokenizer.decode(res.tokens),
+                            st.emitted,
+                            st.wall_s,
+                            st.drafted,
+                            st.accepted,
+                            st.rounds if k is not None else 0,
+                            blocks=sum(1 for x in st.k_chosen if x > 0) if k is not None else 0,
+                        )
                     samples.append(s)
                     if progress is not None:
-                        print(f"peer: {len(samples)}/{total} {s.side} {s.config} {pid}: {s.tokens / max(s.seconds, 1e-9):.2f} tok/s "
-                              f"({time.perf_counter() - t_start:.0f} s)", file=progress, flush=True)
+                        print(
+                            f"peer: {len(samples)}/{total} {s.side} {s.config} {pid}: {s.tokens / max(s.seconds, 1e-9):.2f} tok/s "
+                            f"({time.perf_counter() - t_start:.0f} s)",
+                            file=progress,
+                            flush=True,
+                        )
     finally:
         draft.close()
         target.close()
@@ -327,7 +440,12 @@ def summarise(samples: list[Sample], cfg: PeerConfig, *, draft_spec: str, target
         passes, accepted, drafted = sum(s.passes for s in ss), sum(s.accepted for s in ss), sum(s.drafted for s in ss)
         eq = [s.equal for s in ss if s.equal is not None]
         rows[f"{side} {name}"] = {
-            "side": side, "config": name, "k": k, "runs": len(ss), "tokens": tok, "seconds": round(sec, 3),
+            "side": side,
+            "config": name,
+            "k": k,
+            "runs": len(ss),
+            "tokens": tok,
+            "seconds": round(sec, 3),
             "tokens_per_s": round(tok / sec, 3) if sec > 0 else 0.0,
             "tau": round(tok / passes, 3) if passes else None,
             "acceptance_rate": round(accepted / drafted, 4) if drafted else None,
@@ -362,42 +480,63 @@ def summarise(samples: list[Sample], cfg: PeerConfig, *, draft_spec: str, target
     pids = sorted({s.prompt_id for s in samples})
     if all((p, side) in pl for p in pids for side in ("llama.cpp", "acespec")):
         plain_same = f"{sum(pl[(p, 'acespec')] == pl[(p, 'llama.cpp')] for p in pids)}/{len(pids)}"
-    return {"config": asdict(cfg), "models": {"draft": draft_spec, "target": target_spec}, "peer_version": peer_version(),
-            "rows": rows, "best": best, "acespec_over_peer": ratio, "bar_needs_x_plain": needs, "auto_over_peer": auto_ratio, "plain_texts_equal": plain_same,
-            "samples": [asdict(s) for s in samples]}
+    return {
+        "config": asdict(cfg),
+        "models": {"draft": draft_spec, "target": target_spec},
+        "peer_version": peer_version(),
+        "rows": rows,
+        "best": best,
+        "acespec_over_peer": ratio,
+        "bar_needs_x_plain": needs,
+        "auto_over_peer": auto_ratio,
+        "plain_texts_equal": plain_same,
+        "samples": [asdict(s) for s in samples],
+    }
 
 
 def format_report(res: dict) -> str:
     c = res["config"]
-    out = [f"acespec bench peer: {res['models']['draft']} -> {res['models']['target']}, greedy, {c['n_prompts']} HumanEval "
-           f"stub(s) x {c['max_tokens']} tokens x {c['repeats']} repeat(s), {c['threads']} threads per model, "
-           f"llama.cpp from llama-cpp-python {res['peer_version']}, extra weight buffers off on both sides",
-           f"{'side':>10} {'config':>7} {'tok/s':>8} {'x plain':>8} {'tau':>6} {'accept':>7} {'= plain greedy':>15}"]
+    out = [
+        f"acespec bench peer: {res['models']['draft']} -> {res['models']['target']}, greedy, {c['n_prompts']} HumanEval "
+        f"stub(s) x {c['max_tokens']} tokens x {c['repeats']} repeat(s), {c['threads']} threads per model, "
+        f"llama.cpp from llama-cpp-python {res['peer_version']}, extra weight buffers off on both sides",
+        f"{'side':>10} {'config':>7} {'tok/s':>8} {'x plain':>8} {'tau':>6} {'accept':>7} {'= plain greedy':>15}",
+    ]
     for r in res["rows"].values():
         tau = f"{r['tau']:.2f}" if r["tau"] else "-"
         acc = f"{r['acceptance_rate']:.2f}" if r["acceptance_rate"] is not None else "-"
-        out.append(f"{r['side']:>10} {r['config']:>7} {r['tokens_per_s']:>8.2f} {r['x_plain'] or 0:>8.2f} {tau:>6} {acc:>7} "
-                   f"{r['equal_to_plain'] or '(reference)':>15}")
+        out.append(
+            f"{r['side']:>10} {r['config']:>7} {r['tokens_per_s']:>8.2f} {r['x_plain'] or 0:>8.2f} {tau:>6} {acc:>7} "
+            f"{r['equal_to_plain'] or '(reference)':>15}"
+        )
     if res["plain_texts_equal"]:
         out.append(f"plain greedy texts equal across the two sides: {res['plain_texts_equal']} prompts")
     if res["acespec_over_peer"] is not None:
         b = res["best"]
         met = "met" if res["acespec_over_peer"] >= BAR else "NOT met"
-        out.append(f"best K: acespec {b['acespec']} over llama.cpp {b['llama.cpp']}: {res['acespec_over_peer']:.2f}x "
-                   f"[{met}: bar {BAR}x]")
+        out.append(
+            f"best K: acespec {b['acespec']} over llama.cpp {b['llama.cpp']}: {res['acespec_over_peer']:.2f}x "
+            f"[{met}: bar {BAR}x]"
+        )
         if res.get("bar_needs_x_plain") is not None:
             best_x = res["rows"][f"acespec {b['acespec']}"]["x_plain"] or 0
-            out.append(f"the bar asks acespec's speculation for {res['bar_needs_x_plain']:.2f}x its own plain decoding "
-                       f"({BAR} x llama.cpp {b['llama.cpp']} / acespec plain); its best K gives {best_x:.2f}x")
+            out.append(
+                f"the bar asks acespec's speculation for {res['bar_needs_x_plain']:.2f}x its own plain decoding "
+                f"({BAR} x llama.cpp {b['llama.cpp']} / acespec plain); its best K gives {best_x:.2f}x"
+            )
     if res.get("auto_over_peer") is not None:
         r = res["rows"][f"acespec {AUTO}"]
         met = "met" if res["auto_over_peer"] >= BAR else "NOT met"
-        out.append(f"acespec {AUTO} (the depth controller) over llama.cpp {res['best']['llama.cpp']}: {res['auto_over_peer']:.2f}x "
-                   f"[{met}: bar {BAR}x], {r['x_plain'] or 0:.2f}x its own plain decoding, drafts verified in "
-                   f"{100 * (r['block_share'] or 0):.1f}% of its target passes (the rest plain steps)")
-    out.append("tok/s: every generated token over prompt processing + generation, by each side's own clock (model loading "
-               "left out); tau: tokens per target pass; auto: `acespec generate --policy controller`, which prices K every "
-               "round from the passes it measures and takes a plain step where no block pays (one controller for every auto run)")
+        out.append(
+            f"acespec {AUTO} (the depth controller) over llama.cpp {res['best']['llama.cpp']}: {res['auto_over_peer']:.2f}x "
+            f"[{met}: bar {BAR}x], {r['x_plain'] or 0:.2f}x its own plain decoding, drafts verified in "
+            f"{100 * (r['block_share'] or 0):.1f}% of its target passes (the rest plain steps)"
+        )
+    out.append(
+        "tok/s: every generated token over prompt processing + generation, by each side's own clock (model loading "
+        "left out); tau: tokens per target pass; auto: `acespec generate --policy controller`, which prices K every "
+        "round from the passes it measures and takes a plain step where no block pays (one controller for every auto run)"
+    )
     return "\n".join(out)
 
 
@@ -418,19 +557,29 @@ def add_parser(bench_subparsers: argparse._SubParsersAction) -> argparse.Argumen
     p.add_argument("--n-prompts", type=pos_int, default=4, help="HumanEval code stubs (default 4)")
     p.add_argument("--max-tokens", type=pos_int, default=128, help="tokens per generation (default 128)")
     p.add_argument("--repeats", type=pos_int, default=2, help="runs of every (prompt, configuration) (default 2)")
-    p.add_argument("--threads", type=pos_int, default=os.cpu_count() or 1, help="threads per model, both sides (default: every core)")
+    p.add_argument(
+        "--threads",
+        type=pos_int,
+        default=os.cpu_count() or 1,
+        help="threads per model, both sides (default: every core)",
+    )
     p.add_argument("--draft", default=DEFAULT_DRAFT, help=f"drafter GGUF or registry name (default {DEFAULT_DRAFT})")
     p.add_argument("--target", default=DEFAULT_TARGET, help=f"target GGUF or registry name (default {DEFAULT_TARGET})")
-    p.add_argument("--build-dir", type=Path, default=None, help="where llama.cpp is built (default ~/.cache/acespec/peer/...)")
-    p.add_argument("--dry-run", action="store_true", help="print the build steps and one prompt's commands; build and run nothing")
+    p.add_argument(
+        "--build-dir", type=Path, default=None, help="where llama.cpp is built (default ~/.cache/acespec/peer/...)"
+    )
+    p.add_argument(
+        "--dry-run", action="store_true", help="print the build steps and one prompt's commands; build and run nothing"
+    )
     p.add_argument("--json", default=None, help="write the full result here")
     p.set_defaults(func=cmd_peer)
     return p
 
 
 def cmd_peer(args: argparse.Namespace) -> int:
-    cfg = PeerConfig(ks=args.ks, n_prompts=args.n_prompts, max_tokens=args.max_tokens, repeats=args.repeats,
-                     threads=args.threads)
+    cfg = PeerConfig(
+        ks=args.ks, n_prompts=args.n_prompts, max_tokens=args.max_tokens, repeats=args.repeats, threads=args.threads
+    )
     try:
         paths = gguf_paths(args.draft, args.target)  # before any build: a bad model is said at once
         root = args.build_dir or default_build_dir()
@@ -440,8 +589,16 @@ def cmd_peer(args: argparse.Namespace) -> int:
                 print(f"# {what}\n{' '.join(argv)}")
             bins = {t: root / "build" / "bin" / t for t in TOOLS}
             for k in (None, *cfg.ks):
-                argv = peer_argv(bins, target=paths[1], draft=None if k is None else paths[0], prompt="PROMPT", k=k or 0,
-                                 max_tokens=cfg.max_tokens, threads=cfg.threads, n_ctx=cfg.n_ctx)
+                argv = peer_argv(
+                    bins,
+                    target=paths[1],
+                    draft=None if k is None else paths[0],
+                    prompt="PROMPT",
+                    k=k or 0,
+                    max_tokens=cfg.max_tokens,
+                    threads=cfg.threads,
+                    n_ctx=cfg.n_ctx,
+                )
                 print(f"# llama.cpp {'plain' if k is None else f'k={k}'}\n{' '.join(argv)}")
             return 0
         bins = ensure_built(root)
@@ -454,5 +611,17 @@ def cmd_peer(args: argparse.Namespace) -> int:
     return 0
 
 
-__all__ = ["PeerConfig", "PeerError", "Sample", "build_steps", "configurations", "ensure_built", "gguf_paths", "parse_plain",
-           "parse_spec", "peer_argv", "run_bench", "summarise"]
+__all__ = [
+    "PeerConfig",
+    "PeerError",
+    "Sample",
+    "build_steps",
+    "configurations",
+    "ensure_built",
+    "gguf_paths",
+    "parse_plain",
+    "parse_spec",
+    "peer_argv",
+    "run_bench",
+    "summarise",
+]

@@ -23,11 +23,15 @@ from acespec.verify import RuleSpec
 
 
 def add_parser(bench_subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    p = bench_subparsers.add_parser("plugin-cost", help="vLLM's rejection sampler with and without AceSpec's rules (vLLM profile)")
+    p = bench_subparsers.add_parser(
+        "plugin-cost", help="vLLM's rejection sampler with and without AceSpec's rules (vLLM profile)"
+    )
     p.add_argument("--batch", type=pos_int, default=64, help="requests in the step (default 64)")
     p.add_argument("--k", type=pos_int, default=4, help="draft tokens per request (default 4)")
     p.add_argument("--vocab", type=pos_int, default=151936, help="vocabulary (default 151936, Qwen2.5's)")
-    p.add_argument("--rules", default="typical,cactus", help="AceSpec rules to time against strict (default typical,cactus)")
+    p.add_argument(
+        "--rules", default="typical,cactus", help="AceSpec rules to time against strict (default typical,cactus)"
+    )
     p.add_argument("--reps", type=pos_int, default=7, help="interleaved repetitions (default 7)")
     p.set_defaults(func=cmd_plugin_cost)
     return p
@@ -35,8 +39,11 @@ def add_parser(bench_subparsers: argparse._SubParsersAction) -> argparse.Argumen
 
 def cmd_plugin_cost(args: argparse.Namespace) -> int:
     if importlib.util.find_spec("vllm") is None:
-        print("bench plugin-cost needs vLLM, which this Python lacks: run `bash scripts/setup.sh vllm`, then "
-              ".venv-vllm/bin/acespec bench plugin-cost", file=sys.stderr)
+        print(
+            "bench plugin-cost needs vLLM, which this Python lacks: run `bash scripts/setup.sh vllm`, then "
+            ".venv-vllm/bin/acespec bench plugin-cost",
+            file=sys.stderr,
+        )
         return 2
     import torch  # heavy: the hf extra
 
@@ -58,8 +65,10 @@ def cmd_plugin_cost(args: argparse.Namespace) -> int:
             rs.rejection_sample(draft, [k] * B, k, cu, None, x, bonus, meta)
             times[r].append(time.perf_counter() - t0)
     med = {r: statistics.median(ts) for r, ts in times.items()}
-    print(f"=== acespec bench plugin-cost: vLLM's rejection sampler, {B} requests x {k} token-only drafts, vocabulary {V}, "
-          f"medians of {args.reps} interleaved runs ===")
+    print(
+        f"=== acespec bench plugin-cost: vLLM's rejection sampler, {B} requests x {k} token-only drafts, vocabulary {V}, "
+        f"medians of {args.reps} interleaved runs ==="
+    )
     for r in rules:
         print(f"{r:10s} {1e3 * med[r]:9.1f} ms   {med[r] / med['strict']:5.2f}x vLLM's strict")
     return 0

@@ -45,8 +45,23 @@ class EdgeRun:
 class ReplayEdge:
     """One edge: HELLO, then replayed blocks (or a cloud-only stream), over a real socket."""
 
-    def __init__(self, port: int, trace, mode: str, *, rule: str, temperature: float, seed: int, max_tokens: int,
-                 draft_s: float, model_id: str, vocab: int, deadline: float, auth: bytes = b"", rtt_s: float = 0.0) -> None:
+    def __init__(
+        self,
+        port: int,
+        trace,
+        mode: str,
+        *,
+        rule: str,
+        temperature: float,
+        seed: int,
+        max_tokens: int,
+        draft_s: float,
+        model_id: str,
+        vocab: int,
+        deadline: float,
+        auth: bytes = b"",
+        rtt_s: float = 0.0,
+    ) -> None:
         self.port, self.tr, self.mode = port, trace, mode
         # a coupled trace holds the text and the drafter's choices of one seed: the session runs that one
         self.rule, self.temperature, self.seed = rule, temperature, seed if trace.seed is None else trace.seed
@@ -98,9 +113,21 @@ class ReplayEdge:
 
         sock.settimeout(None)
         threading.Thread(target=reader, daemon=True).start()
-        mode = {"cloud-only": wire.Mode.CLOUD_ONLY, "cloud-led": wire.Mode.CLOUD_LED}.get(self.mode, wire.Mode.SPECULATIVE)
-        hello = wire.Hello(model_id=self.model_id, max_tokens=self.max_tokens, prompt=tuple(self.tr.prompt_tokens), auth=self.auth,
-                           temperature=self.temperature, top_k=0, top_p=1.0, rule=self.rule, seed=self.seed, mode=mode)
+        mode = {"cloud-only": wire.Mode.CLOUD_ONLY, "cloud-led": wire.Mode.CLOUD_LED}.get(
+            self.mode, wire.Mode.SPECULATIVE
+        )
+        hello = wire.Hello(
+            model_id=self.model_id,
+            max_tokens=self.max_tokens,
+            prompt=tuple(self.tr.prompt_tokens),
+            auth=self.auth,
+            temperature=self.temperature,
+            top_k=0,
+            top_p=1.0,
+            rule=self.rule,
+            seed=self.seed,
+            mode=mode,
+        )
         self.hello_at = time.perf_counter()
         sock.sendall(wire.encode(hello))
 
@@ -178,7 +205,11 @@ class ReplayEdge:
                 self.run.stats.draft_tokens += n
                 end += n
             if up.may_send() and end > C and end >= sent_end + 2:
-                sock.sendall(wire.encode(wire.Draft(session=sid, seq=0, base=C, tokens=tuple(self.chain(s, q) for q in range(C, end)))))
+                sock.sendall(
+                    wire.encode(
+                        wire.Draft(session=sid, seq=0, base=C, tokens=tuple(self.chain(s, q) for q in range(C, end)))
+                    )
+                )
                 sent_end, sent_s, sent_at = end, s, time.perf_counter()
                 up.sent()
             while True:  # everything streamed so far, without waiting unless the chain is full (or resting)
@@ -191,12 +222,12 @@ class ReplayEdge:
                 # over an upload that had reached the cloud, or outran the drafter counts against it
                 held = sent_s == s and f.start < sent_end and sent_at <= t - self.rtt_s
                 broke = False
-                for i, tok in enumerate(f.tokens[C - f.start:]):
+                for i, tok in enumerate(f.tokens[C - f.start :]):
                     pos = C + i
                     if pos >= end or tok != self.chain(s, pos):
                         broke = broke or pos < end
                         s = end = sent_end = pos + 1  # the drafter redrafts after the token it got wrong
-                self.run.tokens.extend(f.tokens[C - f.start:])
+                self.run.tokens.extend(f.tokens[C - f.start :])
                 self._committed(t, len(f.tokens) - (C - f.start), f.drafted, f.accepted, f.verify_us)
                 if t > last:
                     r = len(f.tokens) / (t - last)

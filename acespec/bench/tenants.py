@@ -78,8 +78,18 @@ def _target(engine: str, n_slots: int, n_ctx: int):
     return LlamaCppModel(path, n_ctx=n_ctx, n_slots=n_slots, batch_invariant=True, name=DEFAULT_TARGET)
 
 
-def run_cell(engine, traces, mode: str, n: int, *, cap_s: float = 120.0, max_tokens: int = 48, rtt_ms: float = 0.0,
-             lead_memory=None, **kw) -> dict:
+def run_cell(
+    engine,
+    traces,
+    mode: str,
+    n: int,
+    *,
+    cap_s: float = 120.0,
+    max_tokens: int = 48,
+    rtt_ms: float = 0.0,
+    lead_memory=None,
+    **kw,
+) -> dict:
     """`run_edges` against a fresh in-process server on `engine`, plus the engine's own figures. With
     `rtt_ms` > 0 the edges reach it through the WAN emulator (the `wan` profile at that RTT: jitter,
     5 Mbit/s up, 20 down), as `bench wan` does; 0 is loopback. `lead_memory`: the cloud-led pricer's
@@ -87,19 +97,42 @@ def run_cell(engine, traces, mode: str, n: int, *, cap_s: float = 120.0, max_tok
     this one would hold it."""
     target = engine.target
     # every replay edge connects from 127.0.0.1: lift the per-address connection limit past N
-    cfg = ServerConfig(port=0, max_sessions=max(n, 1), max_new_tokens=max_tokens, idle_timeout_s=cap_s + 60,
-                       max_connections=max(256, 2 * n), max_connections_per_addr=max(32, 2 * n))
+    cfg = ServerConfig(
+        port=0,
+        max_sessions=max(n, 1),
+        max_new_tokens=max_tokens,
+        idle_timeout_s=cap_s + 60,
+        max_connections=max(256, 2 * n),
+        max_connections_per_addr=max(32, 2 * n),
+    )
     with CloudServerThread(engine, cfg) as srv, contextlib.ExitStack() as stack:
         if lead_memory is not None:
             srv.server.lead_memory = lead_memory
         port = wan_port(stack, srv.port, rtt_ms)
-        row = run_edges(port, traces, mode, n, model_id=target.tokenizer.fingerprint, vocab=target.vocab_size,
-                        cap_s=cap_s, max_tokens=max_tokens, rtt_s=rtt_ms / 1e3, **kw)
+        row = run_edges(
+            port,
+            traces,
+            mode,
+            n,
+            model_id=target.tokenizer.fingerprint,
+            vocab=target.vocab_size,
+            cap_s=cap_s,
+            max_tokens=max_tokens,
+            rtt_s=rtt_ms / 1e3,
+            **kw,
+        )
         m = engine.metrics()
     kv_b = m.get("kv_bytes_per_token", 0)
     name = "shared" if engine.name == "batched" and not getattr(engine.target, "batch_invariant", True) else engine.name
-    return {"engine": name, **row, "rtt_ms": rtt_ms, "temperature": kw.get("temperature", 0.0), "kv_peak_mb": m.get("kv_peak", 0) * kv_b / 2**20,
-            "kv_alloc_mb": m.get("kv_tokens_allocated", 0) * kv_b / 2**20, "engine_metrics": m}
+    return {
+        "engine": name,
+        **row,
+        "rtt_ms": rtt_ms,
+        "temperature": kw.get("temperature", 0.0),
+        "kv_peak_mb": m.get("kv_peak", 0) * kv_b / 2**20,
+        "kv_alloc_mb": m.get("kv_tokens_allocated", 0) * kv_b / 2**20,
+        "engine_metrics": m,
+    }
 
 
 class _RowLog:
@@ -115,7 +148,8 @@ class _RowLog:
 
         def finish(v, job, logits, seconds):
             rows.setdefault(tuple(v.tokens[: v.prompt_len]), []).append(
-                hashlib.sha1(np.ascontiguousarray(logits, dtype=np.float32).tobytes()).hexdigest())
+                hashlib.sha1(np.ascontiguousarray(logits, dtype=np.float32).tobytes()).hexdigest()
+            )
             return real(v, job, logits, seconds)
 
         TargetVerifier.finish = finish  # type: ignore[method-assign]  # records every pass's rows while the cell runs
@@ -132,12 +166,32 @@ def invariance(model, traces, n: int, *, max_tokens: int, draft_s: float, cap_s:
         alone = {}
         with _RowLog() as solo_rows:
             for i in range(n):
-                r = run_cell(make_engine("batched", model, slots=slots), [traces[i % len(traces)]], "acespec", 1, rule=rule,
-                             temperature=temp, max_tokens=max_tokens, draft_s=draft_s, cap_s=cap_s, seed=i)
+                r = run_cell(
+                    make_engine("batched", model, slots=slots),
+                    [traces[i % len(traces)]],
+                    "acespec",
+                    1,
+                    rule=rule,
+                    temperature=temp,
+                    max_tokens=max_tokens,
+                    draft_s=draft_s,
+                    cap_s=cap_s,
+                    seed=i,
+                )
                 alone[traces[i % len(traces)].id] = next(iter(r["outputs"].values()))
         with _RowLog() as together_rows:
-            together = run_cell(make_engine("batched", model, slots=slots), traces[:n], "acespec", n, rule=rule,
-                                temperature=temp, max_tokens=max_tokens, draft_s=draft_s, cap_s=cap_s, seed=0)
+            together = run_cell(
+                make_engine("batched", model, slots=slots),
+                traces[:n],
+                "acespec",
+                n,
+                rule=rule,
+                temperature=temp,
+                max_tokens=max_tokens,
+                draft_s=draft_s,
+                cap_s=cap_s,
+                seed=0,
+            )
         differ = total = sessions_differ = 0
         for pid, toks in together["outputs"].items():
             ref = alone[pid]
@@ -150,9 +204,19 @@ def invariance(model, traces, n: int, *, max_tokens: int, draft_s: float, cap_s:
             ref = solo_rows.rows.get(key, [])
             row_total += len(got)
             row_differ += sum(a != b for a, b in zip(got, ref)) + max(0, len(got) - len(ref))
-        rows.append({"rule": rule, "temperature": temp, "n": n, "tokens": total, "tokens_differ": differ,
-                     "sessions_differ": sessions_differ, "row_blocks": row_total, "row_blocks_differ": row_differ,
-                     "errors": together["errors"]})
+        rows.append(
+            {
+                "rule": rule,
+                "temperature": temp,
+                "n": n,
+                "tokens": total,
+                "tokens_differ": differ,
+                "sessions_differ": sessions_differ,
+                "row_blocks": row_total,
+                "row_blocks_differ": row_differ,
+                "errors": together["errors"],
+            }
+        )
     return rows
 
 
@@ -160,36 +224,75 @@ def add_parser(sub) -> None:
     p = sub.add_parser("tenants", help="N concurrent edges against one cloud: aggregate tok/s, latency, passes, KV")
     p.add_argument("--n", default="1,2,4,8,16", help="concurrent edges per cell (default 1,2,4,8,16)")
     p.add_argument("--modes", default=",".join(MODES), help=f"batched-engine modes (default {','.join(MODES)})")
-    p.add_argument("--serial-modes", default="acespec", help="modes run on the old serial server too ('' = none; default acespec)")
+    p.add_argument(
+        "--serial-modes", default="acespec", help="modes run on the old serial server too ('' = none; default acespec)"
+    )
     p.add_argument("--serial-n", default="1,2,4,8", help="N for the serial server (default 1,2,4,8)")
-    p.add_argument("--shared-n", default="1,8",
-                   help="N for the shared-pass engine (one unified KV cache; not batch-invariant), acespec mode ('' = none)")
+    p.add_argument(
+        "--shared-n",
+        default="1,8",
+        help="N for the shared-pass engine (one unified KV cache; not batch-invariant), acespec mode ('' = none)",
+    )
     p.add_argument("--max-tokens", type=pos_int, default=48, help="tokens per session (default 48)")
-    p.add_argument("--rtt", default="0", help="round-trip times in ms, comma-separated: each cell runs at each through the WAN "
-                                              "emulator's `wan` profile (0: loopback; default 0)")
-    p.add_argument("--repeats", type=pos_int, default=1,
-                   help="runs of each (RTT, N) cell, the modes interleaved run by run (A B A B), so a drift in the "
-                        "machine's speed falls on every mode alike; ratios compare the modes' means (default 1)")
-    p.add_argument("--temperature", type=float, default=0.0,
-                   help="0 (default): greedy sessions; > 0: coupled sessions at this temperature (the same text as "
-                        "cloud-only), whose replayed greedy chain the sampled stream leaves wherever it samples another "
-                        "token: lower acceptance than greedy's")
+    p.add_argument(
+        "--rtt",
+        default="0",
+        help="round-trip times in ms, comma-separated: each cell runs at each through the WAN "
+        "emulator's `wan` profile (0: loopback; default 0)",
+    )
+    p.add_argument(
+        "--repeats",
+        type=pos_int,
+        default=1,
+        help="runs of each (RTT, N) cell, the modes interleaved run by run (A B A B), so a drift in the "
+        "machine's speed falls on every mode alike; ratios compare the modes' means (default 1)",
+    )
+    p.add_argument(
+        "--temperature",
+        type=float,
+        default=0.0,
+        help="0 (default): greedy sessions; > 0: coupled sessions at this temperature (the same text as "
+        "cloud-only), whose replayed greedy chain the sampled stream leaves wherever it samples another "
+        "token: lower acceptance than greedy's",
+    )
     p.add_argument("--traces", default=DEFAULT_TRACES, help=f"acceptance traces to replay (default {DEFAULT_TRACES})")
     p.add_argument("--draft-ms", type=float, help="drafting time per token (default: the trace file's measured figure)")
-    p.add_argument("--cap", type=float, default=120.0, help="seconds per cell; a capped cell counts what it committed (default 120)")
-    p.add_argument("--tick-tokens", type=pos_int, default=256, help="batched engine's token budget per tick (default 256)")
-    p.add_argument("--invariance", type=int, default=8, metavar="N",
-                   help="also count tokens that differ between N sessions alone and together (0 = skip; default 8)")
+    p.add_argument(
+        "--cap",
+        type=float,
+        default=120.0,
+        help="seconds per cell; a capped cell counts what it committed (default 120)",
+    )
+    p.add_argument(
+        "--tick-tokens", type=pos_int, default=256, help="batched engine's token budget per tick (default 256)"
+    )
+    p.add_argument(
+        "--invariance",
+        type=int,
+        default=8,
+        metavar="N",
+        help="also count tokens that differ between N sessions alone and together (0 = skip; default 8)",
+    )
     p.add_argument("--json", metavar="OUT", help="write every figure (and the outputs) here")
     p.add_argument("--plot", metavar="PNG", help="plot aggregate tok/s and p99 latency against N")
-    p.add_argument("--engine", choices=("llama", "vllm"), default="llama",
-                   help="llama (default): the batched, shared and serial engines on the default GGUF target; "
-                        "vllm: the vLLM engine (run from .venv-vllm; see bench/vllm.py)")
-    p.add_argument("--target", help="vllm: a Hugging Face model directory (default: a tiny random Qwen2 built on the spot)")
+    p.add_argument(
+        "--engine",
+        choices=("llama", "vllm"),
+        default="llama",
+        help="llama (default): the batched, shared and serial engines on the default GGUF target; "
+        "vllm: the vLLM engine (run from .venv-vllm; see bench/vllm.py)",
+    )
+    p.add_argument(
+        "--target", help="vllm: a Hugging Face model directory (default: a tiny random Qwen2 built on the spot)"
+    )
     p.add_argument("--seed", type=int, default=0, help="vllm: prompts and drawn acceptance (default 0)")
-    p.add_argument("--lead-k", type=int, default=8,
-                   help="vllm: cloud-led sessions in vLLM's own speculative decoding, up to K draft tokens a step (0: as "
-                        "verify requests; default 8, as serve)")
+    p.add_argument(
+        "--lead-k",
+        type=int,
+        default=8,
+        help="vllm: cloud-led sessions in vLLM's own speculative decoding, up to K draft tokens a step (0: as "
+        "verify requests; default 8, as serve)",
+    )
     p.set_defaults(func=cmd_tenants)
 
 
@@ -202,7 +305,12 @@ def cmd_tenants(args) -> int:
     if args.target:
         raise ValueError("--target is for --engine vllm (the llama engines run the default GGUF target)")
 
-    ns, modes, serial_modes, serial_ns = _ints(args.n), _modes(args.modes), _modes(args.serial_modes), _ints(args.serial_n)
+    ns, modes, serial_modes, serial_ns = (
+        _ints(args.n),
+        _modes(args.modes),
+        _modes(args.serial_modes),
+        _ints(args.serial_n),
+    )
     shared_ns = _ints(args.shared_n)
 
     rtts = parse_rtts(args.rtt)
@@ -217,14 +325,21 @@ def cmd_tenants(args) -> int:
     ts = bundled_traces(args.traces)
     traces = ts.prompts
     if ts.rule == "coupled" and args.temperature != ts.temperature:
-        raise ValueError(f"{args.traces} was recorded coupled at T = {ts.temperature:g}, each prompt at its own seed: "
-                         f"replay it with --temperature {ts.temperature:g}")
-    if args.temperature and ts.rule == "greedy" and (
-            set(modes) - {"cloud-led", "cloud-only"} or serial_ns and serial_modes or shared_ns or args.invariance):
-        raise ValueError("--temperature > 0 with greedy traces runs the cloud-led and cloud-only modes only (a replayed "
-                         "edge-led block is exact only for the rule its trace was recorded with): give --modes "
-                         "cloud-led,cloud-only --serial-modes '' --shared-n '' --invariance 0, or traces recorded with "
-                         "`bench sim --record --temperature T`")
+        raise ValueError(
+            f"{args.traces} was recorded coupled at T = {ts.temperature:g}, each prompt at its own seed: "
+            f"replay it with --temperature {ts.temperature:g}"
+        )
+    if (
+        args.temperature
+        and ts.rule == "greedy"
+        and (set(modes) - {"cloud-led", "cloud-only"} or serial_ns and serial_modes or shared_ns or args.invariance)
+    ):
+        raise ValueError(
+            "--temperature > 0 with greedy traces runs the cloud-led and cloud-only modes only (a replayed "
+            "edge-led block is exact only for the rule its trace was recorded with): give --modes "
+            "cloud-led,cloud-only --serial-modes '' --shared-n '' --invariance 0, or traces recorded with "
+            "`bench sim --record --temperature T`"
+        )
     if ts.rule == "coupled" and args.invariance:
         raise ValueError("--invariance draws its own seeds; run it with greedy traces (--invariance 0 here)")
     draft_s = args.draft_ms / 1e3 if args.draft_ms is not None else float(ts.timings.get("draft_s_per_token", 0.03))
@@ -232,14 +347,26 @@ def cmd_tenants(args) -> int:
         raise ValueError("--draft-ms must be >= 0")
     n_ctx = max(len(t.prompt_tokens) for t in traces) + args.max_tokens + 2 * K + 16
     n_ctx = (n_ctx + 255) // 256 * 256
+
     def say(s: str) -> None:
         print(s, file=sys.stderr, flush=True)
 
     rows: list[dict] = []
     slots = max(ns + shared_ns + [args.invariance])
-    result = {"command": "acespec bench tenants " + " ".join(sys.argv[3:]), "traces": str(path), "draft_s_per_token": draft_s,
-              "max_tokens": args.max_tokens, "k": K, "window": WINDOW, "tick_tokens": args.tick_tokens, "rtts_ms": rtts,
-              "temperature": args.temperature, "rule": rule, "trace_rule": ts.rule, "repeats": args.repeats}
+    result = {
+        "command": "acespec bench tenants " + " ".join(sys.argv[3:]),
+        "traces": str(path),
+        "draft_s_per_token": draft_s,
+        "max_tokens": args.max_tokens,
+        "k": K,
+        "window": WINDOW,
+        "tick_tokens": args.tick_tokens,
+        "rtts_ms": rtts,
+        "temperature": args.temperature,
+        "rule": rule,
+        "trace_rule": ts.rule,
+        "repeats": args.repeats,
+    }
     edge_kw = dict(draft_s=draft_s, cap_s=args.cap, rule=rule, temperature=args.temperature)
 
     def cells(kind: str, cell_ns: list[int], cell_modes: list[str]) -> None:
@@ -267,16 +394,31 @@ def cmd_tenants(args) -> int:
                     for rep in range(args.repeats):
                         # odd repeats run the modes in reverse: a mode always run first (on a fresh
                         # engine, after another cell) would carry whatever that costs into every ratio
-                        for mode in (cell_modes if rep % 2 == 0 else cell_modes[::-1]):
-                            r = run_cell(engine(), traces, mode, n, max_tokens=args.max_tokens, rtt_ms=rtt, lead_memory=memory,
-                                         **edge_kw)
+                        for mode in cell_modes if rep % 2 == 0 else cell_modes[::-1]:
+                            r = run_cell(
+                                engine(),
+                                traces,
+                                mode,
+                                n,
+                                max_tokens=args.max_tokens,
+                                rtt_ms=rtt,
+                                lead_memory=memory,
+                                **edge_kw,
+                            )
                             r["repeat"] = rep
                             rows.append(r)
                             say(_line(r))
             if args.invariance and kind != "serial":
                 key = "after" if kind == "batched" else "before"
                 result.setdefault("invariance", {})[key] = invariance(
-                    model, traces, args.invariance, max_tokens=args.max_tokens, draft_s=draft_s, cap_s=args.cap, slots=slots)
+                    model,
+                    traces,
+                    args.invariance,
+                    max_tokens=args.max_tokens,
+                    draft_s=draft_s,
+                    cap_s=args.cap,
+                    slots=slots,
+                )
         finally:
             model.close()
 
@@ -293,21 +435,38 @@ def cmd_tenants(args) -> int:
     return 0
 
 
-def demo_capacity(port: int, *, model_id: str, vocab: int, auth: bytes, n: int = 4, max_tokens: int = 24, traces=None) -> str:
+def demo_capacity(
+    port: int, *, model_id: str, vocab: int, auth: bytes, n: int = 4, max_tokens: int = 24, traces=None
+) -> str:
     """For `acespec demo`: N replayed edges against the demo's running cloud, AceSpec then cloud-only.
     `traces` (a TraceSet) defaults to the committed traces of the default model pair."""
     ts = traces or bundled_traces()
     draft_s = float(ts.timings.get("draft_s_per_token", 0.03))
-    rows = {mode: run_edges(port, ts.prompts, mode, n, model_id=model_id, vocab=vocab, auth=auth, max_tokens=max_tokens,
-                            draft_s=draft_s, cap_s=300.0) for mode in ("acespec", "cloud-only")}
+    rows = {
+        mode: run_edges(
+            port,
+            ts.prompts,
+            mode,
+            n,
+            model_id=model_id,
+            vocab=vocab,
+            auth=auth,
+            max_tokens=max_tokens,
+            draft_s=draft_s,
+            cap_s=300.0,
+        )
+        for mode in ("acespec", "cloud-only")
+    }
     a, c = rows["acespec"], rows["cloud-only"]
-    out = [f"=== one cloud, {n} edges at once ({max_tokens} tokens each, drafts replayed from recorded drafter traces) ===",
-           f"{'':24s}{'AceSpec':>12s}{'cloud-only':>14s}",
-           f"{'aggregate tokens/s':24s}{a['agg_tok_s']:12.2f}{c['agg_tok_s']:14.2f}",
-           f"{'target passes / token':24s}{a['passes_per_token']:12.3f}{c['passes_per_token']:14.3f}",
-           f"{'verdict latency p99 (s)':24s}{a['lat_p99_s']:12.3f}{c['lat_p99_s']:14.3f}",
-           f"{'AceSpec vs cloud-only':24s}{a['agg_tok_s'] / max(c['agg_tok_s'], 1e-9):11.2f}x",
-           "note: full figures for N = 1..16 and the old serial server: `acespec bench tenants` (docs/results/bench-tenants.txt)"]
+    out = [
+        f"=== one cloud, {n} edges at once ({max_tokens} tokens each, drafts replayed from recorded drafter traces) ===",
+        f"{'':24s}{'AceSpec':>12s}{'cloud-only':>14s}",
+        f"{'aggregate tokens/s':24s}{a['agg_tok_s']:12.2f}{c['agg_tok_s']:14.2f}",
+        f"{'target passes / token':24s}{a['passes_per_token']:12.3f}{c['passes_per_token']:14.3f}",
+        f"{'verdict latency p99 (s)':24s}{a['lat_p99_s']:12.3f}{c['lat_p99_s']:14.3f}",
+        f"{'AceSpec vs cloud-only':24s}{a['agg_tok_s'] / max(c['agg_tok_s'], 1e-9):11.2f}x",
+        "note: full figures for N = 1..16 and the old serial server: `acespec bench tenants` (docs/results/bench-tenants.txt)",
+    ]
     for r in (a, c):
         if r["errors"]:
             out.append(f"errors ({r['mode']}): {r['errors'][:2]}")

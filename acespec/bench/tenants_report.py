@@ -10,9 +10,12 @@ from pathlib import Path
 
 
 def _line(r: dict) -> str:
-    return (f"{r['engine']:8s} {r['mode']:10s} N={r['n']:<3d} RTT {r.get('rtt_ms', 0):g} ms {r['agg_tok_s']:7.2f} tok/s agg, {r['per_session_tok_s']:6.2f}/session, "
-            f"p50 {r['lat_p50_s']:.3f} s, p99 {r['lat_p99_s']:.3f} s, {r['passes_per_token']:.3f} passes/token"
-            + (f", {r['capped']} capped" if r["capped"] else "") + (f", errors {r['errors'][:2]}" if r["errors"] else ""))
+    return (
+        f"{r['engine']:8s} {r['mode']:10s} N={r['n']:<3d} RTT {r.get('rtt_ms', 0):g} ms {r['agg_tok_s']:7.2f} tok/s agg, {r['per_session_tok_s']:6.2f}/session, "
+        f"p50 {r['lat_p50_s']:.3f} s, p99 {r['lat_p99_s']:.3f} s, {r['passes_per_token']:.3f} passes/token"
+        + (f", {r['capped']} capped" if r["capped"] else "")
+        + (f", errors {r['errors'][:2]}" if r["errors"] else "")
+    )
 
 
 def _mean_row(runs: list[dict]) -> dict:
@@ -45,11 +48,16 @@ def never_slower(rows: list[dict]) -> list[str]:
     if not grid:
         return []
     runs = max(len(led) for _, led, _ in grid)
-    out = ["never slower: cloud-led per-session tok/s / cloud-only's (same engine, RTT and N"
-           + (f"; means over {runs} interleaved runs, the modes in turn first" if runs > 1 else "") + "), and its text against cloud-only's"]
+    out = [
+        "never slower: cloud-led per-session tok/s / cloud-only's (same engine, RTT and N"
+        + (f"; means over {runs} interleaved runs, the modes in turn first" if runs > 1 else "")
+        + "), and its text against cloud-only's"
+    ]
     worst, differ, total, texts_differ, texts = None, 0, 0, 0, 0
     for (engine, rtt, n), led, plain in grid:
-        ratio = statistics.mean(r["per_session_tok_s"] for r in led) / max(statistics.mean(r["per_session_tok_s"] for r in plain), 1e-9)
+        ratio = statistics.mean(r["per_session_tok_s"] for r in led) / max(
+            statistics.mean(r["per_session_tok_s"] for r in plain), 1e-9
+        )
         d = t = td = 0
         for a_run, b_run in zip(plain, led):
             for pid, toks in a_run["outputs"].items():
@@ -59,20 +67,30 @@ def never_slower(rows: list[dict]) -> list[str]:
                 if first < max(len(toks), len(other)):  # a token differs; everything after it follows from it
                     td += 1
                     d += len(toks) - first
-        differ, total, texts_differ, texts = differ + d, total + t, texts_differ + td, texts + sum(len(r["outputs"]) for r in plain)
+        differ, total, texts_differ, texts = (
+            differ + d,
+            total + t,
+            texts_differ + td,
+            texts + sum(len(r["outputs"]) for r in plain),
+        )
         worst = min(worst or (ratio, rtt, n), (ratio, rtt, n))
         spread = ""
         if len(led) > 1:
             each = [x["per_session_tok_s"] / max(y["per_session_tok_s"], 1e-9) for x, y in zip(led, plain)]
             spread = f" (runs {min(each):.2f}-{max(each):.2f}x)"
         passes = statistics.mean(r["passes_per_token"] for r in led)
-        out.append(f"  {engine:8s} RTT {rtt:5g} ms  N={n:<3d} {ratio:5.2f}x{spread} at {passes:.2f} passes/token"
-                   f"{_on_time(_timeliness(led))}, {td} texts differ ({d} of {t} tokens from the first difference on)" + ("" if ratio >= 1.0 else "  <- slower"))
+        out.append(
+            f"  {engine:8s} RTT {rtt:5g} ms  N={n:<3d} {ratio:5.2f}x{spread} at {passes:.2f} passes/token"
+            f"{_on_time(_timeliness(led))}, {td} texts differ ({d} of {t} tokens from the first difference on)"
+            + ("" if ratio >= 1.0 else "  <- slower")
+        )
     assert worst is not None, "a grid has at least one cell"
-    out.append(f"  worst cell {worst[0]:.2f}x (RTT {worst[1]:g} ms, N = {worst[2]}): "
-               + ("never slower in this run" if worst[0] >= 1.0 else "SLOWER than cloud-only in at least one cell")
-               + f"; {texts_differ} of {texts} texts differ from cloud-only's ({differ} of {total} tokens from the first "
-               "difference on)")
+    out.append(
+        f"  worst cell {worst[0]:.2f}x (RTT {worst[1]:g} ms, N = {worst[2]}): "
+        + ("never slower in this run" if worst[0] >= 1.0 else "SLOWER than cloud-only in at least one cell")
+        + f"; {texts_differ} of {texts} texts differ from cloud-only's ({differ} of {total} tokens from the first "
+        "difference on)"
+    )
     return out
 
 
@@ -82,24 +100,39 @@ def _share(x) -> str:
 
 def report(result: dict) -> str:
     rows = result["rows"]
-    out = [f"=== acespec bench tenants: {len(rows)} cells; {result['max_tokens']} tokens per session, K = {result.get('k', 4)}, "
-           f"drafting {1e3 * result['draft_s_per_token']:.1f} ms/token (replayed), tick budget {result['tick_tokens']} tokens, "
-           f"{result.get('rule', 'greedy')}" + (f" at T = {result['temperature']:g}" if result.get("temperature") else "")
-           + (f", replaying the drafter's {result['trace_rule']} chains" if result.get("temperature") and result.get("trace_rule") else "")
-           + " ===",
-           f"{'engine':8s} {'mode':10s} {'N':>3s} {'RTT ms':>6s} {'agg tok/s':>10s} {'tok/s/sess':>10s} {'first s':>8s} {'p50 s':>7s} {'p99 s':>7s} "
-           f"{'passes/tok':>10s} {'KV peak MB':>10s} {'KV alloc MB':>11s} {'capped':>6s} {'sess/ceil':>9s}"]
+    out = [
+        f"=== acespec bench tenants: {len(rows)} cells; {result['max_tokens']} tokens per session, K = {result.get('k', 4)}, "
+        f"drafting {1e3 * result['draft_s_per_token']:.1f} ms/token (replayed), tick budget {result['tick_tokens']} tokens, "
+        f"{result.get('rule', 'greedy')}"
+        + (f" at T = {result['temperature']:g}" if result.get("temperature") else "")
+        + (
+            f", replaying the drafter's {result['trace_rule']} chains"
+            if result.get("temperature") and result.get("trace_rule")
+            else ""
+        )
+        + " ===",
+        f"{'engine':8s} {'mode':10s} {'N':>3s} {'RTT ms':>6s} {'agg tok/s':>10s} {'tok/s/sess':>10s} {'first s':>8s} {'p50 s':>7s} {'p99 s':>7s} "
+        f"{'passes/tok':>10s} {'KV peak MB':>10s} {'KV alloc MB':>11s} {'capped':>6s} {'sess/ceil':>9s}",
+    ]
     for r in rows:
-        out.append(f"{r['engine']:8s} {r['mode']:10s} {r['n']:3d} {r.get('rtt_ms', 0):6g} {r['agg_tok_s']:10.2f} {r['per_session_tok_s']:10.2f} "
-                   f"{r['first_p50_s']:8.2f} {r['lat_p50_s']:7.3f} {r['lat_p99_s']:7.3f} {r['passes_per_token']:10.3f} {r['kv_peak_mb']:10.1f} "
-                   f"{r['kv_alloc_mb']:11.1f} {r['capped']:6d} {_share(r.get('of_ceiling')):>9s}")
-    out.append("first s: median over sessions of HELLO -> first verdict (cloud-only: first token), prompt prefill "
-               "included; p50/p99: blocks sent after it, DRAFT -> VERDICT (cloud-only: gap between later tokens)")
-    out.append("sess/ceil: a session's steady rate over its ceiling (acespec/sim/ceiling.py) on the passes its cell's "
-               "sessions reported; cloud-only streams report none")
+        out.append(
+            f"{r['engine']:8s} {r['mode']:10s} {r['n']:3d} {r.get('rtt_ms', 0):6g} {r['agg_tok_s']:10.2f} {r['per_session_tok_s']:10.2f} "
+            f"{r['first_p50_s']:8.2f} {r['lat_p50_s']:7.3f} {r['lat_p99_s']:7.3f} {r['passes_per_token']:10.3f} {r['kv_peak_mb']:10.1f} "
+            f"{r['kv_alloc_mb']:11.1f} {r['capped']:6d} {_share(r.get('of_ceiling')):>9s}"
+        )
+    out.append(
+        "first s: median over sessions of HELLO -> first verdict (cloud-only: first token), prompt prefill "
+        "included; p50/p99: blocks sent after it, DRAFT -> VERDICT (cloud-only: gap between later tokens)"
+    )
+    out.append(
+        "sess/ceil: a session's steady rate over its ceiling (acespec/sim/ceiling.py) on the passes its cell's "
+        "sessions reported; cloud-only streams report none"
+    )
     if any(r["mode"] == "cloud-led" for r in rows):
-        out.append("cloud-led: each cell's server starts from the pricer memory the engine's earlier cells left "
-                   "(acceptance, row costs), as one long-running server would")
+        out.append(
+            "cloud-led: each cell's server starts from the pricer memory the engine's earlier cells left "
+            "(acceptance, row costs), as one long-running server would"
+        )
     rtts = sorted({r.get("rtt_ms", 0.0) for r in rows})
     ratios = []
     for rtt, n in sorted({(r.get("rtt_ms", 0.0), r["n"]) for r in rows}):
@@ -108,7 +141,11 @@ def report(result: dict) -> str:
             if r.get("rtt_ms", 0.0) == rtt:
                 groups.setdefault((r["engine"], r["mode"], r["n"]), []).append(r)
         by = {key: _mean_row(runs) for key, runs in groups.items()}  # repeats: the modes' means
-        a, s, c = by.get(("batched", "acespec", n)), by.get(("serial", "acespec", n)), by.get(("batched", "cloud-only", n))
+        a, s, c = (
+            by.get(("batched", "acespec", n)),
+            by.get(("serial", "acespec", n)),
+            by.get(("batched", "cloud-only", n)),
+        )
         parts = []
         if a and s:
             parts.append(f"AceSpec batched / serial server {a['agg_tok_s'] / max(s['agg_tok_s'], 1e-9):.2f}x")
@@ -116,11 +153,15 @@ def report(result: dict) -> str:
             parts.append(f"AceSpec / cloud-only (same engine) {a['agg_tok_s'] / max(c['agg_tok_s'], 1e-9):.2f}x")
         led = by.get(("batched", "cloud-led", n))
         if led and c:
-            parts.append(f"cloud-led / cloud-only per session {led['per_session_tok_s'] / max(c['per_session_tok_s'], 1e-9):.2f}x "
-                         f"at {led['passes_per_token']:.2f} passes/token{_on_time(led.get('timeliness'))}")
+            parts.append(
+                f"cloud-led / cloud-only per session {led['per_session_tok_s'] / max(c['per_session_tok_s'], 1e-9):.2f}x "
+                f"at {led['passes_per_token']:.2f} passes/token{_on_time(led.get('timeliness'))}"
+            )
         one = by.get(("batched", "acespec", 1))
         if a and one:
-            parts.append(f"agg vs N=1 {a['agg_tok_s'] / max(one['agg_tok_s'], 1e-9):.2f}x, p99 vs N=1 {a['lat_p99_s'] / max(one['lat_p99_s'], 1e-9):.2f}x")
+            parts.append(
+                f"agg vs N=1 {a['agg_tok_s'] / max(one['agg_tok_s'], 1e-9):.2f}x, p99 vs N=1 {a['lat_p99_s'] / max(one['lat_p99_s'], 1e-9):.2f}x"
+            )
         sh = by.get(("shared", "acespec", n))
         if a and sh:
             parts.append(f"shared pass / exact {sh['agg_tok_s'] / max(a['agg_tok_s'], 1e-9):.2f}x")
@@ -133,12 +174,16 @@ def report(result: dict) -> str:
     inv = result.get("invariance")
     if inv:
         out.append("same text whatever the load (each session alone vs all together):")
-        for label, key in (("batched, exact (one KV stream and one pass per session)", "after"),
-                           ("shared pass (one unified KV cache), before", "before")):
+        for label, key in (
+            ("batched, exact (one KV stream and one pass per session)", "after"),
+            ("shared pass (one unified KV cache), before", "before"),
+        ):
             for r in inv.get(key, []):
-                out.append(f"  {label}: {r['rule']}: {r['tokens_differ']} of {r['tokens']} tokens differ "
-                           f"({r['sessions_differ']} of {r['n']} sessions); {r['row_blocks_differ']} of {r['row_blocks']} "
-                           f"verified row blocks not bit-identical" + (f", errors {r['errors'][:2]}" if r["errors"] else ""))
+                out.append(
+                    f"  {label}: {r['rule']}: {r['tokens_differ']} of {r['tokens']} tokens differ "
+                    f"({r['sessions_differ']} of {r['n']} sessions); {r['row_blocks_differ']} of {r['row_blocks']} "
+                    f"verified row blocks not bit-identical" + (f", errors {r['errors'][:2]}" if r["errors"] else "")
+                )
     return "\n".join(out)
 
 

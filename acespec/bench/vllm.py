@@ -55,8 +55,11 @@ def _traces(prompts: dict[str, list[int]], outputs: dict[str, list[int]], seed: 
         for j in range(len(y) - 1, -1, -1):
             accept[j] = (accept[j + 1] + 1 if j + 1 < len(y) else 1) if right[j] else 0
         rank = [0 if a > 0 else 1 for a in accept]
-        out.append(PromptTrace(pid, len(prompt), list(y), accept, rank, [[1.0, 0.0, 0.0, 0.0]] * len(y),
-                               prompt_tokens=list(prompt)))
+        out.append(
+            PromptTrace(
+                pid, len(prompt), list(y), accept, rank, [[1.0, 0.0, 0.0, 0.0]] * len(y), prompt_tokens=list(prompt)
+            )
+        )
     for t in out:
         t.validate()
     return out
@@ -94,13 +97,21 @@ def verify_vs_decode(engine, loop, *, prefix: int = 200, k: int = 4, reps: int =
 
     times, cached = asyncio.run_coroutine_threadsafe(go(), loop).result(600)
     med = {name: statistics.median(ts) for name, ts in times.items()}
-    return {"prefix": prefix, "k": k, "reps": reps, "median_s": med, "verify_cached_tokens_median": statistics.median(cached),
-            "verify_over_decode": med["verify"] / med["decode"], "greedy_over_decode": med["verify_greedy"] / med["decode"],
-            "nocache_over_decode": med["verify_nocache"] / med["decode"]}
+    return {
+        "prefix": prefix,
+        "k": k,
+        "reps": reps,
+        "median_s": med,
+        "verify_cached_tokens_median": statistics.median(cached),
+        "verify_over_decode": med["verify"] / med["decode"],
+        "greedy_over_decode": med["verify_greedy"] / med["decode"],
+        "nocache_over_decode": med["verify_nocache"] / med["decode"],
+    }
 
 
 def cmd_tenants_vllm(args) -> int:
     ns, modes, rtts = _ints(args.n), _modes(args.modes), parse_rtts(args.rtt)
+
     def say(s: str) -> None:
         print(s, file=sys.stderr, flush=True)
 
@@ -120,17 +131,40 @@ def cmd_tenants_vllm(args) -> int:
         recorded = bundled_traces(args.traces).prompts
         if any(t >= V for tr in recorded for t in tr.prompt_tokens):
             raise ValueError(f"--traces {args.traces}: its prompts hold ids past this target's vocabulary ({V})")
-        prompts = {f"{recorded[i % len(recorded)].id}#{i}": list(recorded[i % len(recorded)].prompt_tokens) for i in range(n_prompts)}
-    cfg = ServerConfig(port=0, max_sessions=max(n_prompts, 1) * 2, max_new_tokens=args.max_tokens, idle_timeout_s=args.cap + 60,
-                       max_connections=max(256, 4 * n_prompts), max_connections_per_addr=max(32, 4 * n_prompts))
+        prompts = {
+            f"{recorded[i % len(recorded)].id}#{i}": list(recorded[i % len(recorded)].prompt_tokens)
+            for i in range(n_prompts)
+        }
+    cfg = ServerConfig(
+        port=0,
+        max_sessions=max(n_prompts, 1) * 2,
+        max_new_tokens=args.max_tokens,
+        idle_timeout_s=args.cap + 60,
+        max_connections=max(256, 4 * n_prompts),
+        max_connections_per_addr=max(32, 4 * n_prompts),
+    )
     draft_s = (args.draft_ms if args.draft_ms is not None else 5.0) / 1e3
-    result: dict = {"command": "acespec bench tenants " + " ".join(sys.argv[3:]), "engine": "vllm", "target": str(args.target or "tiny random Qwen2"),
-                    "max_tokens": args.max_tokens, "k": K, "draft_s_per_token": draft_s, "rtts_ms": rtts,
-                    "repeats": args.repeats, "rows": []}
+    result: dict = {
+        "command": "acespec bench tenants " + " ".join(sys.argv[3:]),
+        "engine": "vllm",
+        "target": str(args.target or "tiny random Qwen2"),
+        "max_tokens": args.max_tokens,
+        "k": K,
+        "draft_s_per_token": draft_s,
+        "rtts_ms": rtts,
+        "repeats": args.repeats,
+        "rows": [],
+    }
     try:
         srv = CloudServerThread(engine, cfg).start(timeout=900)  # vLLM loads the model at start
         try:
-            common = dict(model_id=engine.target.tokenizer.fingerprint, vocab=V, max_tokens=args.max_tokens, draft_s=draft_s, cap_s=args.cap)
+            common = dict(
+                model_id=engine.target.tokenizer.fingerprint,
+                vocab=V,
+                max_tokens=args.max_tokens,
+                draft_s=draft_s,
+                cap_s=args.cap,
+            )
             stubs = _traces(prompts, {p: [] for p in prompts}, args.seed)
             ref = run_edges(srv.port, stubs, "cloud-only", n_prompts, **common)  # y: the engine's own greedy text
             if ref["errors"]:
@@ -143,12 +177,16 @@ def cmd_tenants_vllm(args) -> int:
                     port = wan_port(stack, srv.port, rtt)
                     for n in ns:
                         for rep in range(args.repeats):
-                            for mode in (modes if rep % 2 == 0 else modes[::-1]):  # as bench tenants: no mode always first
+                            for mode in (
+                                modes if rep % 2 == 0 else modes[::-1]
+                            ):  # as bench tenants: no mode always first
                                 row = run_edges(port, traces, mode, n, rtt_s=rtt / 1e3, **common)
                                 row.update(engine="vllm", rtt_ms=rtt, repeat=rep)
                                 row["tokens_differ"] = sum(
-                                    sum(a != b for a, b in zip(out, ref["outputs"][pid])) + abs(len(out) - len(ref["outputs"][pid]))
-                                    for pid, out in row["outputs"].items())
+                                    sum(a != b for a, b in zip(out, ref["outputs"][pid]))
+                                    + abs(len(out) - len(ref["outputs"][pid]))
+                                    for pid, out in row["outputs"].items()
+                                )
                                 result["rows"].append(row)
                                 say(_line(row) + f", {row['tokens_differ']} tokens differ from cloud-only")
             result["engine_metrics"] = engine.metrics()
@@ -168,34 +206,52 @@ def cmd_tenants_vllm(args) -> int:
 
 def report(result: dict) -> str:
     rows = result["rows"]
-    out = [f"=== acespec bench tenants --engine vllm: target {result['target']}; {result['max_tokens']} tokens per session, "
-           f"K = {K}, replayed drafting {1e3 * result['draft_s_per_token']:.1f} ms/token ===",
-           f"{'mode':10s} {'N':>3s} {'RTT ms':>6s} {'agg tok/s':>10s} {'tok/s/sess':>10s} {'p50 s':>7s} {'p99 s':>7s} {'passes/tok':>10s} "
-           f"{'tokens':>6s} {'differ':>6s}"]
+    out = [
+        f"=== acespec bench tenants --engine vllm: target {result['target']}; {result['max_tokens']} tokens per session, "
+        f"K = {K}, replayed drafting {1e3 * result['draft_s_per_token']:.1f} ms/token ===",
+        f"{'mode':10s} {'N':>3s} {'RTT ms':>6s} {'agg tok/s':>10s} {'tok/s/sess':>10s} {'p50 s':>7s} {'p99 s':>7s} {'passes/tok':>10s} "
+        f"{'tokens':>6s} {'differ':>6s}",
+    ]
     for r in rows:
-        out.append(f"{r['mode']:10s} {r['n']:3d} {r.get('rtt_ms', 0):6g} {r['agg_tok_s']:10.2f} {r['per_session_tok_s']:10.2f} {r['lat_p50_s']:7.3f} "
-                   f"{r['lat_p99_s']:7.3f} {r['passes_per_token']:10.3f} {r['tokens']:6d} {r['tokens_differ']:6d}")
+        out.append(
+            f"{r['mode']:10s} {r['n']:3d} {r.get('rtt_ms', 0):6g} {r['agg_tok_s']:10.2f} {r['per_session_tok_s']:10.2f} {r['lat_p50_s']:7.3f} "
+            f"{r['lat_p99_s']:7.3f} {r['passes_per_token']:10.3f} {r['tokens']:6d} {r['tokens_differ']:6d}"
+        )
     total = sum(r["tokens"] for r in rows)
     differ = sum(r["tokens_differ"] for r in rows)
-    out.append(f"same text as cloud-only on the same engine: {differ} of {total} tokens differ"
-               + (f"; errors: {[e for r in rows for e in r['errors']][:2]}" if any(r["errors"] for r in rows) else ""))
+    out.append(
+        f"same text as cloud-only on the same engine: {differ} of {total} tokens differ"
+        + (f"; errors: {[e for r in rows for e in r['errors']][:2]}" if any(r["errors"] for r in rows) else "")
+    )
     out += never_slower(rows)
     m = result.get("engine_metrics", {})
     if m:
-        out.append(f"engine: {m['requests']} vLLM requests, {m['resubmits']} resubmitted past the prefix cache, "
-                   f"{m['cached_tokens']} of {m['prompt_tokens']} prompt tokens served by the prefix cache")
+        out.append(
+            f"engine: {m['requests']} vLLM requests, {m['resubmits']} resubmitted past the prefix cache, "
+            f"{m['cached_tokens']} of {m['prompt_tokens']} prompt tokens served by the prefix cache"
+        )
         if m.get("lead_k"):
-            out.append(f"cloud-led inside vLLM's speculative decoding (K = {m['lead_k']}): {m['lead_tokens']} tokens, "
-                       f"{m['lead_accepted']} of {m['lead_proposed']} proposed draft tokens kept")
+            out.append(
+                f"cloud-led inside vLLM's speculative decoding (K = {m['lead_k']}): {m['lead_tokens']} tokens, "
+                f"{m['lead_accepted']} of {m['lead_proposed']} proposed draft tokens kept"
+            )
     c = result.get("cost")
     if c:
         med = c["median_s"]
-        out.append(f"verify cost ({c['prefix']}-token prefix + {c['k']} drafts, top-{20} rows; medians of {c['reps']} interleaved rounds):")
+        out.append(
+            f"verify cost ({c['prefix']}-token prefix + {c['k']} drafts, top-{20} rows; medians of {c['reps']} interleaved rounds):"
+        )
         out.append(f"  plain cache-hit decode request   {1e3 * med['decode']:8.1f} ms")
-        out.append(f"  verify, cache on, top-20 rows    {1e3 * med['verify']:8.1f} ms   = {c['verify_over_decode']:.2f}x decode "
-                   f"(cache served {c['verify_cached_tokens_median']:.0f} tokens)")
-        out.append(f"  verify, greedy session (top-1)   {1e3 * med['verify_greedy']:8.1f} ms   = {c['greedy_over_decode']:.2f}x decode")
-        out.append(f"  verify, prefix cache read off    {1e3 * med['verify_nocache']:8.1f} ms   = {c['nocache_over_decode']:.2f}x decode")
+        out.append(
+            f"  verify, cache on, top-20 rows    {1e3 * med['verify']:8.1f} ms   = {c['verify_over_decode']:.2f}x decode "
+            f"(cache served {c['verify_cached_tokens_median']:.0f} tokens)"
+        )
+        out.append(
+            f"  verify, greedy session (top-1)   {1e3 * med['verify_greedy']:8.1f} ms   = {c['greedy_over_decode']:.2f}x decode"
+        )
+        out.append(
+            f"  verify, prefix cache read off    {1e3 * med['verify_nocache']:8.1f} ms   = {c['nocache_over_decode']:.2f}x decode"
+        )
     return "\n".join(out)
 
 

@@ -163,8 +163,15 @@ class BenchConfig:
     temperature: float = 0.0  # 0: greedy; above 0: coupled, the i-th prompt at seed i in every mode
 
 
-def run_wan_bench(draft, target, prompts: Sequence[tuple[str, list[int]]], cfg: BenchConfig, *,
-                  progress: bool = True, reset_models: bool = True) -> dict:
+def run_wan_bench(
+    draft,
+    target,
+    prompts: Sequence[tuple[str, list[int]]],
+    cfg: BenchConfig,
+    *,
+    progress: bool = True,
+    reset_models: bool = True,
+) -> dict:
     """Run every (RTT, prompt, mode) once, side by side; returns {"config", "runs", "summary", "sensitivity"}.
 
     `draft`, `target`: loaded models sharing a tokenizer. The cloud server and the WAN emulator live for
@@ -178,8 +185,10 @@ def run_wan_bench(draft, target, prompts: Sequence[tuple[str, list[int]]], cfg: 
     longest = max(len(ids) for _, ids in prompts)
     server_cfg = ServerConfig(port=0, max_sessions=4, max_new_tokens=max(cfg.max_tokens, cfg.warmup_tokens, 1))
     if longest + cfg.max_tokens > target.n_ctx:
-        raise ValueError(f"a prompt of {longest} tokens + {cfg.max_tokens} new tokens exceeds the target's "
-                         f"context of {target.n_ctx}; use a larger --n-ctx or fewer --max-tokens")
+        raise ValueError(
+            f"a prompt of {longest} tokens + {cfg.max_tokens} new tokens exceeds the target's "
+            f"context of {target.n_ctx}; use a larger --n-ctx or fewer --max-tokens"
+        )
 
     def profile_for(rtt: float):
         return profile_from_args(cfg.profile, rtt=rtt)
@@ -193,9 +202,12 @@ def run_wan_bench(draft, target, prompts: Sequence[tuple[str, list[int]]], cfg: 
         # coupled is lossless to the token (the noise is the seed's and the position's), so every mode
         # of a prompt at one seed writes one text, as greedy does
         ecfg = EdgeConfig(
-            rule="coupled" if cfg.temperature > 0 else "greedy", temperature=cfg.temperature, seed=seed,
+            rule="coupled" if cfg.temperature > 0 else "greedy",
+            temperature=cfg.temperature,
+            seed=seed,
             max_tokens=max_tokens,
-            connect=ConnectConfig(host="127.0.0.1", port=port, reply_timeout_s=cfg.reply_timeout_s), **opts,
+            connect=ConnectConfig(host="127.0.0.1", port=port, reply_timeout_s=cfg.reply_timeout_s),
+            **opts,
         )
         return run_edge(None if ecfg.mode == "cloud-only" else draft, ids, ecfg, model_id=model_id)
 
@@ -221,7 +233,7 @@ def run_wan_bench(draft, target, prompts: Sequence[tuple[str, list[int]]], cfg: 
             for rtt in cfg.rtts:
                 wan.set_profile(profile_for(rtt))
                 for i, (pid, ids) in enumerate(prompts):
-                    order = list(cfg.modes[i % len(cfg.modes):]) + list(cfg.modes[: i % len(cfg.modes)])
+                    order = list(cfg.modes[i % len(cfg.modes) :]) + list(cfg.modes[: i % len(cfg.modes)])
                     for mode in order:
                         bar.set_postfix_str(f"rtt={rtt:g}ms {mode} {pid}")
                         rec = RunRecord(rtt_ms=rtt, mode=mode, prompt_id=pid, prompt_tokens=len(ids))
@@ -234,7 +246,12 @@ def run_wan_bench(draft, target, prompts: Sequence[tuple[str, list[int]]], cfg: 
                             p50, p99 = s.inter_token_latency()
                             rec.emitted, rec.wall_s, rec.ttft_s = s.emitted, s.wall_s, s.ttft_s
                             rec.itl_p50_s, rec.itl_p99_s = p50, p99
-                            rec.rounds, rec.drafted, rec.accepted, rec.dropped = s.rounds, s.drafted, s.accepted, s.dropped
+                            rec.rounds, rec.drafted, rec.accepted, rec.dropped = (
+                                s.rounds,
+                                s.drafted,
+                                s.accepted,
+                                s.dropped,
+                            )
                             rec.bytes_up, rec.bytes_down = s.bytes_up, s.bytes_down
                             rec.reconnects = int(s.cache.get("reconnects", 0))
                             rec.draft_s, rec.wait_s, rec.verify_s = s.draft_s, s.wait_s, s.verify_s
@@ -332,10 +349,15 @@ def summarize(records: Sequence[RunRecord], rtts: Sequence[float], modes: Sequen
                 "bytes_down_per_token": round(sum(r.bytes_down for r in runs) / emitted, 2) if emitted else 0.0,
                 "acceptance_rate": round(sum(r.accepted for r in runs) / drafted, 4) if drafted else None,
                 "reconnects": sum(r.reconnects for r in runs),
-                "mean_k": round(_mean([k for r in runs for k in r.k_chosen]), 3) if any(r.k_chosen for r in runs) else None,
+                "mean_k": round(_mean([k for r in runs for k in r.k_chosen]), 3)
+                if any(r.k_chosen for r in runs)
+                else None,
                 # cloud-led: the share of the stream's steps that had a usable draft (the others step plainly)
-                "timeliness": (round(sum(r.draft_steps for r in runs) / sum(r.steps for r in runs), 4)
-                               if mode == "cloud-led" and sum(r.steps for r in runs) > 0 else None),
+                "timeliness": (
+                    round(sum(r.draft_steps for r in runs) / sum(r.steps for r in runs), 4)
+                    if mode == "cloud-led" and sum(r.steps for r in runs) > 0
+                    else None
+                ),
                 # where the time goes, as fractions of the wall time (edge: one thread; cloud: its busy share)
                 "time": {
                     "draft": _share(sum(r.draft_s for r in runs), wall),
@@ -378,19 +400,35 @@ def summarize(records: Sequence[RunRecord], rtts: Sequence[float], modes: Sequen
 
 def format_table(result: dict) -> str:
     cols = [
-        ("rtt_ms", 7), ("mode", 11), ("tok/s", 8), ("x cloud", 8), ("dec tok/s", 9), ("ttft_s", 7), ("itl p50 ms", 10),
-        ("itl p99 ms", 10), ("passes/tok", 10), ("up B/tok", 9), ("down B/tok", 10), ("accept", 7),
-        ("ceil tok/s", 10), ("steady/ceil", 11),
+        ("rtt_ms", 7),
+        ("mode", 11),
+        ("tok/s", 8),
+        ("x cloud", 8),
+        ("dec tok/s", 9),
+        ("ttft_s", 7),
+        ("itl p50 ms", 10),
+        ("itl p99 ms", 10),
+        ("passes/tok", 10),
+        ("up B/tok", 9),
+        ("down B/tok", 10),
+        ("accept", 7),
+        ("ceil tok/s", 10),
+        ("steady/ceil", 11),
     ]
     lines = ["  ".join(f"{name:>{w}}" for name, w in cols)]
     for rtt, row in result["summary"].items():
         for mode, m in row.items():
             vals = [
-                rtt, mode, f"{m['tokens_per_s']:.2f}",
+                rtt,
+                mode,
+                f"{m['tokens_per_s']:.2f}",
                 "-" if m["vs_cloud_only"] is None else f"{m['vs_cloud_only']:.2f}",
                 f"{m.get('decode_tokens_per_s', 0.0):.2f}",
-                f"{m['ttft_s']:.3f}", f"{m['itl_p50_ms']:.1f}", f"{m['itl_p99_ms']:.1f}",
-                f"{m['target_passes_per_token']:.3f}", f"{m['bytes_up_per_token']:.1f}",
+                f"{m['ttft_s']:.3f}",
+                f"{m['itl_p50_ms']:.1f}",
+                f"{m['itl_p99_ms']:.1f}",
+                f"{m['target_passes_per_token']:.3f}",
+                f"{m['bytes_up_per_token']:.1f}",
                 f"{m['bytes_down_per_token']:.1f}",
                 "-" if m["acceptance_rate"] is None else f"{m['acceptance_rate']:.2f}",
                 "-" if m.get("ceiling_tokens_per_s") is None else f"{m['ceiling_tokens_per_s']:.2f}",
@@ -403,14 +441,22 @@ def format_table(result: dict) -> str:
     if sens and len(result["summary"]) > 1:
         any_mode = next(iter(sens.values()))
         lines.append("")
-        lines.append(f"RTT sensitivity (tok/s at {any_mode['rtt_hi_ms']:g} ms / tok/s at {any_mode['rtt_lo_ms']:g} ms):")
+        lines.append(
+            f"RTT sensitivity (tok/s at {any_mode['rtt_hi_ms']:g} ms / tok/s at {any_mode['rtt_lo_ms']:g} ms):"
+        )
         for mode, s in sens.items():
             lines.append(f"  {mode:>11}: {'-' if s['ratio'] is None else format(s['ratio'], '.3f')}")
-    timely = [(rtt, m["timeliness"]) for rtt, row in result["summary"].items() for mode, m in row.items()
-              if m.get("timeliness") is not None]
+    timely = [
+        (rtt, m["timeliness"])
+        for rtt, row in result["summary"].items()
+        for mode, m in row.items()
+        if m.get("timeliness") is not None
+    ]
     if timely:
-        lines.append("cloud-led draft timeliness (share of the stream's steps that verified a draft of the edge's): "
-                     + ", ".join(f"{t:.2f} at {rtt} ms" for rtt, t in timely))
+        lines.append(
+            "cloud-led draft timeliness (share of the stream's steps that verified a draft of the edge's): "
+            + ", ".join(f"{t:.2f} at {rtt} ms" for rtt, t in timely)
+        )
     if "outputs_agree" in result:
         t = result.get("config", {}).get("temperature") or 0.0
         how = f"coupled, T = {t:g}, one seed per prompt" if t > 0 else "greedy"
@@ -430,17 +476,24 @@ def format_table(result: dict) -> str:
 def add_parser(bench_subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add `wan` to the `acespec bench` subcommands."""
     p = bench_subparsers.add_parser(
-        "wan", help="cloud-only vs sync vs pipelined over an emulated WAN, side by side",
+        "wan",
+        help="cloud-only vs sync vs pipelined over an emulated WAN, side by side",
         description="Cloud-only, sync and pipelined speculative decoding (greedy) on HumanEval prompts through the "
-                    "WAN emulator, at several RTTs, in one process. " + CAVEAT,
+        "WAN emulator, at several RTTs, in one process. " + CAVEAT,
     )
-    p.add_argument("--rtt", default=DEFAULT_RTTS, help=f"comma-separated round-trip times in ms (default {DEFAULT_RTTS})")
+    p.add_argument(
+        "--rtt", default=DEFAULT_RTTS, help=f"comma-separated round-trip times in ms (default {DEFAULT_RTTS})"
+    )
     p.add_argument("--n-prompts", type=_pos_int, default=2, help="HumanEval problems to run (default 2)")
     p.add_argument("--max-tokens", type=_pos_int, default=64, help="tokens per generation (default 64)")
     p.add_argument("--k", type=_pos_int, default=4, help="draft depth (default 4)")
     p.add_argument("--window", type=_pos_int, default=2, help="pipelined: blocks in flight (default 2)")
-    p.add_argument("--profile", default="wan", choices=sorted(PROFILES) + ["none"],
-                   help="network profile for jitter, bandwidth and loss; its RTT is replaced by --rtt (default wan)")
+    p.add_argument(
+        "--profile",
+        default="wan",
+        choices=sorted(PROFILES) + ["none"],
+        help="network profile for jitter, bandwidth and loss; its RTT is replaced by --rtt (default wan)",
+    )
     p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated subset of {','.join(MODES)}")
     p.add_argument("--draft", default=DEFAULT_DRAFT, help=f"drafter model (default {DEFAULT_DRAFT})")
     p.add_argument("--target", default=DEFAULT_TARGET, help=f"target model (default {DEFAULT_TARGET})")
@@ -454,16 +507,25 @@ def add_parser(bench_subparsers: argparse._SubParsersAction) -> argparse.Argumen
 
 
 def add_cores_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--cores", default="shared", choices=("shared", "split"),
-                   help="shared (default): both models use every core; split: the edge gets one core and the cloud "
-                        "the rest, emulating two devices")
+    p.add_argument(
+        "--cores",
+        default="shared",
+        choices=("shared", "split"),
+        help="shared (default): both models use every core; split: the edge gets one core and the cloud "
+        "the rest, emulating two devices",
+    )
 
 
 def cmd_bench_wan(args: argparse.Namespace) -> int:
     cfg = BenchConfig(
-        rtts=parse_rtts(args.rtt), modes=parse_modes(args.modes),
-        profile=None if args.profile == "none" else args.profile, k=args.k, window=args.window,
-        max_tokens=args.max_tokens, warmup_tokens=max(0, args.warmup_tokens), cores=args.cores,
+        rtts=parse_rtts(args.rtt),
+        modes=parse_modes(args.modes),
+        profile=None if args.profile == "none" else args.profile,
+        k=args.k,
+        window=args.window,
+        max_tokens=args.max_tokens,
+        warmup_tokens=max(0, args.warmup_tokens),
+        cores=args.cores,
     )
     print(caveat(args.cores), file=sys.stderr)
     t0 = time.perf_counter()
@@ -478,11 +540,12 @@ def cmd_bench_wan(args: argparse.Namespace) -> int:
     result["cores"], result["caveat"] = args.cores, caveat(args.cores)
 
     prof = profile_from_args(cfg.profile, rtt=0)
-    print(f"acespec bench wan: {args.draft} -> {args.target}, greedy, k={cfg.k}, window={cfg.window}, "
-          f"{len(prompts)} HumanEval prompt(s) x {cfg.max_tokens} tokens; link: {prof.describe().replace('rtt=0ms ', '')}")
+    print(
+        f"acespec bench wan: {args.draft} -> {args.target}, greedy, k={cfg.k}, window={cfg.window}, "
+        f"{len(prompts)} HumanEval prompt(s) x {cfg.max_tokens} tokens; link: {prof.describe().replace('rtt=0ms ', '')}"
+    )
     print(format_table(result))
     print()
     print(caveat(args.cores))
     write_result(args.json, result)
     return 1 if any(r["error"] for r in result["runs"]) else 0
-

@@ -56,9 +56,13 @@ log = logging.getLogger("acespec.cloud.batched")
 class BatchConfig:
     slots: int | None = None  # KV sequences: sessions resident at once (None = every sequence the model holds)
     tick_tokens: int = 256  # most tokens evaluated in one tick (ready blocks first, then prompt chunks)
-    prefill_chunk: int | None = None  # prompts are prefilled in chunks this long, at fixed positions (None: min(64, tick_tokens))
+    prefill_chunk: int | None = (
+        None  # prompts are prefilled in chunks this long, at fixed positions (None: min(64, tick_tokens))
+    )
     swap_idle_s: float = 2.0  # a session idle this long may lose its KV to a newcomer
-    busy_prefill_chunks: int = 1  # prompt chunks a tick may take while blocks wait on it (the rest of the budget otherwise)
+    busy_prefill_chunks: int = (
+        1  # prompt chunks a tick may take while blocks wait on it (the rest of the budget otherwise)
+    )
     reuse_prefixes: bool = True  # keep a closed session's prompt KV for a newcomer with that prefix (benchmarks comparing modes on one prompt turn it off)
 
     def __post_init__(self) -> None:
@@ -199,15 +203,27 @@ class BatchedEngine(VerifyEngine):
             retained = list(self._retained)
             kv = sum(self.target.held(st.slot) for st in resident if st.slot is not None)  # resident: a slot each
             return {
-                "engine": self.name, "slots": self.slots, "tick_tokens": self.cfg.tick_tokens,
-                "sessions": len(self._sessions), "resident": len(resident), "kv_tokens": kv, "kv_peak": self.kv_peak,
+                "engine": self.name,
+                "slots": self.slots,
+                "tick_tokens": self.cfg.tick_tokens,
+                "sessions": len(self._sessions),
+                "resident": len(resident),
+                "kv_tokens": kv,
+                "kv_peak": self.kv_peak,
                 "kv_tokens_allocated": self.target.kv_cells or self.slots * self.target.n_ctx,
                 "kv_bytes_per_token": int(getattr(self.target, "kv_bytes_per_token", 0)),
-                "ticks": self.ticks, "evaluated": self.evaluated, "verdicts": self.verdicts, "swaps": self.swaps,
-                "refused": self.refused, "max_batch_sessions": self.max_batch_sessions,
-                "max_wait_tokens": self.max_wait_tokens, "tick_s": round(self.tick_s, 3),
-                "retained": len(retained), "retained_kv_tokens": sum(self.target.held(sl) for sl in retained),
-                "prefix_reuses": self.prefix_reuses, "prefix_reused_tokens": self.prefix_reused_tokens,
+                "ticks": self.ticks,
+                "evaluated": self.evaluated,
+                "verdicts": self.verdicts,
+                "swaps": self.swaps,
+                "refused": self.refused,
+                "max_batch_sessions": self.max_batch_sessions,
+                "max_wait_tokens": self.max_wait_tokens,
+                "tick_s": round(self.tick_s, 3),
+                "retained": len(retained),
+                "retained_kv_tokens": sum(self.target.held(sl) for sl in retained),
+                "prefix_reuses": self.prefix_reuses,
+                "prefix_reused_tokens": self.prefix_reused_tokens,
             }
 
     def _submit(self, s: _State, kind: str, args: tuple = (), *, admin: bool = False) -> _Op:
@@ -290,8 +306,16 @@ class BatchedEngine(VerifyEngine):
             # the round trip, and its scheduler expects queued blocks' verdicts one verify apart, so a
             # time that also held this block's wait behind the blocks before it (submitted -> done)
             # counted that wait twice and put every verdict later than it came
-            answers.append((op, dataclasses.replace(s.verifier.finish(op.job, r, done - t0), shared=len(items),
-                                                    prefill_rows=sum(len(t) for _, t in prefill))))
+            answers.append(
+                (
+                    op,
+                    dataclasses.replace(
+                        s.verifier.finish(op.job, r, done - t0),
+                        shared=len(items),
+                        prefill_rows=sum(len(t) for _, t in prefill),
+                    ),
+                )
+            )
             s.last_used = time.monotonic()
         for s, toks, _, _ in batch:
             s.own += len(toks)
@@ -510,8 +534,9 @@ class BatchedEngine(VerifyEngine):
         """This tick's work: ready blocks (oldest request first), then catch-up chunks, under the token budget."""
         budget = self.cfg.tick_tokens
         batch: list[tuple[_State, list[int], int, _Op]] = []
-        waiting = sorted((s for s in self._sessions.values() if s.ops and s.ops[0].job is not None),
-                         key=lambda s: s.ops[0].submitted)
+        waiting = sorted(
+            (s for s in self._sessions.values() if s.ops and s.ops[0].job is not None), key=lambda s: s.ops[0].submitted
+        )
         catch_up: list[_State] = []
         for s in waiting:
             if s.slot is None:
@@ -531,8 +556,11 @@ class BatchedEngine(VerifyEngine):
             self._record(s, have, need)
             budget -= len(need)
         prefill: list[tuple[_State, list[int]]] = []
-        others = [s for s in self._sessions.values() if s not in catch_up and not any(b[0] is s for b in batch)
-                  and self._needs_prefill(s)]
+        others = [
+            s
+            for s in self._sessions.values()
+            if s not in catch_up and not any(b[0] is s for b in batch) and self._needs_prefill(s)
+        ]
         for s in catch_up + sorted(others, key=lambda s: s.id):
             if batch and len(prefill) >= self.cfg.busy_prefill_chunks:
                 break  # sessions are waiting on verdicts: their tick stays short

@@ -63,33 +63,62 @@ def engine_from_role(role: CloudRole):
     if kind == "toy":  # a toy's context and sequences are plain attributes: give it the budget asked for
         target.n_ctx = n_ctx
         target.n_slots = max(target.n_slots, slots)
-    return make_engine("batched", target, slots=slots, tick_tokens=role.tick_tokens, swap_idle_s=role.swap_idle,
-                       reuse_prefixes=role.prefix_reuse)
+    return make_engine(
+        "batched",
+        target,
+        slots=slots,
+        tick_tokens=role.tick_tokens,
+        swap_idle_s=role.swap_idle,
+        reuse_prefixes=role.prefix_reuse,
+    )
 
 
 def _vllm_engine(role: CloudRole):
     r = resolve_model(role.target)
     if r.kind != "hf" or r.path is None:
-        hint = (f"; export it first: acespec models export-hf {role.target} DIR, then --target DIR" if r.kind == "gguf"
-                else "")
+        hint = (
+            f"; export it first: acespec models export-hf {role.target} DIR, then --target DIR"
+            if r.kind == "gguf"
+            else ""
+        )
         raise ValueError(f"--engine vllm serves a Hugging Face model directory, not {role.target!r}{hint}")
     if importlib.util.find_spec("vllm") is None:
-        raise ValueError("--engine vllm needs vLLM, which this Python lacks: run `bash scripts/setup.sh vllm`, "
-                         "then serve with .venv-vllm/bin/acespec")
-    return make_engine("vllm", str(r.path), n_ctx=role.n_ctx, logprobs=role.logprobs, max_sessions=role.resident_slots,
-                       cpu_kv_gib=role.cpu_kv_gib, tensor_parallel_size=role.tensor_parallel, lead_k=role.lead_k,
-                       lead_q_topn=role.lead_q_topn)
+        raise ValueError(
+            "--engine vllm needs vLLM, which this Python lacks: run `bash scripts/setup.sh vllm`, "
+            "then serve with .venv-vllm/bin/acespec"
+        )
+    return make_engine(
+        "vllm",
+        str(r.path),
+        n_ctx=role.n_ctx,
+        logprobs=role.logprobs,
+        max_sessions=role.resident_slots,
+        cpu_kv_gib=role.cpu_kv_gib,
+        tensor_parallel_size=role.tensor_parallel,
+        lead_k=role.lead_k,
+        lead_q_topn=role.lead_q_topn,
+    )
 
 
 def server_config(role: CloudRole, *, tenants: dict[str, bytes] | None, tls: ssl.SSLContext | None) -> ServerConfig:
     """The server's ServerConfig from the role's settings (tenants and TLS context already read)."""
     return ServerConfig(
-        host=role.host, port=role.port, tenants=tenants, max_sessions=role.max_sessions,
-        idle_timeout_s=role.idle_timeout, resume_grace_s=role.resume_grace, handshake_timeout_s=role.handshake_timeout,
+        host=role.host,
+        port=role.port,
+        tenants=tenants,
+        max_sessions=role.max_sessions,
+        idle_timeout_s=role.idle_timeout,
+        resume_grace_s=role.resume_grace,
+        handshake_timeout_s=role.handshake_timeout,
         frame_timeout_s=role.frame_timeout,
-        max_connections=role.max_connections, max_connections_per_addr=role.max_connections_per_addr,
-        auth_failures_per_min=role.auth_failures_per_min, tls=tls, gc_full_s=role.gc_full, ws_port=role.ws_port,
-        lead_pass_budget=role.lead_pass_budget, lead_max_wait_s=role.lead_max_wait,
+        max_connections=role.max_connections,
+        max_connections_per_addr=role.max_connections_per_addr,
+        auth_failures_per_min=role.auth_failures_per_min,
+        tls=tls,
+        gc_full_s=role.gc_full,
+        ws_port=role.ws_port,
+        lead_pass_budget=role.lead_pass_budget,
+        lead_max_wait_s=role.lead_max_wait,
     )
 
 
@@ -108,8 +137,9 @@ def run_loop(coro, loop: str = "auto"):
 
 def cmd_serve(args: argparse.Namespace) -> int:
     role: CloudRole = resolve(CloudRole(), args).config
-    logging.basicConfig(level=logging.INFO if role.verbose else logging.WARNING,
-                        format="%(asctime)s %(name)s %(message)s")
+    logging.basicConfig(
+        level=logging.INFO if role.verbose else logging.WARNING, format="%(asctime)s %(name)s %(message)s"
+    )
     # `kill -USR1 PID` prints every thread's stack to stderr: a hung replica says where
     faulthandler.register(signal.SIGUSR1)
     tls = server_context(role.tls_cert, role.tls_key, role.tls_client_ca) if role.tls_cert and role.tls_key else None
@@ -122,17 +152,21 @@ def cmd_serve(args: argparse.Namespace) -> int:
     async def main() -> None:
         await server.start()
         m = engine.metrics()
-        _say(f"acespec serve: listening on {cfg.host}:{server.port}{' (TLS)' if tls else ''} "
-             f"(target {target.name}, {engine.name} engine, "
-             f"{m.get('slots', 1)} KV slot(s) of {engine.max_context} tokens)")
+        _say(
+            f"acespec serve: listening on {cfg.host}:{server.port}{' (TLS)' if tls else ''} "
+            f"(target {target.name}, {engine.name} engine, "
+            f"{m.get('slots', 1)} KV slot(s) of {engine.max_context} tokens)"
+        )
         if server.ws_port is not None:
             ws, http = ("wss", "https") if tls else ("ws", "http")
             where = f"{cfg.host}:{server.ws_port}"
             _say(f"acespec serve: WebSocket listening on {where} ({ws}://{where}/; browser edge at {http}://{where}/)")
         if role.metrics_port is not None:
             httpd, _ = start_metrics_server(server, role.metrics_port, cfg.host)
-            _say(f"acespec serve: metrics at http://{cfg.host}:{httpd.server_port}/metrics (load-balancer checks: "
-                 f"/health, /ready)")
+            _say(
+                f"acespec serve: metrics at http://{cfg.host}:{httpd.server_port}/metrics (load-balancer checks: "
+                f"/health, /ready)"
+            )
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
 

@@ -27,8 +27,20 @@ from acespec.cloud.vllm_engine import VllmConfig, VllmEngine
 from acespec.engine.verifier import Verdict
 from acespec.models.base import Model
 
-__all__ = ["ENGINES", "EngineBusy", "EngineRefused", "EngineSession", "EngineStopped", "NoopEngine", "SerialEngine",
-           "SessionSpec", "VerifyEngine", "make_engine", "run_in_thread"]
+__all__ = [
+    "ENGINES",
+    "EngineBusy",
+    "EngineRefused",
+    "EngineSession",
+    "EngineStopped",
+    "NoopEngine",
+    "SerialEngine",
+    "SessionSpec",
+    "VerifyEngine",
+    "make_engine",
+    "run_in_thread",
+]
+
 
 async def run_in_thread(fn, *args):
     """Run `fn` in a worker thread and return its result; if the caller is cancelled meanwhile, still
@@ -110,8 +122,13 @@ class SerialEngine(VerifyEngine):
             pass
 
     def metrics(self) -> dict:
-        return {"engine": self.name, "verdicts": self.verdicts, "slots": 1, "kv_tokens_allocated": self.target.n_ctx,
-                "kv_bytes_per_token": int(getattr(self.target, "kv_bytes_per_token", 0))}
+        return {
+            "engine": self.name,
+            "verdicts": self.verdicts,
+            "slots": 1,
+            "kv_tokens_allocated": self.target.n_ctx,
+            "kv_bytes_per_token": int(getattr(self.target, "kv_bytes_per_token", 0)),
+        }
 
 
 class NoopEngine(VerifyEngine):

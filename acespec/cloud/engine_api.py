@@ -56,7 +56,9 @@ class SessionSpec:
     rule: RuleSpec = field(default_factory=lambda: RuleSpec.parse("strict"))  # verification rule
     seed: int = 0  # shared seed (coupled noise, the rule's rng)
     max_tokens: int = 256  # generation budget in new tokens
-    cloud_led: bool = False  # the cloud decodes without waiting and the edge's drafts follow it (engines may verify them natively)
+    cloud_led: bool = (
+        False  # the cloud decodes without waiting and the edge's drafts follow it (engines may verify them natively)
+    )
 
 
 @dataclass(eq=False)
@@ -81,10 +83,14 @@ class VerifyEngine(ABC):
         """Admit a session (its prompt prefill starts in the background); EngineBusy if there is no room."""
 
     @abstractmethod
-    async def verify(self, s: EngineSession, seq: int, base: int, tokens: Sequence[int], q: np.ndarray | None) -> Verdict:
+    async def verify(
+        self, s: EngineSession, seq: int, base: int, tokens: Sequence[int], q: np.ndarray | None
+    ) -> Verdict:
         """Verify one draft block (see `TargetVerifier.verify`)."""
 
-    def submit_verify(self, s: EngineSession, seq: int, base: int, tokens: Sequence[int], q: np.ndarray | None) -> asyncio.Future[Verdict]:
+    def submit_verify(
+        self, s: EngineSession, seq: int, base: int, tokens: Sequence[int], q: np.ndarray | None
+    ) -> asyncio.Future[Verdict]:
         """`verify`, started now, as a future: the server submits each block the moment it arrives (in
         arrival order) and awaits the verdicts in order elsewhere. An engine that queues work itself
         returns its own future and spares a task per block (a front end's cost at thousands of edges)."""
@@ -135,5 +141,11 @@ class VerifyEngine(ABC):
         return {}
 
     def _make_verifier(self, spec: SessionSpec) -> TargetVerifier:
-        return TargetVerifier(self.target, list(spec.prompt), sampling=spec.sampling, rule=spec.rule, seed=spec.seed,
-                              max_tokens=spec.max_tokens)
+        return TargetVerifier(
+            self.target,
+            list(spec.prompt),
+            sampling=spec.sampling,
+            rule=spec.rule,
+            seed=spec.seed,
+            max_tokens=spec.max_tokens,
+        )

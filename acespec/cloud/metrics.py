@@ -41,7 +41,9 @@ class CloudCollector(Collector):
         g.add_metric(["waiting_resume"], sum(1 for s in live if not s.connected))
         g.add_metric(["resident"], m.get("resident", len(live)))
         yield g
-        c = CounterMetricFamily("acespec:sessions_started", "Sessions opened (HELLO) and reattached (RESUME)", labels=["how"])
+        c = CounterMetricFamily(
+            "acespec:sessions_started", "Sessions opened (HELLO) and reattached (RESUME)", labels=["how"]
+        )
         for how, n in srv.handshakes.items():
             c.add_metric([how], n)
         yield c
@@ -49,44 +51,81 @@ class CloudCollector(Collector):
         for code, n in sorted(srv.errors_sent.items()):
             c.add_metric([code], n)
         yield c
-        yield CounterMetricFamily("acespec:verdicts", "Verdicts the engine produced (dropped blocks included)",
-                                  value=m.get("verdicts", 0))
+        yield CounterMetricFamily(
+            "acespec:verdicts", "Verdicts the engine produced (dropped blocks included)", value=m.get("verdicts", 0)
+        )
         if "ticks" in m:  # the batching engine
             yield CounterMetricFamily("acespec:engine_ticks", "Batched model passes (ticks) run", value=m["ticks"])
-            yield CounterMetricFamily("acespec:engine_evaluated_tokens", "Tokens the target evaluated", value=m["evaluated"])
-            yield CounterMetricFamily("acespec:engine_swaps", "Sessions whose KV was dropped to make room", value=m["swaps"])
-            yield CounterMetricFamily("acespec:engine_busy_refusals", "Opens refused for want of a KV slot", value=m["refused"])
+            yield CounterMetricFamily(
+                "acespec:engine_evaluated_tokens", "Tokens the target evaluated", value=m["evaluated"]
+            )
+            yield CounterMetricFamily(
+                "acespec:engine_swaps", "Sessions whose KV was dropped to make room", value=m["swaps"]
+            )
+            yield CounterMetricFamily(
+                "acespec:engine_busy_refusals", "Opens refused for want of a KV slot", value=m["refused"]
+            )
             yield GaugeMetricFamily("acespec:kv_cache_tokens", "KV tokens resident now", value=m["kv_tokens"])
             alloc = m.get("kv_tokens_allocated") or 0
-            yield GaugeMetricFamily("acespec:kv_cache_usage_perc", "Fraction of the allocated KV cells in use",
-                                    value=(m["kv_tokens"] / alloc) if alloc else 0.0)
+            yield GaugeMetricFamily(
+                "acespec:kv_cache_usage_perc",
+                "Fraction of the allocated KV cells in use",
+                value=(m["kv_tokens"] / alloc) if alloc else 0.0,
+            )
 
         if "requests" in m:  # the vLLM engine
             yield CounterMetricFamily("acespec:engine_requests", "Requests sent to vLLM", value=m["requests"])
-            yield CounterMetricFamily("acespec:engine_cache_resubmits",
-                                      "Verify requests sent again because the prefix cache covered a row they need",
-                                      value=m["resubmits"])
-            yield CounterMetricFamily("acespec:prefix_cache_queries", "Prompt tokens sent to vLLM", value=m["prompt_tokens"])
-            yield CounterMetricFamily("acespec:prefix_cache_hits", "Prompt tokens vLLM's prefix cache served", value=m["cached_tokens"])
+            yield CounterMetricFamily(
+                "acespec:engine_cache_resubmits",
+                "Verify requests sent again because the prefix cache covered a row they need",
+                value=m["resubmits"],
+            )
+            yield CounterMetricFamily(
+                "acespec:prefix_cache_queries", "Prompt tokens sent to vLLM", value=m["prompt_tokens"]
+            )
+            yield CounterMetricFamily(
+                "acespec:prefix_cache_hits", "Prompt tokens vLLM's prefix cache served", value=m["cached_tokens"]
+            )
             # cloud-led sessions inside vLLM's own speculative decoding (serve --lead-k)
-            yield CounterMetricFamily("acespec:lead_native_tokens", "Tokens of cloud-led sessions decoded by vLLM's speculative decoding",
-                                      value=m.get("lead_tokens", 0))
-            yield CounterMetricFamily("acespec:lead_native_proposed", "Edge-draft tokens the proposer gave vLLM to verify",
-                                      value=m.get("lead_proposed", 0))
-            yield CounterMetricFamily("acespec:lead_native_accepted", "Of those, tokens vLLM's rejection sampler kept",
-                                      value=m.get("lead_accepted", 0))
-            yield CounterMetricFamily("acespec:lead_native_q_used", "Steps whose drafts a rule decided with the q rows the edge sent",
-                                      value=m.get("lead_q_used", 0))
+            yield CounterMetricFamily(
+                "acespec:lead_native_tokens",
+                "Tokens of cloud-led sessions decoded by vLLM's speculative decoding",
+                value=m.get("lead_tokens", 0),
+            )
+            yield CounterMetricFamily(
+                "acespec:lead_native_proposed",
+                "Edge-draft tokens the proposer gave vLLM to verify",
+                value=m.get("lead_proposed", 0),
+            )
+            yield CounterMetricFamily(
+                "acespec:lead_native_accepted",
+                "Of those, tokens vLLM's rejection sampler kept",
+                value=m.get("lead_accepted", 0),
+            )
+            yield CounterMetricFamily(
+                "acespec:lead_native_q_used",
+                "Steps whose drafts a rule decided with the q rows the edge sent",
+                value=m.get("lead_q_used", 0),
+            )
             # sampled coupled sessions: per target row, the bound on the tempered mass outside the top-K
             # tokens the rule drew over (0 for exact sessions, which are not counted)
             edges = [e for e, _ in m["tail_buckets"]]
             counts = [n for _, n in m["tail_buckets"]]
             cum = [sum(counts[: i + 1]) for i in range(len(counts))]
-            h = HistogramMetricFamily("acespec:topk_tail_mass", "Bound on the target mass outside the top-K rows, per verified row")
-            h.add_metric([], [(f"{e:g}", c) for e, c in zip(edges[:-1], cum[:-1])] + [("+Inf", cum[-1])], sum_value=m["tail_mass_sum"])
+            h = HistogramMetricFamily(
+                "acespec:topk_tail_mass", "Bound on the target mass outside the top-K rows, per verified row"
+            )
+            h.add_metric(
+                [],
+                [(f"{e:g}", c) for e, c in zip(edges[:-1], cum[:-1])] + [("+Inf", cum[-1])],
+                sum_value=m["tail_mass_sum"],
+            )
             yield h
-            yield GaugeMetricFamily("acespec:topk_tail_mass_max", "Largest bound on the target mass outside the top-K rows",
-                                    value=m["tail_mass_max"])
+            yield GaugeMetricFamily(
+                "acespec:topk_tail_mass_max",
+                "Largest bound on the target mass outside the top-K rows",
+                value=m["tail_mass_max"],
+            )
 
 
 HEALTH_LOOP_TIMEOUT_S = 5.0  # /health fails when the event loop has not run a callback for this long

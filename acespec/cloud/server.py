@@ -68,9 +68,15 @@ _GOING_AWAY = wire.encode(wire.Close(reason=wire.CloseReason.GOING_AWAY))
 class ServerConfig:
     host: str = "127.0.0.1"  # listen address
     port: int = 7070  # listen port (0 = any free port)
-    token: bytes | None = None  # one auth token (the tenant "default"); with no token and no tenants, anyone may connect
-    tenants: dict[str, bytes] | None = None  # tenant name -> its auth token; a session belongs to the tenant that opened it
-    auth_failures_per_min: int = 10  # failed auths (token, session secret) one address may make per minute; then BAD_AUTH at once
+    token: bytes | None = (
+        None  # one auth token (the tenant "default"); with no token and no tenants, anyone may connect
+    )
+    tenants: dict[str, bytes] | None = (
+        None  # tenant name -> its auth token; a session belongs to the tenant that opened it
+    )
+    auth_failures_per_min: int = (
+        10  # failed auths (token, session secret) one address may make per minute; then BAD_AUTH at once
+    )
     max_sessions: int = 8  # live sessions at once; more get BUSY
     max_new_tokens: int = 4096  # cap on a session's max_tokens
     idle_timeout_s: float = 300.0  # a session with no traffic for this long is dropped
@@ -81,11 +87,17 @@ class ServerConfig:
     max_connections_per_addr: int = 32  # open connections at once from one peer address
     limits: wire.Limits = field(default_factory=wire.Limits)  # frame limits we accept
     tls: ssl.SSLContext | None = None  # TLS server context (acespec.tls.server_context); None = plain TCP
-    ws_port: int | None = None  # also take WebSocket connections on this port (websocket.py; 0 = any free port, wss with tls)
+    ws_port: int | None = (
+        None  # also take WebSocket connections on this port (websocket.py; 0 = any free port, wss with tls)
+    )
     engine: str = "batched"  # verify engine for a bare target model: batched | serial (see engine.py)
     lead_k_max: int = 16  # cloud-led: most draft tokens one step verifies
-    lead_pass_budget: float = math.inf  # cloud-led: target passes per token a session may cost (inf: never wait for a draft)
-    lead_max_wait_s: float = 0.5  # cloud-led with a budget: longest a step waits for a draft that keeps it within budget
+    lead_pass_budget: float = (
+        math.inf
+    )  # cloud-led: target passes per token a session may cost (inf: never wait for a draft)
+    lead_max_wait_s: float = (
+        0.5  # cloud-led with a budget: longest a step waits for a draft that keeps it within budget
+    )
     gc_full_s: float = 0.0  # see _keep_gc: one full garbage collection this often; 0 = leave the process's collector be
     # (`acespec serve`, whose process is the server, uses 300; a server embedded in other code leaves it alone)
 
@@ -155,8 +167,9 @@ class CloudServer:
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         await self.engine.start()
-        tls: dict[str, Any] = ({} if self.cfg.tls is None
-                               else {"ssl": self.cfg.tls, "ssl_handshake_timeout": self.cfg.handshake_timeout_s})
+        tls: dict[str, Any] = (
+            {} if self.cfg.tls is None else {"ssl": self.cfg.tls, "ssl_handshake_timeout": self.cfg.handshake_timeout_s}
+        )
         self._server = await asyncio.start_server(self._on_connect, self.cfg.host, self.cfg.port, **tls)
         self.port = self._server.sockets[0].getsockname()[1]
         if self.cfg.ws_port is not None:  # the same handler, through the WebSocket adapters
@@ -287,7 +300,10 @@ class CloudServer:
     async def _on_connect(self, reader: ConnReader, writer: ConnWriter) -> None:
         task = asyncio.current_task()
         addr = _peer_addr(writer)
-        if len(self._conns) >= self.cfg.max_connections or self._per_addr.get(addr, 0) >= self.cfg.max_connections_per_addr:
+        if (
+            len(self._conns) >= self.cfg.max_connections
+            or self._per_addr.get(addr, 0) >= self.cfg.max_connections_per_addr
+        ):
             await self._refuse(writer, wire.ErrorCode.BUSY, "too many open connections; retry later")
             writer.close()
             return
@@ -297,7 +313,9 @@ class CloudServer:
         session: Session | None = None
         decoder = wire.FrameDecoder(self.cfg.limits)
         try:
-            first = await asyncio.wait_for(self._next_frame(reader, decoder, deadline=False), self.cfg.handshake_timeout_s)
+            first = await asyncio.wait_for(
+                self._next_frame(reader, decoder, deadline=False), self.cfg.handshake_timeout_s
+            )
             if first is None:
                 return
             session = await self._handshake(first, writer)
@@ -356,8 +374,9 @@ class CloudServer:
         if self.sessions.get(session.sid) is session:
             self.engine.park(session.handle)  # its KV may go to another session meanwhile
 
-    async def _next_frame(self, reader: ConnReader, decoder: wire.FrameDecoder, *,
-                          deadline: bool = True) -> list | None:
+    async def _next_frame(
+        self, reader: ConnReader, decoder: wire.FrameDecoder, *, deadline: bool = True
+    ) -> list | None:
         """The next non-empty batch of whole frames, or None on a clean end of stream.
 
         With `deadline`, a frame that has begun to arrive must be complete within `frame_timeout_s`: a
@@ -369,7 +388,8 @@ class CloudServer:
                     data = await asyncio.wait_for(reader.read(65536), self.cfg.frame_timeout_s)
                 except TimeoutError:
                     raise ProtocolError(
-                        wire.ErrorCode.BAD_FRAME, f"a frame was begun and not completed within {self.cfg.frame_timeout_s:g} s"
+                        wire.ErrorCode.BAD_FRAME,
+                        f"a frame was begun and not completed within {self.cfg.frame_timeout_s:g} s",
                     ) from None
             else:
                 data = await reader.read(65536)
@@ -401,7 +421,9 @@ class CloudServer:
             raise ProtocolError(wire.ErrorCode.BAD_REQUEST, "frames sent before WELCOME")
         addr = _peer_addr(writer)
         if isinstance(first, (wire.Hello, wire.Resume)) and self._gate.blocked(addr):
-            raise ProtocolError(wire.ErrorCode.BAD_AUTH, "too many failed authentications from this address; retry later")
+            raise ProtocolError(
+                wire.ErrorCode.BAD_AUTH, "too many failed authentications from this address; retry later"
+            )
         if isinstance(first, wire.Hello):
             tenant = self._check_auth(first.auth, addr)
             self._opening += 1
@@ -429,19 +451,27 @@ class CloudServer:
             finally:
                 session.in_handshake = False
         else:
-            raise ProtocolError(wire.ErrorCode.BAD_REQUEST, f"expected HELLO or RESUME, got {type(first).__name__.upper()}")
+            raise ProtocolError(
+                wire.ErrorCode.BAD_REQUEST, f"expected HELLO or RESUME, got {type(first).__name__.upper()}"
+            )
         session.owner, session.writer = asyncio.current_task(), writer
         session.connected = True
         session.last_active = time.monotonic()
-        log.info("session %d %s", session.sid, "opened" if isinstance(first, wire.Hello) else f"resumed at {first.committed}")
+        log.info(
+            "session %d %s", session.sid, "opened" if isinstance(first, wire.Hello) else f"resumed at {first.committed}"
+        )
         self.handshakes["opened" if isinstance(first, wire.Hello) else "resumed"] += 1
         return session
 
     async def _welcome(self, session: Session, writer: ConnWriter) -> None:
         writer.write(
             wire.encode(
-                wire.Welcome(session=session.sid, committed=session.verifier.committed,
-                             max_draft_tokens=self.cfg.limits.max_draft_tokens, secret=session.secret)
+                wire.Welcome(
+                    session=session.sid,
+                    committed=session.verifier.committed,
+                    max_draft_tokens=self.cfg.limits.max_draft_tokens,
+                    secret=session.secret,
+                )
             )
         )
         await asyncio.wait_for(writer.drain(), self.cfg.handshake_timeout_s)
@@ -479,11 +509,20 @@ class CloudServer:
             raise ProtocolError(wire.ErrorCode.BUSY, "this replica is draining; open the session on another")
         if len(self.sessions) + self._opening > self.cfg.max_sessions:  # _opening counts this one
             raise ProtocolError(wire.ErrorCode.BUSY, f"the server holds {self.cfg.max_sessions} sessions; retry later")
-        spec = SessionSpec(tuple(h.prompt), sampling=sp, rule=rule, seed=h.seed, max_tokens=h.max_tokens,
-                           cloud_led=h.mode == wire.Mode.CLOUD_LED)
+        spec = SessionSpec(
+            tuple(h.prompt),
+            sampling=sp,
+            rule=rule,
+            seed=h.seed,
+            max_tokens=h.max_tokens,
+            cloud_led=h.mode == wire.Mode.CLOUD_LED,
+        )
         try:
             handle = await self.engine.open(spec)
-        except (EngineBusy, EngineStopped) as e:  # stopped: the replica is going away, and BUSY sends the edge to another
+        except (
+            EngineBusy,
+            EngineStopped,
+        ) as e:  # stopped: the replica is going away, and BUSY sends the edge to another
             raise ProtocolError(wire.ErrorCode.BUSY, str(e)) from None
         except EngineRefused as e:
             raise ProtocolError(wire.ErrorCode.BAD_REQUEST, str(e)) from None
@@ -526,7 +565,10 @@ class CloudServer:
         if s is None or s.tenant != tenant or not hmac.compare_digest(r.secret, s.secret):
             if s is not None:
                 self._gate.failed(addr)
-            raise ProtocolError(wire.ErrorCode.UNKNOWN_SESSION, f"no session {r.session} for these credentials (expired, never opened, or not yours)")
+            raise ProtocolError(
+                wire.ErrorCode.UNKNOWN_SESSION,
+                f"no session {r.session} for these credentials (expired, never opened, or not yours)",
+            )
         if self.draining:
             # the session dies with this replica: resuming it here would only meet GOING_AWAY (or a
             # stopped engine). BUSY sends the edge to another replica, where it opens a session
@@ -550,7 +592,9 @@ class CloudServer:
                         s.writer.transport.abort()
                     await asyncio.wait({old}, timeout=30.0)
                     if not old.done():
-                        raise ProtocolError(wire.ErrorCode.BUSY, f"session {r.session} is still busy on its old connection")
+                        raise ProtocolError(
+                            wire.ErrorCode.BUSY, f"session {r.session} is still busy on its old connection"
+                        )
                 s.connected = False
             v = s.verifier
             if not v.prompt_len <= r.committed <= v.committed:
@@ -559,7 +603,10 @@ class CloudServer:
                     f"RESUME at {r.committed}, but the session has committed {v.committed} (prompt {v.prompt_len})",
                 )
             if not hmac.compare_digest(r.digest, wire.committed_digest(v.tokens[: r.committed])):
-                raise ProtocolError(wire.ErrorCode.BAD_REQUEST, f"RESUME at {r.committed}: the edge's committed tokens differ from the session's")
+                raise ProtocolError(
+                    wire.ErrorCode.BAD_REQUEST,
+                    f"RESUME at {r.committed}: the edge's committed tokens differ from the session's",
+                )
             # continue from the shorter agreed prefix: verdicts the edge never saw are undone, so no
             # token is lost or emitted twice (in coupled mode they are regenerated identically)
             await self.engine.rollback(s.handle, r.committed)
@@ -600,12 +647,21 @@ class CloudServer:
                         self._check_draft(s, f)
                         if f.parents is not None:
                             # verifying a tree as a chain would ignore its shape: refuse it until trees are verified
-                            raise ProtocolError(wire.ErrorCode.BAD_REQUEST, "this server verifies chains only: DRAFT with HAS_TREE refused")
+                            raise ProtocolError(
+                                wire.ErrorCode.BAD_REQUEST,
+                                "this server verifies chains only: DRAFT with HAS_TREE refused",
+                            )
                         q = None
                         if f.q is not None:
-                            q = np.stack([dense_row([i for i, _ in row], [p for _, p in row], V) for row in f.q]) if f.q else None
+                            q = (
+                                np.stack([dense_row([i for i, _ in row], [p for _, p in row], V) for row in f.q])
+                                if f.q
+                                else None
+                            )
                         elif s.verifier.rule.info.needs_q and f.tokens:
-                            raise ProtocolError(wire.ErrorCode.BAD_REQUEST, f"rule {s.verifier.rule} needs q rows with each DRAFT")
+                            raise ProtocolError(
+                                wire.ErrorCode.BAD_REQUEST, f"rule {s.verifier.rule} needs q rows with each DRAFT"
+                            )
                         # submitted now, in arrival order (the engine sees the blocks in the order they came)
                         verdicts.put_nowait((f.seq, self.engine.submit_verify(s.handle, f.seq, f.base, f.tokens, q)))
                     elif isinstance(f, wire.Ping):
@@ -616,7 +672,10 @@ class CloudServer:
                     elif isinstance(f, wire.Pong):
                         pass
                     else:
-                        raise ProtocolError(wire.ErrorCode.BAD_REQUEST, f"unexpected {type(f).__name__.upper()} in a speculative session")
+                        raise ProtocolError(
+                            wire.ErrorCode.BAD_REQUEST,
+                            f"unexpected {type(f).__name__.upper()} in a speculative session",
+                        )
                 await writer.drain()
         finally:
             self._verdict_queues.pop(me, None)
@@ -649,10 +708,19 @@ class CloudServer:
                 return
             if s.writer is not writer:
                 return  # the session moved to another connection: this one's verdicts are void
-            writer.write(wire.encode(wire.Verdict(
-                seq=seq, accepted=v.accepted, next_token=max(v.next_token, 0), verify_us=v.verify_us,
-                committed=v.committed, dropped=v.dropped, finished=v.finished,
-            )))
+            writer.write(
+                wire.encode(
+                    wire.Verdict(
+                        seq=seq,
+                        accepted=v.accepted,
+                        next_token=max(v.next_token, 0),
+                        verify_us=v.verify_us,
+                        committed=v.committed,
+                        dropped=v.dropped,
+                        finished=v.finished,
+                    )
+                )
+            )
             await writer.drain()
 
     # -- cloud-only and cloud-led modes --------------------------------------------------------
@@ -679,7 +747,10 @@ class CloudServer:
                     elif lead and isinstance(f, wire.Draft):
                         self._take_draft(s, f)
                     elif not isinstance(f, wire.Pong):
-                        raise ProtocolError(wire.ErrorCode.BAD_REQUEST, f"unexpected {type(f).__name__.upper()} in a {s.mode.name.lower().replace('_', '-')} session")
+                        raise ProtocolError(
+                            wire.ErrorCode.BAD_REQUEST,
+                            f"unexpected {type(f).__name__.upper()} in a {s.mode.name.lower().replace('_', '-')} session",
+                        )
 
         # on an engine whose own decoding loop verifies the drafts (vLLM's speculative decoding), a
         # step is whatever that loop committed since the last one, and the pricing happens there
@@ -708,13 +779,27 @@ class CloudServer:
                     if not native:
                         lead.observe(verdict, time.perf_counter() - t0)
                     step = {"drafted": verdict.drafted, "accepted": verdict.accepted, "verify_us": verdict.verify_us}
-                writer.write(wire.encode(wire.Tokens(start=start, tokens=tuple(v.tokens[start : verdict.committed]),
-                                                     finished=verdict.finished, **step)))
+                writer.write(
+                    wire.encode(
+                        wire.Tokens(
+                            start=start,
+                            tokens=tuple(v.tokens[start : verdict.committed]),
+                            finished=verdict.finished,
+                            **step,
+                        )
+                    )
+                )
                 await writer.drain()
             if lead and v.finished:
                 b = lead.board.stats
-                log.info("session %d: cloud-led: %d steps, %d with a usable draft, %d drafts received; pricer %s", s.sid,
-                         b.steps, b.usable_steps, b.received, lead.pricer.describe())
+                log.info(
+                    "session %d: cloud-led: %d steps, %d with a usable draft, %d drafts received; pricer %s",
+                    s.sid,
+                    b.steps,
+                    b.usable_steps,
+                    b.received,
+                    lead.pricer.describe(),
+                )
             if s.owner is asyncio.current_task() and not closed.is_set():
                 # generation is over: keep the connection until the edge's CLOSE (which ends the
                 # session) or EOF, so a finished session does not linger and hold a slot
@@ -766,7 +851,9 @@ class CloudServer:
         """What any DRAFT must be, in either mode: for this connection's session, ids in the target's vocabulary."""
         V = self.target.vocab_size
         if f.session != s.sid:
-            raise ProtocolError(wire.ErrorCode.UNKNOWN_SESSION, f"DRAFT names session {f.session}, this connection holds {s.sid}")
+            raise ProtocolError(
+                wire.ErrorCode.UNKNOWN_SESSION, f"DRAFT names session {f.session}, this connection holds {s.sid}"
+            )
         if any(t >= V for t in f.tokens):
             raise ProtocolError(wire.ErrorCode.OVER_LIMIT, "draft token id outside the target vocabulary")
         if f.q is not None and any(t >= V for row in f.q for t, _ in row):
@@ -780,8 +867,11 @@ class CloudServer:
             raise ProtocolError(wire.ErrorCode.BAD_REQUEST, f"rule {rule} needs q rows with each DRAFT")
         room = getattr(self.engine, "lead_q_topn", 0) if f.q is not None and self.engine.leads_natively(s.handle) else 0
         if room and f.q is not None and any(len(row) > room for row in f.q):  # room is 0 without q rows
-            raise ProtocolError(wire.ErrorCode.OVER_LIMIT, f"a q row of more than {room} entries: this vLLM server keeps "
-                                                           f"{room} per draft token (send the drafter's top {room})")
+            raise ProtocolError(
+                wire.ErrorCode.OVER_LIMIT,
+                f"a q row of more than {room} entries: this vLLM server keeps "
+                f"{room} per draft token (send the drafter's top {room})",
+            )
         assert s.lead is not None  # DRAFTs are taken here in cloud-led sessions only
         if s.lead.take(f.base, f.tokens, f.parents, f.q, s.verifier.committed) and self.engine.leads_natively(s.handle):
             self.engine.lead_publish(s.handle, s.lead.board)

@@ -55,8 +55,9 @@ CONFIG_KEY = "acespec_board"  # vllm_config.additional_config entry: {"name", "s
 
 def prompt_key(prompt: Sequence[int] | np.ndarray) -> int:
     """The slot key of a session: its prompt's length and tokens, as a positive int64."""
-    h = hashlib.blake2b(np.asarray(prompt, dtype=np.int64).tobytes(), digest_size=8,
-                        person=len(prompt).to_bytes(8, "little"))
+    h = hashlib.blake2b(
+        np.asarray(prompt, dtype=np.int64).tobytes(), digest_size=8, person=len(prompt).to_bytes(8, "little")
+    )
     return int.from_bytes(h.digest(), "little") & 0x7FFF_FFFF_FFFF_FFFF or 1
 
 
@@ -93,8 +94,13 @@ class BoardShape:
         return self.head_words + 2 * self.q_topn * (draft * self.draft_len + token)
 
     def as_config(self, name: str) -> dict:
-        return {"name": name, "slots": self.slots, "max_drafts": self.max_drafts, "draft_len": self.draft_len,
-                "q_topn": self.q_topn}
+        return {
+            "name": name,
+            "slots": self.slots,
+            "max_drafts": self.max_drafts,
+            "draft_len": self.draft_len,
+            "q_topn": self.q_topn,
+        }
 
 
 class _Segment:
@@ -168,8 +174,13 @@ class SharedBoard(_Segment):
     def counters(self, i: int | None = None) -> dict:
         """Slot i's counters, or (None) those over every session."""
         r = self.totals if i is None else self.rows[i]
-        return {"steps": int(r[STEPS]), "draft_steps": int(r[DRAFT_STEPS]), "proposed": int(r[PROPOSED]),
-                "accepted": int(r[ACCEPTED]), "q_used": int(r[Q_USED])}
+        return {
+            "steps": int(r[STEPS]),
+            "draft_steps": int(r[DRAFT_STEPS]),
+            "proposed": int(r[PROPOSED]),
+            "accepted": int(r[ACCEPTED]),
+            "q_used": int(r[Q_USED]),
+        }
 
     def release(self, i: int) -> None:
         r = self.rows[i]

@@ -65,12 +65,20 @@ TAIL_BUCKETS = (1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0)  # per-row tail-mass bo
 class VllmConfig:
     model: str  # a Hugging Face model directory (`acespec models export-hf` writes one from a registry GGUF)
     n_ctx: int = 4096  # tokens one session may hold, prompt + output (vLLM's max_model_len)
-    logprobs: int = 20  # K: target tokens returned per position; far more is slow (the full vocabulary took >100 s a request)
+    logprobs: int = (
+        20  # K: target tokens returned per position; far more is slow (the full vocabulary took >100 s a request)
+    )
     max_sessions: int = 64  # requests vLLM schedules at once (max_num_seqs)
-    block_size: int | None = None  # KV block in tokens; None: 32 on CPU (it must be a multiple of 32 there), vLLM's own on GPU
-    dtype: str = "auto"  # auto: float32 on CPU (bf16 is 5-10x slower without AVX512-BF16), the checkpoint's dtype on GPU
+    block_size: int | None = (
+        None  # KV block in tokens; None: 32 on CPU (it must be a multiple of 32 there), vLLM's own on GPU
+    )
+    dtype: str = (
+        "auto"  # auto: float32 on CPU (bf16 is 5-10x slower without AVX512-BF16), the checkpoint's dtype on GPU
+    )
     cpu_kv_gib: float = 1.0  # CPU only: the KV cache in GiB (VLLM_CPU_KVCACHE_SPACE)
-    memory_utilization: float | None = None  # share of GPU memory (on CPU: of the NUMA node's) vLLM may take; None: 0.9 GPU, 0.3 CPU
+    memory_utilization: float | None = (
+        None  # share of GPU memory (on CPU: of the NUMA node's) vLLM may take; None: 0.9 GPU, 0.3 CPU
+    )
     tensor_parallel_size: int = 1  # GPUs one replica spans
     enforce_eager: bool | None = None  # skip graph capture/compilation; None: on CPU (start-up in seconds), off on GPU
     lead_k: int = 0  # >0: cloud-led sessions run in vLLM's own speculative decoding, verifying up to this many edge-draft tokens a step
@@ -94,8 +102,10 @@ def load_target_info(model_dir: str | Path, n_ctx: int) -> TargetInfo:
     path = Path(model_dir)
     cfg_file = path / "config.json"
     if not cfg_file.is_file():
-        raise ModelError(f"{path} is not a Hugging Face model directory (no config.json); the vLLM engine needs one "
-                         "(`acespec models export-hf NAME DIR` writes one from a registry model)")
+        raise ModelError(
+            f"{path} is not a Hugging Face model directory (no config.json); the vLLM engine needs one "
+            "(`acespec models export-hf NAME DIR` writes one from a registry model)"
+        )
     cfg = json.loads(cfg_file.read_text())
     vocab = int(cfg.get("vocab_size") or cfg.get("text_config", {}).get("vocab_size") or 0)
     if vocab <= 0:
@@ -130,8 +140,12 @@ class _Session(EngineSession):
     streamed: deque = field(default_factory=deque)  # tokens the stream delivered ahead of step()
 
     def report(self) -> dict:
-        return {"exactness": self.exactness, "rows": self.rows, "tail_mass_max": self.tail_max,
-                "tail_mass_mean": self.tail_sum / self.rows if self.rows else 0.0}
+        return {
+            "exactness": self.exactness,
+            "rows": self.rows,
+            "tail_mass_max": self.tail_max,
+            "tail_mass_mean": self.tail_sum / self.rows if self.rows else 0.0,
+        }
 
 
 class VllmEngine(VerifyEngine):
@@ -181,17 +195,26 @@ class VllmEngine(VerifyEngine):
         if c.lead_k > 0:
             board = self._board = SharedBoard(BoardShape(slots=c.max_sessions, q_topn=c.lead_q_topn))
             lead = dict(
-                speculative_config={"method": "custom_class", "model": "acespec.cloud.vllm_proposer.EdgeDraftProposer",
-                                    "num_speculative_tokens": c.lead_k},
+                speculative_config={
+                    "method": "custom_class",
+                    "model": "acespec.cloud.vllm_proposer.EdgeDraftProposer",
+                    "num_speculative_tokens": c.lead_k,
+                },
                 additional_config={CONFIG_KEY: {**board.shape.as_config(board.name), "price": c.lead_price}},
             )
         args = AsyncEngineArgs(
-            model=c.model, skip_tokenizer_init=True, max_model_len=c.n_ctx, max_logprobs=c.logprobs,
-            enable_prefix_caching=True, max_num_seqs=c.max_sessions, tensor_parallel_size=c.tensor_parallel_size,
+            model=c.model,
+            skip_tokenizer_init=True,
+            max_model_len=c.n_ctx,
+            max_logprobs=c.logprobs,
+            enable_prefix_caching=True,
+            max_num_seqs=c.max_sessions,
+            tensor_parallel_size=c.tensor_parallel_size,
             dtype=("float32" if cpu else "auto") if c.dtype == "auto" else c.dtype,
             block_size=c.block_size or (32 if cpu else None),
             gpu_memory_utilization=c.memory_utilization or (0.3 if cpu else 0.9),
-            enforce_eager=cpu if c.enforce_eager is None else c.enforce_eager, **lead,
+            enforce_eager=cpu if c.enforce_eager is None else c.enforce_eager,
+            **lead,
         )
         t0 = time.perf_counter()
         self._llm = AsyncLLM.from_engine_args(args)
@@ -218,7 +241,9 @@ class VllmEngine(VerifyEngine):
         if spec.sampling.greedy:
             ok = r.name in ("greedy", "strict", "coupled")
         else:
-            ok = r.name == "strict" or (r.name not in ("greedy", "coupled") and (not r.info.needs_q or self.lead_q_topn > 0))
+            ok = r.name == "strict" or (
+                r.name not in ("greedy", "coupled") and (not r.info.needs_q or self.lead_q_topn > 0)
+            )
         return self._board is not None and spec.cloud_led and ok
 
     @property
@@ -227,7 +252,9 @@ class VllmEngine(VerifyEngine):
         return self._board.shape.q_topn if self._board is not None else 0
 
     async def open(self, spec: SessionSpec) -> EngineSession:
-        slot = self._board.assign(spec.prompt, self.cfg.lead_k) if self._board is not None and self._native(spec) else None
+        slot = (
+            self._board.assign(spec.prompt, self.cfg.lead_k) if self._board is not None and self._native(spec) else None
+        )
         if slot is not None:
             s = _Session(next(self._ids), self._make_verifier(spec), spec=spec, native=True, slot=slot)
             self._live.add(s)
@@ -307,8 +334,11 @@ class VllmEngine(VerifyEngine):
             chunk = await self._stream_chunk(s, lead=True)
             # what vLLM's steps behind this chunk proposed and kept, from the proposer's counters (they
             # lag one step: a proposal is accounted when the next step shows what it earned)
-            c = (self._board.counters(s.slot) if s.slot is not None and self._board is not None
-                 else {"proposed": 0, "accepted": 0})
+            c = (
+                self._board.counters(s.slot)
+                if s.slot is not None and self._board is not None
+                else {"proposed": 0, "accepted": 0}
+            )
             drafted, accepted = c["proposed"] - s.counted[0], c["accepted"] - s.counted[1]
             s.counted = (c["proposed"], c["accepted"])
             self.lead_tokens += len(chunk)
@@ -342,9 +372,16 @@ class VllmEngine(VerifyEngine):
         from vllm import SamplingParams as VSP  # heavy: the vllm extra
 
         K = top or self.cfg.logprobs
-        return VSP(max_tokens=kw.pop("max_tokens", 1), temperature=kw.pop("temperature", 0.0), detokenize=False, ignore_eos=True,
-                   logprobs=K if logprobs else None, prompt_logprobs=K if (logprobs and k) else None,
-                   skip_reading_prefix_cache=skip_cache, **kw)
+        return VSP(
+            max_tokens=kw.pop("max_tokens", 1),
+            temperature=kw.pop("temperature", 0.0),
+            detokenize=False,
+            ignore_eos=True,
+            logprobs=K if logprobs else None,
+            prompt_logprobs=K if (logprobs and k) else None,
+            skip_reading_prefix_cache=skip_cache,
+            **kw,
+        )
 
     async def _generate(self, ids: list[int], params):
         out: Any = None
@@ -403,17 +440,29 @@ class VllmEngine(VerifyEngine):
             self._drop_stream(s)
             left = v.prompt_len + v.max_tokens - v.committed
             sp = s.spec.sampling
-            sampling: dict[str, Any] = {} if sp.greedy else dict(temperature=sp.temperature,
-                                                  seed=(s.spec.seed * 1_000_003 + v.committed) % (1 << 63))
+            sampling: dict[str, Any] = (
+                {}
+                if sp.greedy
+                else dict(temperature=sp.temperature, seed=(s.spec.seed * 1_000_003 + v.committed) % (1 << 63))
+            )
             if not sp.greedy and s.spec.rule.name != "strict":
                 sampling["extra_args"] = {RULE_ARG: str(s.spec.rule)}  # decided by AceSpec's plugin in vLLM's sampler
             if not sp.greedy and sp.top_k:
                 sampling["top_k"] = sp.top_k
             if not sp.greedy and sp.top_p < 1.0:
                 sampling["top_p"] = sp.top_p
-            params = self._params(0, skip_cache=False, logprobs=False, max_tokens=left, stop_token_ids=sorted(v.stop_ids),
-                                  output_kind=RequestOutputKind.DELTA, **sampling)
-            s.stream = self._llm.generate({"prompt_token_ids": list(v.tokens)}, params, request_id=f"acespec-{next(self._rids)}")
+            params = self._params(
+                0,
+                skip_cache=False,
+                logprobs=False,
+                max_tokens=left,
+                stop_token_ids=sorted(v.stop_ids),
+                output_kind=RequestOutputKind.DELTA,
+                **sampling,
+            )
+            s.stream = self._llm.generate(
+                {"prompt_token_ids": list(v.tokens)}, params, request_id=f"acespec-{next(self._rids)}"
+            )
             s.stream_at = v.committed
             self.requests += 1
             self.prompt_tokens += v.committed
@@ -446,9 +495,20 @@ class VllmEngine(VerifyEngine):
 
     def metrics(self) -> dict:
         return {
-            "engine": self.name, "verdicts": self.verdicts, "slots": self.cfg.max_sessions, "sessions": len(self._live),
-            "requests": self.requests, "resubmits": self.resubmits, "prompt_tokens": self.prompt_tokens,
-            "lead_k": self.cfg.lead_k, "lead_tokens": self.lead_tokens, **self._lead_totals(),
-            "cached_tokens": self.cached_tokens, "streamed_tokens": self.streamed_tokens, "logprobs_k": self.cfg.logprobs,
-            "tail_mass_max": self.tail_max, "tail_mass_sum": self.tail_sum, "tail_buckets": list(zip(TAIL_BUCKETS, self.tail_counts)),
+            "engine": self.name,
+            "verdicts": self.verdicts,
+            "slots": self.cfg.max_sessions,
+            "sessions": len(self._live),
+            "requests": self.requests,
+            "resubmits": self.resubmits,
+            "prompt_tokens": self.prompt_tokens,
+            "lead_k": self.cfg.lead_k,
+            "lead_tokens": self.lead_tokens,
+            **self._lead_totals(),
+            "cached_tokens": self.cached_tokens,
+            "streamed_tokens": self.streamed_tokens,
+            "logprobs_k": self.cfg.logprobs,
+            "tail_mass_max": self.tail_max,
+            "tail_mass_sum": self.tail_sum,
+            "tail_buckets": list(zip(TAIL_BUCKETS, self.tail_counts)),
         }

@@ -93,10 +93,15 @@ def register() -> None:
         import vllm  # heavy: the vllm extra
 
         if acespec_env.vllm_rule():
-            raise RuntimeError(f"{ENV_RULE} asks for AceSpec's rules, but the plugin patches vLLM {VLLM_VERSION} and this "
-                               f"is vLLM {getattr(vllm, '__version__', '?')}: its rejection sampler is left as it is")
-        log.warning("acespec's vLLM plugin knows vLLM %s, not %s: leaving the rejection sampler alone", VLLM_VERSION,
-                    getattr(vllm, "__version__", "?"))
+            raise RuntimeError(
+                f"{ENV_RULE} asks for AceSpec's rules, but the plugin patches vLLM {VLLM_VERSION} and this "
+                f"is vLLM {getattr(vllm, '__version__', '?')}: its rejection sampler is left as it is"
+            )
+        log.warning(
+            "acespec's vLLM plugin knows vLLM %s, not %s: leaving the rejection sampler alone",
+            VLLM_VERSION,
+            getattr(vllm, "__version__", "?"),
+        )
         return
     engine_rule()  # a malformed ACESPEC_VLLM_RULE fails the engine's start, not its first step
     import vllm.v1.sample.logits_processor as lp  # heavy: the vllm extra
@@ -111,7 +116,11 @@ def register() -> None:
 
     def build_logitsprocs(vllm_config, device, is_pin_memory, is_pooling_model, custom_logitsprocs=()):
         procs = original_build(vllm_config, device, is_pin_memory, is_pooling_model, custom_logitsprocs)
-        if vllm_config.speculative_config and not is_pooling_model and not any(isinstance(x, AceSpecRules) for x in procs.all):
+        if (
+            vllm_config.speculative_config
+            and not is_pooling_model
+            and not any(isinstance(x, AceSpecRules) for x in procs.all)
+        ):
             procs = lp.LogitsProcessors([*procs.all, AceSpecRules(vllm_config, device, is_pin_memory)])
         return procs
 
@@ -151,7 +160,9 @@ def _support_of(params) -> tuple[float, int] | None:
     except ValueError:
         raise ValueError(f"extra_args[{SUPPORT_ARG!r}] = {text!r}: write min_p=P,max_rank=R") from None
     if kv or not 0.0 <= min_p <= 1.0 or max_rank < 0:
-        raise ValueError(f"extra_args[{SUPPORT_ARG!r}] = {text!r}: only min_p in [0, 1] and max_rank >= 0 (0: no rank test)")
+        raise ValueError(
+            f"extra_args[{SUPPORT_ARG!r}] = {text!r}: only min_p in [0, 1] and max_rank >= 0 (0: no rank test)"
+        )
     return min_p, max_rank
 
 
@@ -172,16 +183,22 @@ class AceSpecRules(_Base):  # type: ignore[misc,valid-type]
         except RuleSpecError as e:
             raise ValueError(f"extra_args[{RULE_ARG!r}]: {e}") from None
         if rule is not None and rule.name in ("greedy", "coupled"):
-            raise ValueError(f"extra_args[{RULE_ARG!r}]: {rule.name} is not a rejection rule (vLLM decodes greedy itself; "
-                             "coupled's shared-seed draw needs AceSpec's own engines): ask for strict or a relaxed rule")
+            raise ValueError(
+                f"extra_args[{RULE_ARG!r}]: {rule.name} is not a rejection rule (vLLM decodes greedy itself; "
+                "coupled's shared-seed draw needs AceSpec's own engines): ask for strict or a relaxed rule"
+            )
         if rule is not None and not _version_ok():
             raise ValueError(f"extra_args[{RULE_ARG!r}] needs vLLM {VLLM_VERSION}, which acespec's plugin patches")
         task = net_win_of(sampling_params)
         if task is not None and (rule is None or rule.name == "strict"):
-            raise ValueError(f"extra_args[{NET_WIN_ARG!r}] chooses between a relaxed rule and strict: name the relaxed rule "
-                             f"in extra_args[{RULE_ARG!r}]")
+            raise ValueError(
+                f"extra_args[{NET_WIN_ARG!r}] chooses between a relaxed rule and strict: name the relaxed rule "
+                f"in extra_args[{RULE_ARG!r}]"
+            )
         if _support_of(sampling_params) is not None and rule is None:
-            raise ValueError(f"extra_args[{SUPPORT_ARG!r}] filters a rule's drafts: name the rule in extra_args[{RULE_ARG!r}]")
+            raise ValueError(
+                f"extra_args[{SUPPORT_ARG!r}] filters a rule's drafts: name the rule in extra_args[{RULE_ARG!r}]"
+            )
 
     def __init__(self, vllm_config, device, is_pin_memory: bool) -> None:
         self.rows: dict[int, RuleSpec] = {}
@@ -262,7 +279,7 @@ class AceSpecRules(_Base):  # type: ignore[misc,valid-type]
 
 def _tracker(sampling_metadata) -> AceSpecRules | None:
     procs = getattr(sampling_metadata, "logitsprocs", None)
-    for lp in (procs.all if procs is not None else ()):
+    for lp in procs.all if procs is not None else ():
         if isinstance(lp, AceSpecRules):
             return lp
     return None
@@ -307,9 +324,19 @@ def _sample_rows(dist, u):
 CPU_CHUNK = 1 << 22  # elements (rows x vocabulary) per piece on CPU: 16 MB of float32
 
 
-def apply_rules(rules: dict[int, RuleSpec], reqs: list[int], draft_token_ids, num_draft_tokens, max_spec_len: int,
-                draft_probs, target_logits, bonus_token_ids, sampling_metadata, support: dict | None = None,
-                edge_q: dict | None = None):
+def apply_rules(
+    rules: dict[int, RuleSpec],
+    reqs: list[int],
+    draft_token_ids,
+    num_draft_tokens,
+    max_spec_len: int,
+    draft_probs,
+    target_logits,
+    bonus_token_ids,
+    sampling_metadata,
+    support: dict | None = None,
+    edge_q: dict | None = None,
+):
     """The rows of the output [len(reqs), max_spec_len + 1] for the requests `reqs` (batch indices, each
     with a rule in `rules`), from the inputs vLLM's sampler has: draft ids [num_tokens], target logits
     [num_tokens, V] after the sampling constraints, draft probs [num_tokens, V] or None, bonus ids
@@ -332,7 +359,9 @@ def apply_rules(rules: dict[int, RuleSpec], reqs: list[int], draft_token_ids, nu
     starts_all = np.cumsum(counts_all) - counts_all
     counts = counts_all[reqs]  # [R]
     R, N, V = len(reqs), int(counts.sum()), target_logits.shape[-1]
-    nxt = bonus_token_ids[torch.as_tensor(reqs, device=device), 0].to(torch.int64)  # [R]: vLLM drew it from the bonus row
+    nxt = bonus_token_ids[torch.as_tensor(reqs, device=device), 0].to(
+        torch.int64
+    )  # [R]: vLLM drew it from the bonus row
     emitted = torch.full((R, max_spec_len + 1), PLACEHOLDER, dtype=torch.int32, device=device)
     if N == 0:
         emitted[:, 0] = nxt.to(emitted.dtype)
@@ -359,7 +388,9 @@ def apply_rules(rules: dict[int, RuleSpec], reqs: list[int], draft_token_ids, nu
             if sent is not None:
                 row = sent[pos[j]]
                 q[jj] = 0.0
-                q[jj, torch.as_tensor([t for t, _ in row], device=device)] = torch.as_tensor([w for _, w in row], dtype=q.dtype, device=device)
+                q[jj, torch.as_tensor([t for t, _ in row], device=device)] = torch.as_tensor(
+                    [w for _, w in row], dtype=q.dtype, device=device
+                )
         return xi, q, p
 
     def pieces(idx):
@@ -374,7 +405,9 @@ def apply_rules(rules: dict[int, RuleSpec], reqs: list[int], draft_token_ids, nu
     accept = torch.empty(N, dtype=torch.float64, device=device)  # [N]
     for spec, idx in by_spec.items():
         for part in pieces(np.asarray(idx)):
-            accept[torch.as_tensor(part, device=device)] = ROW_LAWS[spec.name].accept(*law_args(spec, part), **spec.kwargs()).to(torch.float64)
+            accept[torch.as_tensor(part, device=device)] = (
+                ROW_LAWS[spec.name].accept(*law_args(spec, part), **spec.kwargs()).to(torch.float64)
+            )
     row_u, next_u = _uniforms(sampling_metadata.generators, reqs, counts, device)
     # accepted drafts of each request: the position of its first rejection, or its count if none
     counts_t = torch.as_tensor(counts, device=device)
@@ -456,11 +489,19 @@ def _metadata_for(sampling_metadata, reqs: list[int]):
     if t is None:
         return replace(sampling_metadata, generators=gens)
     t = t[torch.as_tensor(reqs, device=t.device)]
-    return replace(sampling_metadata, temperature=t, generators=gens, all_greedy=bool((t == 0).all()),
-                   all_random=bool((t != 0).all()))
+    return replace(
+        sampling_metadata,
+        temperature=t,
+        generators=gens,
+        all_greedy=bool((t == 0).all()),
+        all_random=bool((t != 0).all()),
+    )
 
 
-EDGE_Q = {"sent": 0, "one_hot": 0}  # this worker's drafted requests under rules that need q: with the edge's rows, without
+EDGE_Q = {
+    "sent": 0,
+    "one_hot": 0,
+}  # this worker's drafted requests under rules that need q: with the edge's rows, without
 
 
 def _edge_q(tracker, rules: dict[int, RuleSpec], draft_token_ids, num_draft_tokens) -> dict[int, list]:
@@ -487,35 +528,72 @@ def _edge_q(tracker, rules: dict[int, RuleSpec], draft_token_ids, num_draft_toke
     return out
 
 
-def rejection_sample(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs, target_logits,
-                     bonus_token_ids, sampling_metadata, **kw):
+def rejection_sample(
+    draft_token_ids,
+    num_draft_tokens,
+    max_spec_len,
+    cu_num_draft_tokens,
+    draft_probs,
+    target_logits,
+    bonus_token_ids,
+    sampling_metadata,
+    **kw,
+):
     """vLLM's `rejection_sample` for the requests without a rule, AceSpec's rule for the others."""
     tracker = _tracker(sampling_metadata)
     B = len(num_draft_tokens)
     rules = {i: r for i, r in (tracker.rows.items() if tracker is not None else ()) if i < B}
     if not rules:
-        return _state["original"](draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs,
-                                  target_logits, bonus_token_ids, sampling_metadata, **kw)
+        return _state["original"](
+            draft_token_ids,
+            num_draft_tokens,
+            max_spec_len,
+            cu_num_draft_tokens,
+            draft_probs,
+            target_logits,
+            bonus_token_ids,
+            sampling_metadata,
+            **kw,
+        )
     import torch  # heavy: the hf extra
 
     device = target_logits.device
     out = torch.full((B, max_spec_len + 1), PLACEHOLDER, dtype=torch.int32, device=device)
     ruled = sorted(rules)
     edge_q = _edge_q(tracker, rules, draft_token_ids, num_draft_tokens) if draft_probs is None else None
-    out[torch.as_tensor(ruled, device=device)] = apply_rules(rules, ruled, draft_token_ids, num_draft_tokens, max_spec_len,
-                                                             draft_probs, target_logits, bonus_token_ids, sampling_metadata,
-                                                             support=tracker.support, edge_q=edge_q)
+    out[torch.as_tensor(ruled, device=device)] = apply_rules(
+        rules,
+        ruled,
+        draft_token_ids,
+        num_draft_tokens,
+        max_spec_len,
+        draft_probs,
+        target_logits,
+        bonus_token_ids,
+        sampling_metadata,
+        support=tracker.support,
+        edge_q=edge_q,
+    )
     others = [i for i in range(B) if i not in rules]
     if others:  # vLLM's own sampler on their rows only: the rule requests' rows cost it nothing
         counts = np.asarray(num_draft_tokens, dtype=np.int64)
         starts = np.cumsum(counts) - counts
-        rows = torch.as_tensor(np.concatenate([np.arange(starts[i], starts[i] + counts[i]) for i in others]), device=device)
+        rows = torch.as_tensor(
+            np.concatenate([np.arange(starts[i], starts[i] + counts[i]) for i in others]), device=device
+        )
         sub = [int(counts[i]) for i in others]
         at = torch.as_tensor(others, device=device)
         out[at] = _state["original"](
-            draft_token_ids[rows], sub, max_spec_len, torch.as_tensor(np.cumsum(sub), dtype=cu_num_draft_tokens.dtype, device=device),
-            None if draft_probs is None else draft_probs[rows], target_logits[rows], bonus_token_ids[at],
-            _metadata_for(sampling_metadata, others), **kw)
+            draft_token_ids[rows],
+            sub,
+            max_spec_len,
+            torch.as_tensor(np.cumsum(sub), dtype=cu_num_draft_tokens.dtype, device=device),
+            None if draft_probs is None else draft_probs[rows],
+            target_logits[rows],
+            bonus_token_ids[at],
+            _metadata_for(sampling_metadata, others),
+            **kw,
+        )
     if tracker.guard.rows:
         tracker.guard.step(out.cpu(), num_draft_tokens)
     return out
@@ -536,8 +614,9 @@ def cpu_sampler():
     return rs
 
 
-def sampling_metadata(B: int, rules: dict, seeds: list[int] | None = None, temperature: float = 1.0,
-                      support: dict | None = None):
+def sampling_metadata(
+    B: int, rules: dict, seeds: list[int] | None = None, temperature: float = 1.0, support: dict | None = None
+):
     """vLLM's SamplingMetadata for B sampled requests, with an AceSpecRules tracker holding `rules`
     (row -> RuleSpec) and `support` (row -> (min_p, max_rank)) and, if `seeds`, one seeded generator per row."""
     import torch  # heavy: the hf extra
@@ -549,8 +628,21 @@ def sampling_metadata(B: int, rules: dict, seeds: list[int] | None = None, tempe
     tracker.support = dict(support or {})
     gens = {} if seeds is None else {i: torch.Generator().manual_seed(s) for i, s in enumerate(seeds)}
     z = torch.zeros(B)
-    return SamplingMetadata(temperature=torch.full((B,), temperature), all_greedy=False, all_random=True, top_p=None,
-                            top_k=None, generators=gens, max_num_logprobs=None, no_penalties=True, prompt_token_ids=None,
-                            frequency_penalties=z, presence_penalties=z, repetition_penalties=torch.ones(B),
-                            output_token_ids=[[] for _ in range(B)], allowed_token_ids_mask=None, bad_words_token_ids={},
-                            logitsprocs=LogitsProcessors([tracker]))
+    return SamplingMetadata(
+        temperature=torch.full((B,), temperature),
+        all_greedy=False,
+        all_random=True,
+        top_p=None,
+        top_k=None,
+        generators=gens,
+        max_num_logprobs=None,
+        no_penalties=True,
+        prompt_token_ids=None,
+        frequency_penalties=z,
+        presence_penalties=z,
+        repetition_penalties=torch.ones(B),
+        output_token_ids=[[] for _ in range(B)],
+        allowed_token_ids_mask=None,
+        bad_words_token_ids={},
+        logitsprocs=LogitsProcessors([tracker]),
+    )

@@ -102,10 +102,14 @@ def ensure_expand_is_right() -> bool:
 
     register_kernels({"vllm.v1.sample.rejection_sampler.expand_kernel": _expand_kernel})
     if not expand_is_right():
-        raise RuntimeError("vLLM's expand_batch_to_tokens gives wrong values and AceSpec's fix did not take: sampled "
-                           "speculative decoding would not keep the target's law; serve with --lead-k 0")
-    log.warning("vLLM's CPU expand kernel truncates float sampling parameters: replaced with a torch version, so "
-                "sampled speculative decoding keeps the target's law")
+        raise RuntimeError(
+            "vLLM's expand_batch_to_tokens gives wrong values and AceSpec's fix did not take: sampled "
+            "speculative decoding would not keep the target's law; serve with --lead-k 0"
+        )
+    log.warning(
+        "vLLM's CPU expand kernel truncates float sampling parameters: replaced with a torch version, so "
+        "sampled speculative decoding keeps the target's law"
+    )
     return True
 
 
@@ -117,16 +121,22 @@ class EdgeDraftProposer:
         self.k = int(spec.num_speculative_tokens)
         cfg = (vllm_config.additional_config or {}).get(CONFIG_KEY)
         if not cfg:
-            raise RuntimeError(f"EdgeDraftProposer needs additional_config[{CONFIG_KEY!r}] (the AceSpec server's draft board); "
-                               "start vLLM through `acespec serve --engine vllm`")
-        self.fixed_expand = ensure_expand_is_right() if check_kernels else False  # in the worker, before any step samples
+            raise RuntimeError(
+                f"EdgeDraftProposer needs additional_config[{CONFIG_KEY!r}] (the AceSpec server's draft board); "
+                "start vLLM through `acespec serve --engine vllm`"
+            )
+        self.fixed_expand = (
+            ensure_expand_is_right() if check_kernels else False
+        )  # in the worker, before any step samples
         self.reader = BoardReader(cfg)
         global _reader
         _reader = self.reader
         self.price = bool(cfg.get("price", True))
         self.max_len = int(vllm_config.model_config.max_model_len)
         self._slots: dict[int, _SlotState] = {}
-        self.memory = LeadMemory(LeadConfig(k_max=max(1, self.k)))  # what earlier sessions' proposals earned, for new ones
+        self.memory = LeadMemory(
+            LeadConfig(k_max=max(1, self.k))
+        )  # what earlier sessions' proposals earned, for new ones
         # proposals waiting for the step that shows what they earned, by what the request looked like
         # then (its prompt key, length, last tokens): rows move within vLLM's batch between steps, and
         # requests with the same tokens got the same proposal, so content is the identity that matters
@@ -134,7 +144,12 @@ class EdgeDraftProposer:
         self._calls = 0
         self._keys: dict[tuple[int, int], tuple[bytes, int]] = {}  # (row, prompt length) -> (row signature, key)
         self._t = time.perf_counter()
-        log.info("AceSpec edge-draft proposer on board %s (K = %d, pricing %s)", cfg["name"], self.k, "on" if self.price else "off")
+        log.info(
+            "AceSpec edge-draft proposer on board %s (K = %d, pricing %s)",
+            cfg["name"],
+            self.k,
+            "on" if self.price else "off",
+        )
 
     def load_model(self, *args, **kwargs) -> None:  # vLLM calls this on every drafter; there is no model
         pass
@@ -222,6 +237,7 @@ class EdgeDraftProposer:
             if not all(self.reader.still(v) for v in found):
                 return []  # q rows torn by a write: no proposal this step rather than a rule fed the wrong q
             edge_q[(key, own.prompt_len)] = (tuple(proposal), rows, own.slot)
-        self._pending.setdefault(self._where(key, tokens, len(tokens)), []).append(_Pending(own.slot, own.gen, k, self._calls))
+        self._pending.setdefault(self._where(key, tokens, len(tokens)), []).append(
+            _Pending(own.slot, own.gen, k, self._calls)
+        )
         return proposal
-

@@ -98,14 +98,18 @@ def _check_one_frame(msg: bytes, limits: wire.Limits) -> None:
         length, prefix = _prefix(msg)
     except wire.WireError:
         if len(msg) < _VARINT_MAX and all(b & 0x80 for b in msg):  # a prefix cut short: part of a frame
-            raise wire.WireError(wire.ErrorCode.BAD_FRAME, "a message ends inside a length prefix: "
-                                                           "send each frame as exactly one binary message") from None
+            raise wire.WireError(
+                wire.ErrorCode.BAD_FRAME,
+                "a message ends inside a length prefix: send each frame as exactly one binary message",
+            ) from None
         return
     if 1 <= length <= limits.max_frame_bytes and prefix + length != len(msg):
         what = "part of a frame" if prefix + length > len(msg) else "more than one frame"
-        raise wire.WireError(wire.ErrorCode.BAD_FRAME,
-                             f"a message of {len(msg)} bytes holds {what} (its frame is {prefix + length} bytes): "
-                             "send each frame as exactly one binary message")
+        raise wire.WireError(
+            wire.ErrorCode.BAD_FRAME,
+            f"a message of {len(msg)} bytes holds {what} (its frame is {prefix + length} bytes): "
+            "send each frame as exactly one binary message",
+        )
 
 
 class WsReader:
@@ -126,8 +130,10 @@ class WsReader:
         except ConnectionClosed as e:  # the peer vanished, or broke the WebSocket protocol
             raise ConnectionResetError(f"WebSocket closed: {e}") from None
         if isinstance(msg, str):
-            raise wire.WireError(wire.ErrorCode.BAD_FRAME, "a text message: this endpoint carries binary frames only, "
-                                                           "one frame per binary message")
+            raise wire.WireError(
+                wire.ErrorCode.BAD_FRAME,
+                "a text message: this endpoint carries binary frames only, one frame per binary message",
+            )
         _check_one_frame(msg, self._limits)
         return msg
 
@@ -236,14 +242,23 @@ class WsListener:
         self._limits = limits
         self._tokenizer = target.tokenizer
         self._vocab = target.vocab_size
-        self._info = json.dumps({"model_id": target.tokenizer.fingerprint, "target": target.name,
-                                 "max_prompt_tokens": limits.max_prompt_tokens}).encode()
+        self._info = json.dumps(
+            {
+                "model_id": target.tokenizer.fingerprint,
+                "target": target.name,
+                "max_prompt_tokens": limits.max_prompt_tokens,
+            }
+        ).encode()
         self._server: Server | None = None
         self.port = 0
 
     async def start(self, host: str, port: int, tls: ssl.SSLContext | None, open_timeout_s: float) -> None:
         self._server = await serve(
-            self._serve_one, host, port, ssl=tls, open_timeout=open_timeout_s,
+            self._serve_one,
+            host,
+            port,
+            ssl=tls,
+            open_timeout=open_timeout_s,
             # the largest legal frame and its prefix fit; anything larger cannot be one frame
             max_size=self._limits.max_frame_bytes + _VARINT_MAX,
             compression=None,  # frames are small and dense: deflate would cost CPU and latency for little

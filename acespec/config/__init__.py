@@ -19,6 +19,19 @@ from acespec.config.roles import (
 from acespec.config.schema import ConfigError, Resolved, add_cli_args, add_config_arg, render_toml, resolve
 
 __all__ = [
-    "ROLES", "CloudRole", "DemoRole", "EdgeOptions", "EdgeRole", "EdgeServeRole", "SamplingConfig", "parse_fleet",
-    "parse_hostport", "ConfigError", "Resolved", "add_cli_args", "add_config_arg", "render_toml", "resolve",
+    "ROLES",
+    "CloudRole",
+    "DemoRole",
+    "EdgeOptions",
+    "EdgeRole",
+    "EdgeServeRole",
+    "SamplingConfig",
+    "parse_fleet",
+    "parse_hostport",
+    "ConfigError",
+    "Resolved",
+    "add_cli_args",
+    "add_config_arg",
+    "render_toml",
+    "resolve",
 ]

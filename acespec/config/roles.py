@@ -41,6 +41,7 @@ CORES_DEFAULT: Literal["split", "shared"] = "split" if (os.cpu_count() or 1) >= 
 @dataclass(frozen=True)
 class SamplingConfig:
     """Sampling and verification: the fields a session's HELLO carries (shared by every role that generates)."""
+
     rule: str = "greedy"  # verification rule, e.g. greedy, strict, coupled, cactus:delta=0.35
     temperature: float = 0.0  # 0 = greedy sampling
     top_k: int = 0  # sample among the k likeliest tokens; 0 = off
@@ -65,8 +66,14 @@ class SamplingConfig:
 
     def hello_fields(self) -> dict[str, Any]:
         """The HELLO frame's sampling fields (and EdgeConfig's, which carries them there); seed unset = 0."""
-        return dict(rule=str(self.rule_spec), temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
-                    seed=self.seed or 0, max_tokens=self.max_tokens)
+        return dict(
+            rule=str(self.rule_spec),
+            temperature=self.temperature,
+            top_k=self.top_k,
+            top_p=self.top_p,
+            seed=self.seed or 0,
+            max_tokens=self.max_tokens,
+        )
 
 
 # ------------------------------------------------------------------------------------------ addresses
@@ -84,7 +91,7 @@ def parse_hostport(text: str) -> tuple[str, int]:
 
 
 def parse_fleet(text: str) -> list[tuple[str, int]]:
-    """"HOST:PORT[,HOST:PORT...]": one cloud, or the replicas of a fleet."""
+    """ "HOST:PORT[,HOST:PORT...]": one cloud, or the replicas of a fleet."""
     parts = [t.strip() for t in text.split(",")]
     if not all(parts):
         raise ValueError(f"expected HOST:PORT[,HOST:PORT...], got {text!r}")
@@ -98,6 +105,7 @@ def parse_fleet(text: str) -> list[tuple[str, int]]:
 @dataclass(frozen=True)
 class EdgeOptions:
     """How the edge drafts and reaches its cloud: shared by `acespec edge` and `acespec edge serve`."""
+
     draft: str = DEFAULT_DRAFT  # drafter model: a registry name, GGUF path, HF directory or toy:...
     cloud: str | None = None  # HOST:PORT of the cloud verifier (or WAN emulator); a fleet: HOST:PORT,HOST:PORT,...
     # the API's modes, a superset of the edge's: EdgeRole narrows it (a redeclared field keeps its place)
@@ -169,6 +177,7 @@ class EdgeOptions:
 @dataclass(frozen=True)
 class EdgeRole(EdgeOptions):
     """`acespec edge`: one generation through the cloud, streamed to stdout."""
+
     mode: EdgeMode = "auto"  # auto: the cloud streams, drafts join when ready; sync, pipelined: edge-led
     prompt: str | None = None  # the prompt (required)
     chat: bool = False  # wrap the prompt in the model's chat template
@@ -182,13 +191,15 @@ class EdgeRole(EdgeOptions):
     def preset(self) -> EdgeRole:
         if not self.acespec:
             return self
-        return dataclasses.replace(self, mode="pipelined", cache=True, branches=True, auto_window=True,
-                                   policy="controller", acespec=False)
+        return dataclasses.replace(
+            self, mode="pipelined", cache=True, branches=True, auto_window=True, policy="controller", acespec=False
+        )
 
 
 @dataclass(frozen=True)
 class EdgeServeRole(EdgeOptions):
     """`acespec edge serve`: the OpenAI-compatible HTTP API. The options are each request's defaults."""
+
     mode: ApiMode = "auto"  # requests' default mode: auto; acespec (the full edge-led system); sync, pipelined, ...
     host: str = "127.0.0.1"  # HTTP listen address
     port: int = 8000  # HTTP port; 0 = any free port, printed at start
@@ -202,8 +213,9 @@ class EdgeServeRole(EdgeOptions):
 
     def __post_init__(self) -> None:
         if self.acespec and self.mode not in ("pipelined", "acespec", "auto"):  # auto: the default, i.e. no --mode
-            raise ConfigError(None, "--acespec is the default mode acespec; it cannot be combined with "
-                                    f"--mode {self.mode}")
+            raise ConfigError(
+                None, f"--acespec is the default mode acespec; it cannot be combined with --mode {self.mode}"
+            )
         in_range("port", self.port, 0, 65535)
         at_least("drafters", self.drafters, 1)
         at_least("max_waiting", self.max_waiting, 0)
@@ -229,6 +241,7 @@ class EdgeServeRole(EdgeOptions):
 @dataclass(frozen=True)
 class CloudRole:
     """`acespec serve`: the cloud verifier. Sessions bring their own sampling settings in HELLO."""
+
     target: str = DEFAULT_TARGET  # target model: a registry name, GGUF path, HF directory or toy:...
     host: str = "127.0.0.1"  # listen address
     port: int = 7070  # listen port; 0 = any free port, printed at start
@@ -293,11 +306,15 @@ class CloudRole:
         if self.engine in ("serial", "noop") and (self.slots or self.kv_budget):
             raise ConfigError(None, "--slots and --kv-budget are for the batched engine")
         if self.engine == "vllm" and (self.kv_budget or self.batching != "exact"):
-            raise ConfigError(None, "--kv-budget and --batching are for the batched engine "
-                                    "(vLLM manages its own KV blocks)")
+            raise ConfigError(
+                None, "--kv-budget and --batching are for the batched engine (vLLM manages its own KV blocks)"
+            )
         if self.engine == "batched" and self.kv_budget and self.kv_budget // self.resident_slots < 64:
-            raise ConfigError(None, f"--kv-budget {self.kv_budget} leaves {self.kv_budget // self.resident_slots} "
-                                    f"tokens per slot for {self.resident_slots} slots; give it more")
+            raise ConfigError(
+                None,
+                f"--kv-budget {self.kv_budget} leaves {self.kv_budget // self.resident_slots} "
+                f"tokens per slot for {self.resident_slots} slots; give it more",
+            )
 
     @property
     def resident_slots(self) -> int:
@@ -313,6 +330,7 @@ class CloudRole:
 @dataclass(frozen=True)
 class DemoRole:
     """`acespec demo`: cloud, WAN emulator and edge on this machine, the modes side by side."""
+
     profile: str = "wan"  # WAN profile: lan, wan, transcontinental, lte
     rtt: str | None = None  # override the profile's round-trip time (ms)
     prompt: str = DEFAULT_PROMPT  # the prompt every mode generates from

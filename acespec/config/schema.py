@@ -80,6 +80,7 @@ def seconds(key: str, value: float) -> None:
 @dataclass(frozen=True)
 class Leaf:
     """One setting: a field of the role's dataclass or of one nested in it."""
+
     name: str  # the field's name, unique in its role
     base: type  # bool, int, float or str
     optional: bool  # None is a value (unset)
@@ -100,8 +101,11 @@ def field_docs(cls: type) -> dict[str, str]:
         if not dataclasses.is_dataclass(klass):
             continue
         src = textwrap.dedent(inspect.getsource(klass))
-        comments = {t.start[0]: t.string.lstrip("#").strip()
-                    for t in tokenize.generate_tokens(io.StringIO(src).readline) if t.type == tokenize.COMMENT}
+        comments = {
+            t.start[0]: t.string.lstrip("#").strip()
+            for t in tokenize.generate_tokens(io.StringIO(src).readline)
+            if t.type == tokenize.COMMENT
+        }
         (node,) = ast.parse(src).body
         for stmt in node.body:  # type: ignore[attr-defined]
             if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
@@ -204,23 +208,37 @@ def add_cli_args(parser: argparse.ArgumentParser, instance: Any) -> None:
         help_text = leaf.doc
         if leaf.base is bool:
             help_text += " (on by default)" if leaf.default else ""
-            parser.add_argument(leaf.flag, dest=leaf.name, action=argparse.BooleanOptionalAction,
-                                default=argparse.SUPPRESS, help=help_text)
+            parser.add_argument(
+                leaf.flag,
+                dest=leaf.name,
+                action=argparse.BooleanOptionalAction,
+                default=argparse.SUPPRESS,
+                help=help_text,
+            )
             continue
         if leaf.default is not None:
             help_text += f" (default {_show(leaf.default)})"
-        parser.add_argument(leaf.flag, dest=leaf.name, type=_PARSERS[leaf.base], choices=leaf.choices,
-                            default=argparse.SUPPRESS, help=help_text,
-                            metavar=None if leaf.choices else "PATH" if leaf.name.endswith(_PATH_SUFFIXES)
-                            else _METAVARS[leaf.base])
+        parser.add_argument(
+            leaf.flag,
+            dest=leaf.name,
+            type=_PARSERS[leaf.base],
+            choices=leaf.choices,
+            default=argparse.SUPPRESS,
+            help=help_text,
+            metavar=None if leaf.choices else "PATH" if leaf.name.endswith(_PATH_SUFFIXES) else _METAVARS[leaf.base],
+        )
 
 
 def add_config_arg(parser: argparse.ArgumentParser) -> None:
     # SUPPRESS, as for the settings: `acespec edge --config F serve` keeps F (a subcommand's own default
     # would overwrite what its parent parsed)
-    parser.add_argument("--config", metavar="FILE", default=argparse.SUPPRESS,
-                        help="settings from a YAML (.yaml, .yml) or TOML (.toml) file, keys named as the flags; "
-                             "a flag given here wins over the file")
+    parser.add_argument(
+        "--config",
+        metavar="FILE",
+        default=argparse.SUPPRESS,
+        help="settings from a YAML (.yaml, .yml) or TOML (.toml) file, keys named as the flags; "
+        "a flag given here wins over the file",
+    )
 
 
 # ------------------------------------------------------------------------------------------ files
@@ -241,8 +259,9 @@ def read_file(path: str) -> dict[str, Any]:
         else:
             raise ConfigError(None, f"the config file {path} must end in .toml, .yaml or .yml")
     except (tomllib.TOMLDecodeError, yaml.YAMLError) as e:
-        raise ConfigError(None, f"the config file {path} is not valid {suffix[1:].upper()}: "
-                                f"{' '.join(str(e).split())}") from None
+        raise ConfigError(
+            None, f"the config file {path} is not valid {suffix[1:].upper()}: {' '.join(str(e).split())}"
+        ) from None
     if data is None:  # an empty YAML file
         return {}
     if not isinstance(data, dict):
@@ -285,8 +304,9 @@ def file_settings(instance: Any, path: str) -> dict[str, Any]:
         if leaf is None or not isinstance(key, str):
             close = difflib.get_close_matches(name, list(by_name), n=1)
             hint = f"did you mean {close[0].replace('_', '-')!r}? " if close else ""
-            raise ConfigError(None, f"unknown key {key!r} in {path} ({hint}`acespec config show ROLE` lists "
-                                    "every key a role takes)")
+            raise ConfigError(
+                None, f"unknown key {key!r} in {path} ({hint}`acespec config show ROLE` lists every key a role takes)"
+            )
         if name in out:
             raise ConfigError(None, f"{path} sets {name} twice (as - and _)")
         out[name] = _coerce(leaf, key, value, path)

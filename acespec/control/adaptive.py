@@ -219,8 +219,10 @@ class AdaptiveConfig:
         if self.b_max < 1:
             raise ValueError(f"b_max must be >= 1, got {self.b_max}")
         if self.probe_every < 1 or self.probe_gap_max < 1 or self.probe_k < 1:
-            raise ValueError(f"probe_every, probe_gap_max and probe_k must be >= 1, got "
-                             f"{self.probe_every}, {self.probe_gap_max}, {self.probe_k}")
+            raise ValueError(
+                f"probe_every, probe_gap_max and probe_k must be >= 1, got "
+                f"{self.probe_every}, {self.probe_gap_max}, {self.probe_k}"
+            )
         for name in ("accept_ema", "timing_ema"):
             if not 0.0 < getattr(self, name) <= 1.0:
                 raise ValueError(f"{name} must be in (0, 1], got {getattr(self, name)}")
@@ -232,10 +234,23 @@ class AdaptiveConfig:
         if self.min_conf is not None and not 0.0 <= self.min_conf <= 1.0:
             raise ValueError(f"min_conf must be in [0, 1] or None, got {self.min_conf}")
         for name in (
-            "accept_shrink", "accept_prior_weight", "verify_prior_weight", "prior_draft_s_per_token",
-            "prior_rtt_s", "prior_up_bps", "prior_bytes_per_token", "prior_cache_bytes_per_entry",
-            "prior_verify_c0", "prior_verify_c1", "branch_draft_cost", "frame_overhead_bytes",
-            "cache_entries_per_position", "dual_step", "mu_max", "pass_price", "hysteresis",
+            "accept_shrink",
+            "accept_prior_weight",
+            "verify_prior_weight",
+            "prior_draft_s_per_token",
+            "prior_rtt_s",
+            "prior_up_bps",
+            "prior_bytes_per_token",
+            "prior_cache_bytes_per_entry",
+            "prior_verify_c0",
+            "prior_verify_c1",
+            "branch_draft_cost",
+            "frame_overhead_bytes",
+            "cache_entries_per_position",
+            "dual_step",
+            "mu_max",
+            "pass_price",
+            "hysteresis",
         ):
             v = getattr(self, name)
             if not (math.isfinite(v) and v >= 0.0):
@@ -253,7 +268,11 @@ def expected_tokens(accept: Sequence[float] | float, k: int) -> float:
     number for a constant a, in which case this equals (1 - a^(K+1)) / (1 - a)."""
     if k < 0:
         raise ValueError(f"k must be >= 0, got {k}")
-    a = np.full(k, float(accept)) if isinstance(accept, (int, float, np.number)) else np.asarray(accept, dtype=float)[:k]
+    a = (
+        np.full(k, float(accept))
+        if isinstance(accept, (int, float, np.number))
+        else np.asarray(accept, dtype=float)[:k]
+    )
     if len(a) < k:
         raise ValueError(f"need {k} acceptance values, got {len(a)}")
     return float(1.0 + np.sum(np.cumprod(a)))
@@ -554,8 +573,12 @@ class AdaptiveController(DepthPolicy):
         g_bw, g_mem, g_pass = self._violations_from(ev)
         r_star = float(np.max(ev["rate"][:, self.cfg.k_min :]))
         # an infinite pass budget gives g_pass = -1 everywhere, so the penalty vanishes by itself
-        L = (ev["rate"] / max(r_star, 1e-12) - self.mu_bw * g_bw - self.mu_mem * g_mem
-             - self.cfg.pass_price * np.maximum(g_pass, 0.0))
+        L = (
+            ev["rate"] / max(r_star, 1e-12)
+            - self.mu_bw * g_bw
+            - self.mu_mem * g_mem
+            - self.cfg.pass_price * np.maximum(g_pass, 0.0)
+        )
         L[:, : self.cfg.k_min] = -np.inf
         return L
 

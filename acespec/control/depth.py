@@ -51,8 +51,16 @@ class PlusTwoMinusOne(DepthPolicy):
 DEFAULT_PASS_BUDGET = 0.25  # target verify passes per token the edge's controller keeps to (issue 5's bar)
 
 
-def make_policy(spec: str, k: int, *, pipelined: bool = False, auto_window: bool = False,
-                pass_budget: float = DEFAULT_PASS_BUDGET, max_window: int = 8, k_min: int = 1) -> DepthPolicy:
+def make_policy(
+    spec: str,
+    k: int,
+    *,
+    pipelined: bool = False,
+    auto_window: bool = False,
+    pass_budget: float = DEFAULT_PASS_BUDGET,
+    max_window: int = 8,
+    k_min: int = 1,
+) -> DepthPolicy:
     """`fixed` / `adaptive` (the +2/-1 schedule) / `controller` (the cost-model controller; the keyword
     arguments say how the loop runs and what the cloud grants, see `AdaptiveConfig`; `k_min` = 0 lets
     it take plain steps where no block pays, which only a loop with the target at hand should: over a
@@ -62,6 +70,12 @@ def make_policy(spec: str, k: int, *, pipelined: bool = False, auto_window: bool
     if spec in ("adaptive", "plus2minus1"):
         return PlusTwoMinusOne(k)
     if spec == "controller":
-        return AdaptiveController(k_init=max(1, k), pipelined=pipelined, auto_window=pipelined and auto_window,
-                                  pass_budget=pass_budget, max_window=max_window, k_min=k_min)
+        return AdaptiveController(
+            k_init=max(1, k),
+            pipelined=pipelined,
+            auto_window=pipelined and auto_window,
+            pass_budget=pass_budget,
+            max_window=max_window,
+            k_min=k_min,
+        )
     raise ValueError(f"unknown depth policy {spec!r}; choose fixed, adaptive or controller")

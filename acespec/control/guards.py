@@ -126,7 +126,9 @@ class NetWinGuard:
         elif rule_name == self.config.strict_rule:
             st.strict.update(output_length, accepted_per_round, self.config.ema_weight)
         else:
-            raise ValueError(f"guard compares {self.relaxed_rule!r} with {self.config.strict_rule!r}, not {rule_name!r}")
+            raise ValueError(
+                f"guard compares {self.relaxed_rule!r} with {self.config.strict_rule!r}, not {rule_name!r}"
+            )
         # The exploited arm changes only on observations, never on queries, so asking is side-effect free.
         est = self.estimate(task_type)
         if est is None or min(est.n_relaxed, est.n_strict) < self.config.n_min:

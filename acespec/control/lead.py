@@ -42,11 +42,17 @@ from acespec.control.adaptive import expected_tokens
 class LeadConfig:
     k_max: int = 16  # most draft tokens one step verifies
     prior_accept: float = 0.7  # acceptance assumed at the first draft position before any is seen
-    prior_weight: float = 2.0  # how many observations a prior is worth (a deeper position's prior is its predecessor's estimate)
+    prior_weight: float = (
+        2.0  # how many observations a prior is worth (a deeper position's prior is its predecessor's estimate)
+    )
     decay: float = 0.97  # per-observation forgetting of acceptance
     prior_row_cost: float = 0.05  # extra cost of one draft row, as a fraction of a step, before one is measured
-    probe_every: int = 32  # with drafting priced out, the step after this many plain ones verifies a short draft anyway ...
-    probe_gap_max: int = 1024  # ... each probe that leaves drafting priced out doubles that gap, up to this (one kept whole resets it)
+    probe_every: int = (
+        32  # with drafting priced out, the step after this many plain ones verifies a short draft anyway ...
+    )
+    probe_gap_max: int = (
+        1024  # ... each probe that leaves drafting priced out doubles that gap, up to this (one kept whole resets it)
+    )
     probe_k: int = 2  # how long that probe is
     explore_every: int = 8  # one drafting step in this many tries a deeper k whose cost is not measured yet ...
     explore_within: float = 0.9  # ... if its estimated rate is at least this share of the best measured one
@@ -120,8 +126,15 @@ class LeadPricer:
         self._probe_gap = self.cfg.probe_every
 
     # -- what was seen -----------------------------------------------------------------------------
-    def observe(self, drafted: int, accepted: int, own_s: float, wall_s: float | None = None, shared: int = 1,
-                timed: bool = True) -> None:
+    def observe(
+        self,
+        drafted: int,
+        accepted: int,
+        own_s: float,
+        wall_s: float | None = None,
+        shared: int = 1,
+        timed: bool = True,
+    ) -> None:
         """One step: `drafted` tokens verified, `accepted` kept, `own_s` its pass, `wall_s` all it took,
         `shared`: sessions whose rows were in that pass (this one included). `timed` False: the pass also
         prefilled other sessions' prompts, so its time teaches nothing of what a step costs (a second of
@@ -231,6 +244,9 @@ class LeadPricer:
         return best_k
 
     def describe(self) -> dict:
-        return {"accept": [round(a, 3) for a in self.accepts(min(4, self.cfg.k_max))],
-                "cost_ms": {k: round(1e3 * v, 2) for k, v in sorted(self._cost.items())}, "other_ms": round(1e3 * self._other, 2),
-                "shared": round(self._shared, 2)}
+        return {
+            "accept": [round(a, 3) for a in self.accepts(min(4, self.cfg.k_max))],
+            "cost_ms": {k: round(1e3 * v, 2) for k, v in sorted(self._cost.items())},
+            "other_ms": round(1e3 * self._other, 2),
+            "shared": round(self._shared, 2),
+        }

@@ -46,13 +46,17 @@ class CacheConfig:
     max_entries_per_block: int = 16  # most outcomes planned for one block in flight (the likeliest go first)
     min_prob: float = 0.003  # skip outcomes less likely than this
     depth: int = 4  # tokens drafted per entry (the most probable outcomes)
-    shallow_depth: int = 1  # tokens drafted for the less probable ones (a first token already puts their state in place)
+    shallow_depth: int = (
+        1  # tokens drafted for the less probable ones (a first token already puts their state in place)
+    )
     # Most tokens pre-drafted for any outcome; a hit's block is finished after the verdict. Deeper entries
     # for outcomes that come 1-3 times a run took the drafter from the blocks the target was waiting for:
     # at split cores, 100 ms, 2 instead of the block's depth cut pre-drafting from 1.2 to 0.7 s a run and
     # lifted AceSpec from 0.75-0.79 to 0.81-0.84 of its ceiling in 3 runs each (docs/results/bench-ceiling.txt).
     predraft_depth: int = 2
-    batch: int = 4  # outcomes pre-drafted side by side in one batched pass (breadth first; a pass delays a verdict's answer)
+    batch: int = (
+        4  # outcomes pre-drafted side by side in one batched pass (breadth first; a pass delays a verdict's answer)
+    )
 
 
 @dataclass
@@ -97,7 +101,9 @@ class CacheMetrics:
             "lookups_rejected": self.lookups_rejected,
             "hit_rate_rejected": round(self.hits_rejected / self.lookups_rejected, 4) if self.lookups_rejected else 0.0,
             "coverage": round(self.covered / self.lookups, 4) if self.lookups else 0.0,
-            "coverage_rejected": round(self.covered_rejected / self.lookups_rejected, 4) if self.lookups_rejected else 0.0,
+            "coverage_rejected": round(self.covered_rejected / self.lookups_rejected, 4)
+            if self.lookups_rejected
+            else 0.0,
             "hits_reject": self.hits_reject,
             "hits_bonus": self.hits_bonus,
             "entries_drafted": self.entries_drafted,
@@ -112,8 +118,14 @@ class CacheMetrics:
 
 
 class StateCache:
-    def __init__(self, drafter: ChainDrafter, config: CacheConfig | None = None, *, coupled: bool = False,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+    def __init__(
+        self,
+        drafter: ChainDrafter,
+        config: CacheConfig | None = None,
+        *,
+        coupled: bool = False,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
         self.drafter = drafter
         self.model = drafter.model
         self.cfg = config or CacheConfig()
@@ -225,8 +237,9 @@ class StateCache:
             return []
         t0 = self.clock()
         keep_q = self.drafter.rule.info.needs_q
-        steps = self.drafter.step_many([(a["slot"], a["ctx"] + a["tokens"]) for a in group],
-                                       keep_top=self.cfg.alternatives + 1)
+        steps = self.drafter.step_many(
+            [(a["slot"], a["ctx"] + a["tokens"]) for a in group], keep_top=self.cfg.alternatives + 1
+        )
         dt = self.clock() - t0
         self._step_s[n] = dt if n not in self._step_s else 0.7 * self._step_s[n] + 0.3 * dt
         self.metrics.predraft_s += dt
@@ -281,8 +294,22 @@ class StateCache:
                 n_common -= 1  # fork only what really matches (the main sequence may have moved on)
             self.model.fork(slot, n_common)
             depth = self._depth.pop(key, self.cfg.shallow_depth)
-            self._active.append(dict(prob=prob, key=key, ctx=ctx, base=fork_at - key[1], kind=kind, slot=slot,
-                                     n_common=n_common, depth=max(1, depth), tokens=[], top=[], q=[], seconds=0.0))
+            self._active.append(
+                dict(
+                    prob=prob,
+                    key=key,
+                    ctx=ctx,
+                    base=fork_at - key[1],
+                    kind=kind,
+                    slot=slot,
+                    n_common=n_common,
+                    depth=max(1, depth),
+                    tokens=[],
+                    top=[],
+                    q=[],
+                    seconds=0.0,
+                )
+            )
             return True
         return False
 
@@ -298,11 +325,27 @@ class StateCache:
         ctx, tokens = a["ctx"], a["tokens"]
         q = np.stack(a["q"]) if a["q"] else None
         own_tokens = len(ctx) - a["n_common"] + len(tokens)
-        nbytes = ENTRY_OVERHEAD + own_tokens * self.kv_bytes_per_token + 8 * len(tokens) + 12 * sum(len(t[0]) for t in a["top"])
+        nbytes = (
+            ENTRY_OVERHEAD
+            + own_tokens * self.kv_bytes_per_token
+            + 8 * len(tokens)
+            + 12 * sum(len(t[0]) for t in a["top"])
+        )
         if q is not None:
             nbytes += int(np.count_nonzero(q)) * 12  # stored sparse: id + prob
-        e = Entry(a["key"], tokens, q, a["slot"], a["prob"], nbytes, a["seconds"], a["kind"],
-                  base=a["base"], lead=list(ctx[a["base"]:]), top=a["top"])
+        e = Entry(
+            a["key"],
+            tokens,
+            q,
+            a["slot"],
+            a["prob"],
+            nbytes,
+            a["seconds"],
+            a["kind"],
+            base=a["base"],
+            lead=list(ctx[a["base"] :]),
+            top=a["top"],
+        )
         self._insert(e)
         self.metrics.entries_drafted += 1
         return e if e.key in self.entries else None

@@ -32,7 +32,11 @@ class TokenPicker:
     """How the drafter chooses a token from its distribution, matching the rule that will verify it."""
 
     def __init__(self, rule: RuleSpec, sampling: SamplingParams, seed: int) -> None:
-        self.mode = "greedy" if (rule.name == "greedy" or sampling.greedy) else ("coupled" if rule.name == "coupled" else "sample")
+        self.mode = (
+            "greedy"
+            if (rule.name == "greedy" or sampling.greedy)
+            else ("coupled" if rule.name == "coupled" else "sample")
+        )
         self.sampling = sampling
         self.seed = int(seed)
         self.rng = np.random.default_rng([int(seed) & 0xFFFFFFFF, 0xD4AF7])
@@ -61,7 +65,13 @@ class TokenPicker:
 
 class ChainDrafter:
     def __init__(
-        self, model: Model, *, sampling: SamplingParams, rule: RuleSpec, seed: int = 0, q_topn: int = 0,
+        self,
+        model: Model,
+        *,
+        sampling: SamplingParams,
+        rule: RuleSpec,
+        seed: int = 0,
+        q_topn: int = 0,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self.model = model

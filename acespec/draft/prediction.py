@@ -35,17 +35,17 @@ class Prediction:
 
     def continuation(self, context: Sequence[int], n: int) -> list[int]:
         """Up to n predicted tokens after `context` (prompt + generated so far), [] if it does not line up."""
-        gen = context[self.start:]
+        gen = context[self.start :]
         pred = self.tokens
         if not gen:
             return pred[:n]
         for m in range(min(MAX_NGRAM, len(gen)), 0, -1):
             tail = list(gen[-m:])
-            hits = [j for j in range(m, len(pred) + 1) if pred[j - m:j] == tail]
+            hits = [j for j in range(m, len(pred) + 1) if pred[j - m : j] == tail]
             if hits:
                 j = min(hits, key=lambda h: (h < self._at, abs(h - self._at)))
                 self._at = j
-                return pred[j:j + n]
+                return pred[j : j + n]
         return []
 
 
@@ -68,12 +68,22 @@ class PredictedDrafter(ChainDrafter):
     def free_ahead(self, context: Sequence[int]) -> int:
         return len(self.prediction.continuation(context, len(self.prediction.tokens)))
 
-    def draft(self, context: Sequence[int], n: int, *, keep_q: bool | None = None, keep_top: int = 0,
-              min_conf: float = 0.0, min_tokens: int = 1, stop=None) -> DraftBlock:
+    def draft(
+        self,
+        context: Sequence[int],
+        n: int,
+        *,
+        keep_q: bool | None = None,
+        keep_top: int = 0,
+        min_conf: float = 0.0,
+        min_tokens: int = 1,
+        stop=None,
+    ) -> DraftBlock:
         cont = self.prediction.continuation(context, n) if n > 0 else []
         if not cont or len(cont) < min_tokens:
-            return super().draft(context, n, keep_q=keep_q, keep_top=keep_top, min_conf=min_conf, min_tokens=min_tokens,
-                                 stop=stop)
+            return super().draft(
+                context, n, keep_q=keep_q, keep_top=keep_top, min_conf=min_conf, min_tokens=min_tokens, stop=stop
+            )
         keep_q = self.rule.info.needs_q if keep_q is None else keep_q
         q = None
         if keep_q:

@@ -61,9 +61,18 @@ from acespec.verify import RuleSpec, RuleSpecError
 
 DISCONNECT_POLL_S = 0.25  # how often a request that is not streaming yet checks that its client is still there
 # OpenAI fields the edge cannot honour: refused when set to anything but their neutral value
-_UNSUPPORTED: dict[str, tuple] = {"logprobs": (None, False, 0), "top_logprobs": (None, 0), "echo": (None, False), "best_of": (None, 1),
-                "suffix": (None, ""), "tools": (None, []), "functions": (None, []), "logit_bias": (None, {}),
-                "presence_penalty": (None, 0, 0.0), "frequency_penalty": (None, 0, 0.0)}
+_UNSUPPORTED: dict[str, tuple] = {
+    "logprobs": (None, False, 0),
+    "top_logprobs": (None, 0),
+    "echo": (None, False),
+    "best_of": (None, 1),
+    "suffix": (None, ""),
+    "tools": (None, []),
+    "functions": (None, []),
+    "logit_bias": (None, {}),
+    "presence_penalty": (None, 0, 0.0),
+    "frequency_penalty": (None, 0, 0.0),
+}
 
 
 # ------------------------------------------------------------------------------------------ schema
@@ -166,8 +175,12 @@ class EdgeService:
     def request(self, body: _Body, prompt: list[int]) -> GenRequest:
         """Check a request against what this edge can serve; ApiError says why not."""
         if body.model != self.cfg.served_model:
-            raise ApiError(404, f"The model `{body.model}` does not exist; this edge serves `{self.cfg.served_model}`.",
-                           param="model", code="model_not_found")
+            raise ApiError(
+                404,
+                f"The model `{body.model}` does not exist; this edge serves `{self.cfg.served_model}`.",
+                param="model",
+                code="model_not_found",
+            )
         if body.n != 1:
             raise ApiError(400, "only n = 1 is supported", param="n")
         for name, neutral in _UNSUPPORTED.items():
@@ -177,9 +190,13 @@ class EdgeService:
         if fmt not in (None, {"type": "text"}):
             # a constrained format is lossless only if the drafter and the target are constrained by one
             # grammar; the wire carries none yet, and an unconstrained answer would pass for a constrained one
-            raise ApiError(400, "`response_format` other than {\"type\": \"text\"} is not supported: this edge cannot "
-                                "constrain the cloud's target and its own drafter to one grammar, and will not return "
-                                "unconstrained text in its place", param="response_format")
+            raise ApiError(
+                400,
+                '`response_format` other than {"type": "text"} is not supported: this edge cannot '
+                "constrain the cloud's target and its own drafter to one grammar, and will not return "
+                "unconstrained text in its place",
+                param="response_format",
+            )
         if not prompt:
             raise ApiError(400, "the prompt is empty after tokenization", param="prompt")
         if any(not 0 <= t < self.vocab_size for t in prompt):
@@ -190,8 +207,13 @@ class EdgeService:
         # failover carries the prompt and everything generated
         n_ctx = min(self.n_ctx, wire.Limits().max_prompt_tokens)
         if len(prompt) + max_tokens > n_ctx:
-            raise ApiError(400, f"prompt ({len(prompt)} tokens) + max_tokens ({max_tokens}) exceeds this edge's context "
-                                f"of {n_ctx} tokens", param="max_tokens", code="context_length_exceeded")
+            raise ApiError(
+                400,
+                f"prompt ({len(prompt)} tokens) + max_tokens ({max_tokens}) exceeds this edge's context "
+                f"of {n_ctx} tokens",
+                param="max_tokens",
+                code="context_length_exceeded",
+            )
         stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
         if len(stop) > MAX_STOP:
             raise ApiError(400, f"at most {MAX_STOP} stop strings", param="stop")
@@ -199,8 +221,17 @@ class EdgeService:
         seed = body.seed if body.seed is not None else self.cfg.seed if self.cfg.seed is not None else new_seed()
         try:
             rule = str(RuleSpec.parse(body.rule)) if body.rule is not None else None
-            cfg = edge_config_for(d, mode, rule=rule, k=body.k, temperature=body.temperature, top_p=body.top_p,
-                                  top_k=body.top_k, seed=seed, max_tokens=max_tokens)
+            cfg = edge_config_for(
+                d,
+                mode,
+                rule=rule,
+                k=body.k,
+                temperature=body.temperature,
+                top_p=body.top_p,
+                top_k=body.top_k,
+                seed=seed,
+                max_tokens=max_tokens,
+            )
         except (RuleSpecError, ValueError) as e:
             raise ApiError(400, str(e), param="rule" if isinstance(e, RuleSpecError) else None) from None
         if body.prediction is not None:
@@ -211,11 +242,14 @@ class EdgeService:
                 content = "".join(p["text"] for p in content)
             pred = self.tokenizer.encode(content)
             if len(pred) > self.n_ctx:
-                raise ApiError(400, f"the prediction ({len(pred)} tokens) is longer than this edge's context", param="prediction")
+                raise ApiError(
+                    400, f"the prediction ({len(pred)} tokens) is longer than this edge's context", param="prediction"
+                )
             cfg = dataclasses.replace(cfg, prediction=tuple(pred))
         if cfg.cache and self.slots < 2:
-            raise ApiError(400, f"mode {mode} uses the state cache, which needs a drafter with forks (n_slots > 1)",
-                           param="mode")
+            raise ApiError(
+                400, f"mode {mode} uses the state cache, which needs a drafter with forks (n_slots > 1)", param="mode"
+            )
         return GenRequest(prompt=prompt, cfg=cfg, mode=mode, stop=stop, marks=body.marks)
 
     def chat_prompt(self, body: ChatBody) -> list[int]:
@@ -265,13 +299,20 @@ class _Answer:
     def usage(self) -> dict:
         res = self.done.result if self.done is not None else None
         s = res.stats if res is not None else None
-        completion = self.text.stopped_at if self.text.stopped_at is not None else (len(res.tokens) if res is not None else self.text.tokens)
+        completion = (
+            self.text.stopped_at
+            if self.text.stopped_at is not None
+            else (len(res.tokens) if res is not None else self.text.tokens)
+        )
         return {
-            "prompt_tokens": len(self.req.prompt), "completion_tokens": completion,
+            "prompt_tokens": len(self.req.prompt),
+            "completion_tokens": completion,
             "total_tokens": len(self.req.prompt) + completion,
-            "accepted_tokens": s.accepted if s else 0, "drafted_tokens": s.drafted if s else 0,
+            "accepted_tokens": s.accepted if s else 0,
+            "drafted_tokens": s.drafted if s else 0,
             "target_passes": s.rounds if s else 0,
-            "cache_hits": s.cache.get("hits", 0) if s else 0, "cache_lookups": s.cache.get("lookups", 0) if s else 0,
+            "cache_hits": s.cache.get("hits", 0) if s else 0,
+            "cache_lookups": s.cache.get("lookups", 0) if s else 0,
         } | self._prediction_usage(res)
 
     def _prediction_usage(self, res) -> dict:
@@ -279,7 +320,12 @@ class _Answer:
         if not pred:
             return {}
         accepted, rejected = prediction_usage(pred, res.tokens if res is not None else [])
-        return {"completion_tokens_details": {"accepted_prediction_tokens": accepted, "rejected_prediction_tokens": rejected}}
+        return {
+            "completion_tokens_details": {
+                "accepted_prediction_tokens": accepted,
+                "rejected_prediction_tokens": rejected,
+            }
+        }
 
     def _choice(self, text: str | None, finish: str | None, *, delta: bool, first: bool = False) -> dict:
         c: dict = {"index": 0}
@@ -295,14 +341,22 @@ class _Answer:
 
     def _obj(self, choices: list, *, chunk: bool) -> dict:
         kind = ("chat.completion.chunk" if chunk else "chat.completion") if self.chat else "text_completion"
-        return {"id": self.id, "object": kind, "created": self.created, "model": self.svc.cfg.served_model,
-                "choices": choices}
+        return {
+            "id": self.id,
+            "object": kind,
+            "created": self.created,
+            "model": self.svc.cfg.served_model,
+            "choices": choices,
+        }
 
     def chunk(self, pieces: list[tuple[str, str]], r: Round | None, *, first: bool = False) -> dict:
         obj = self._obj([self._choice("".join(t for t, _ in pieces), None, delta=True, first=first)], chunk=True)
         if self.req.marks and r is not None:
             obj["acespec"] = {
-                "tokens": [[t, o] for t, o in pieces], "n": len(r.tokens), "k": r.drafted, "accepted": r.accepted,
+                "tokens": [[t, o] for t, o in pieces],
+                "n": len(r.tokens),
+                "k": r.drafted,
+                "accepted": r.accepted,
                 "rtt_ms": None if r.rtt_s is None else round(r.rtt_s * 1e3, 3),
                 "latency_ms": None if r.latency_s is None else round(r.latency_s * 1e3, 3),
             }
@@ -365,8 +419,10 @@ def create_app(svc: EdgeService) -> FastAPI:
     async def _invalid(request: Request, e: RequestValidationError):
         first = e.errors()[0] if e.errors() else {}
         loc = [str(x) for x in first.get("loc", ()) if x != "body"]
-        msg = "; ".join(f"{'.'.join(str(x) for x in err.get('loc', ()) if x != 'body') or 'body'}: {err.get('msg')}"
-                        for err in e.errors()[:5])
+        msg = "; ".join(
+            f"{'.'.join(str(x) for x in err.get('loc', ()) if x != 'body') or 'body'}: {err.get('msg')}"
+            for err in e.errors()[:5]
+        )
         return error(ApiError(422, msg or "invalid request", param=".".join(loc) or None, code="invalid_value"))
 
     @app.exception_handler(StarletteHTTPException)
@@ -380,8 +436,18 @@ def create_app(svc: EdgeService) -> FastAPI:
 
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [{"id": svc.cfg.served_model, "object": "model", "created": svc.started,
-                                            "owned_by": "acespec", "max_model_len": svc.n_ctx}]}
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": svc.cfg.served_model,
+                    "object": "model",
+                    "created": svc.started,
+                    "owned_by": "acespec",
+                    "max_model_len": svc.n_ctx,
+                }
+            ],
+        }
 
     @app.get("/metrics")
     async def metrics():
@@ -424,8 +490,11 @@ def create_app(svc: EdgeService) -> FastAPI:
             return error(_failure(first.error))
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            return StreamingResponse(_stream(gen, ans, first, include_usage), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+            return StreamingResponse(
+                _stream(gen, ans, first, include_usage),
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+            )
         pieces: list[tuple[str, str]] = []
         ev = first
         try:
@@ -491,8 +560,9 @@ class EdgeApiThread:
         import uvicorn  # heavy: the HTTP server only
 
         self.svc = svc
-        self.server = uvicorn.Server(uvicorn.Config(create_app(svc), host=svc.cfg.host, port=svc.cfg.port,
-                                                    log_level="warning", lifespan="off"))
+        self.server = uvicorn.Server(
+            uvicorn.Config(create_app(svc), host=svc.cfg.host, port=svc.cfg.port, log_level="warning", lifespan="off")
+        )
         self._thread = threading.Thread(target=self.server.run, daemon=True, name="acespec-edge-api")
 
     @property

@@ -44,13 +44,25 @@ def cmd_edge(args: argparse.Namespace) -> int:
         out.push(toks)
 
     try:
-        res = run_edge(drafter if cfg.mode != "cloud-only" else None, ids, cfg, model_id=drafter.tokenizer.fingerprint,
-                       on_tokens=push)
+        res = run_edge(
+            drafter if cfg.mode != "cloud-only" else None,
+            ids,
+            cfg,
+            model_id=drafter.tokenizer.fingerprint,
+            on_tokens=push,
+        )
     except Exception as e:
         if role.json:  # the text committed so far is the caller's, failure or not
-            out.finish(produced, {"mode": cfg.mode, "rule": role.sampling.rule, "emitted": len(produced)}, as_json=True,
-                       error={"message": str(e), "code": getattr(getattr(e, "code", None), "name", None),
-                              "type": type(e).__name__})
+            out.finish(
+                produced,
+                {"mode": cfg.mode, "rule": role.sampling.rule, "emitted": len(produced)},
+                as_json=True,
+                error={
+                    "message": str(e),
+                    "code": getattr(getattr(e, "code", None), "name", None),
+                    "type": type(e).__name__,
+                },
+            )
         raise
     s = res.stats.summary()
     s.update(mode=cfg.mode, rule=role.sampling.rule)

@@ -65,12 +65,16 @@ class ConnectConfig:
     backoff_s: float = 0.05  # first retry delay; doubles up to backoff_max_s, each wait jittered to 50-100 %
     backoff_max_s: float = 2.0  # longest retry delay
     busy_retry_s: float = 60.0  # keep retrying a cloud that answers BUSY for this long (does not use up attempts)
-    recover: bool = True  # if the cloud lost the session (restart, expiry), open a new one that carries the committed text
+    recover: bool = (
+        True  # if the cloud lost the session (restart, expiry), open a new one that carries the committed text
+    )
     tls: ssl.SSLContext | None = None  # TLS to the cloud (see tls.py); None = plain TCP
     tls_server_name: str | None = None  # name to check the cloud's certificate against (default: host)
     limits: wire.Limits = field(default_factory=wire.Limits)  # what we accept from the cloud
     replicas: tuple[tuple[str, int], ...] = ()  # more cloud addresses (a fleet) besides host:port; see the module doc
-    failover_after: int = 2  # in a fleet: failed RESUME attempts on the session's own replica before reopening elsewhere
+    failover_after: int = (
+        2  # in a fleet: failed RESUME attempts on the session's own replica before reopening elsewhere
+    )
 
     def fleet(self) -> list[Replica]:
         """Every address to try: host:port and the replicas, each name expanded to every address it
@@ -125,7 +129,9 @@ class _Link:
             self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if cfg.tls is not None:
                 self._bio_in, self._bio_out = ssl.MemoryBIO(), ssl.MemoryBIO()
-                self._tls = cfg.tls.wrap_bio(self._bio_in, self._bio_out, server_hostname=cfg.tls_server_name or replica.name)
+                self._tls = cfg.tls.wrap_bio(
+                    self._bio_in, self._bio_out, server_hostname=cfg.tls_server_name or replica.name
+                )
                 self._tls_handshake()
                 self.identity = hashlib.sha256(self._tls.getpeercert(binary_form=True) or b"").digest()
         except BaseException:
@@ -311,8 +317,9 @@ class CloudSession:
     def _sleep(self, delay: float) -> None:
         time.sleep(delay * self._jitter.uniform(0.5, 1.0))  # jitter: a crowd of edges does not retry in step
 
-    def _handshake(self, greeting: Callable[[_Link], object], targets: Sequence[Replica],
-                   attempts: int | None = None) -> tuple[_Link, wire.Welcome]:
+    def _handshake(
+        self, greeting: Callable[[_Link], object], targets: Sequence[Replica], attempts: int | None = None
+    ) -> tuple[_Link, wire.Welcome]:
         """Connect, send the greeting (HELLO or RESUME), wait for WELCOME; retry the whole exchange.
 
         Each round tries `targets` in order and takes the first WELCOME. A round in which every target
@@ -349,7 +356,9 @@ class CloudSession:
                 now = time.monotonic()
                 busy_until = busy_until or now + cfg.busy_retry_s
                 if now >= busy_until:
-                    raise EdgeError(f"the cloud stayed busy for {cfg.busy_retry_s:g} s: {busy}", wire.ErrorCode.BUSY) from None
+                    raise EdgeError(
+                        f"the cloud stayed busy for {cfg.busy_retry_s:g} s: {busy}", wire.ErrorCode.BUSY
+                    ) from None
                 self.busy_waits += 1
             else:
                 failures += 1
@@ -378,16 +387,23 @@ class CloudSession:
         others = [r for r in self.replicas if r != home]
         if drained and others and self.cfg.recover:
             return self.recover(committed, avoid=home)
-        resume = wire.Resume(session=self.sid, committed=len(committed), auth=self.cfg.token, secret=self.secret,
-                             digest=wire.committed_digest(committed))
+        resume = wire.Resume(
+            session=self.sid,
+            committed=len(committed),
+            auth=self.cfg.token,
+            secret=self.secret,
+            digest=wire.committed_digest(committed),
+        )
         fresh = self._continuation(committed) if self.cfg.recover else None
 
         def greeting(link: _Link):
             if home_id is None or link.identity == home_id:
                 return resume
             if fresh is None:
-                raise EdgeError(f"reached another replica than the session's through {link.replica}; "
-                                "its secret goes to no other, and recovery is off")
+                raise EdgeError(
+                    f"reached another replica than the session's through {link.replica}; "
+                    "its secret goes to no other, and recovery is off"
+                )
             return fresh
 
         try:
@@ -461,7 +477,9 @@ class TcpTransport(Transport):
     def __init__(self, session: CloudSession, *, send_q: bool) -> None:
         self.s = session
         self.send_q = send_q
-        self.sent_at: dict[int, tuple[float, int, int]] = {}  # blocks in flight only: (sent, frame bytes, tokens); popped by their verdict, cleared on resume
+        self.sent_at: dict[
+            int, tuple[float, int, int]
+        ] = {}  # blocks in flight only: (sent, frame bytes, tokens); popped by their verdict, cleared on resume
         self.rtt_sum = 0.0  # over every round trip, for the mean
         self.rtt_count = 0
         self._down_seen = 0  # the link's received bytes at the previous verdict
@@ -486,8 +504,13 @@ class TcpTransport(Transport):
             if isinstance(f, wire.Verdict):
                 self._arrived(t, f)
                 return Verdict(
-                    f.seq, f.accepted, f.next_token if not f.dropped else -1, f.committed, f.verify_us,
-                    dropped=f.dropped, finished=f.finished,
+                    f.seq,
+                    f.accepted,
+                    f.next_token if not f.dropped else -1,
+                    f.committed,
+                    f.verify_us,
+                    dropped=f.dropped,
+                    finished=f.finished,
                 )
             failure = link_failure(f)
             if isinstance(failure, EdgeError):
@@ -533,11 +556,21 @@ class TcpLeadLink(LeadLink):
     def rtt_s(self) -> float | None:
         return self._rtt
 
-    def send_draft(self, base: int, tokens: Sequence[int], q: np.ndarray | None, parents: Sequence[int] | None = None) -> None:
+    def send_draft(
+        self, base: int, tokens: Sequence[int], q: np.ndarray | None, parents: Sequence[int] | None = None
+    ) -> None:
         self._seq += 1
         rows = sparse_rows(q) if (self.send_q and q is not None) else None
-        self.s.link.send(wire.Draft(session=self.s.sid, seq=self._seq, base=base, tokens=tuple(int(t) for t in tokens), q=rows,
-                                    parents=None if parents is None else tuple(parents)))
+        self.s.link.send(
+            wire.Draft(
+                session=self.s.sid,
+                seq=self._seq,
+                base=base,
+                tokens=tuple(int(t) for t in tokens),
+                q=rows,
+                parents=None if parents is None else tuple(parents),
+            )
+        )
 
     def recv(self, timeout: float | None):
         now = time.perf_counter()

@@ -24,8 +24,30 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disa
 from acespec.engine.loop import Round
 
 # buckets: seconds for latencies on a WAN (1 ms .. 60 s), tokens for K
-_LATENCY = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0,
-            10.0, 20.0, 40.0, 60.0)
+_LATENCY = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    20.0,
+    40.0,
+    60.0,
+)
 _REQUEST = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 60.0, 120.0, 300.0)
 _K = (0, 1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32)
 MAX_POSITIONS = 32  # per-position acceptance is kept for the first this-many block positions
@@ -45,48 +67,76 @@ class EdgeMetrics:
         Gauge("acespec:drafters", "Drafters loaded (generations that can draft at once)", registry=r).set(pool_size)
         g = Gauge("acespec:drafters_busy", "Drafters running a generation now", registry=r)
         g.set_function(lambda: pool.busy if pool is not None else 0)
-        self.success = Counter("acespec:request_success", "Requests ended, by why (stop, length, abort)",
-                               ["finished_reason"], registry=r)
-        self.errors = Counter("acespec:request_errors", "Requests answered with an error, by HTTP status",
-                              ["status"], registry=r)
+        self.success = Counter(
+            "acespec:request_success", "Requests ended, by why (stop, length, abort)", ["finished_reason"], registry=r
+        )
+        self.errors = Counter(
+            "acespec:request_errors", "Requests answered with an error, by HTTP status", ["status"], registry=r
+        )
         self.prompt_tokens = Counter("acespec:prompt_tokens", "Prompt tokens of the requests run", registry=r)
         self.generation_tokens = Counter("acespec:generation_tokens", "Tokens generated", registry=r)
-        self.ttft = Histogram("acespec:time_to_first_token_seconds", "Request arrival to its first token",
-                              buckets=_LATENCY, registry=r)
-        self.itl = Histogram("acespec:inter_token_latency_seconds", "Time between tokens, as a streaming reader sees it",
-                             buckets=_LATENCY, registry=r)
-        self.e2e = Histogram("acespec:e2e_request_latency_seconds", "Request arrival to its last token",
-                             buckets=_REQUEST, registry=r)
-        self.queue = Histogram("acespec:request_queue_time_seconds", "Time a request waited for a drafter",
-                               buckets=_LATENCY, registry=r)
+        self.ttft = Histogram(
+            "acespec:time_to_first_token_seconds", "Request arrival to its first token", buckets=_LATENCY, registry=r
+        )
+        self.itl = Histogram(
+            "acespec:inter_token_latency_seconds",
+            "Time between tokens, as a streaming reader sees it",
+            buckets=_LATENCY,
+            registry=r,
+        )
+        self.e2e = Histogram(
+            "acespec:e2e_request_latency_seconds", "Request arrival to its last token", buckets=_REQUEST, registry=r
+        )
+        self.queue = Histogram(
+            "acespec:request_queue_time_seconds", "Time a request waited for a drafter", buckets=_LATENCY, registry=r
+        )
         # speculative decoding (vLLM names)
         self.drafts = Counter("acespec:spec_decode_num_drafts", "Verified blocks that held draft tokens", registry=r)
         self.draft_tokens = Counter("acespec:spec_decode_num_draft_tokens", "Draft tokens verified", registry=r)
-        self.accepted = Counter("acespec:spec_decode_num_accepted_tokens", "Draft tokens the target accepted", registry=r)
-        self.accepted_pos = Counter("acespec:spec_decode_num_accepted_tokens_per_pos",
-                                    "Accepted draft tokens by their position in the block", ["position"], registry=r)
+        self.accepted = Counter(
+            "acespec:spec_decode_num_accepted_tokens", "Draft tokens the target accepted", registry=r
+        )
+        self.accepted_pos = Counter(
+            "acespec:spec_decode_num_accepted_tokens_per_pos",
+            "Accepted draft tokens by their position in the block",
+            ["position"],
+            registry=r,
+        )
         # AceSpec's own
-        self.passes = Counter("acespec:target_passes", "Target verify passes (rounds; a cloud-only token is one)", registry=r)
-        self.origins = Counter("acespec:tokens_by_origin", "Tokens generated, by origin (draft, cache, target)",
-                               ["origin"], registry=r)
+        self.passes = Counter(
+            "acespec:target_passes", "Target verify passes (rounds; a cloud-only token is one)", registry=r
+        )
+        self.origins = Counter(
+            "acespec:tokens_by_origin", "Tokens generated, by origin (draft, cache, target)", ["origin"], registry=r
+        )
         self.k = Histogram("acespec:draft_k", "Draft depth K of each verified block", buckets=_K, registry=r)
-        self.rtt = Histogram("acespec:rtt_seconds", "The path's round-trip estimate at each verdict", buckets=_LATENCY,
-                             registry=r)
-        self.verdict = Histogram("acespec:verdict_latency_seconds",
-                                 "Block sent to its verdict applied (round trip, queueing and verify time)",
-                                 buckets=_LATENCY, registry=r)
-        self.cache_lookups = Counter("acespec:state_cache_lookups", "Verdicts that consulted the state cache", registry=r)
-        self.cache_hits = Counter("acespec:state_cache_hits", "State-cache lookups that found the outcome pre-drafted",
-                                  registry=r)
+        self.rtt = Histogram(
+            "acespec:rtt_seconds", "The path's round-trip estimate at each verdict", buckets=_LATENCY, registry=r
+        )
+        self.verdict = Histogram(
+            "acespec:verdict_latency_seconds",
+            "Block sent to its verdict applied (round trip, queueing and verify time)",
+            buckets=_LATENCY,
+            registry=r,
+        )
+        self.cache_lookups = Counter(
+            "acespec:state_cache_lookups", "Verdicts that consulted the state cache", registry=r
+        )
+        self.cache_hits = Counter(
+            "acespec:state_cache_hits", "State-cache lookups that found the outcome pre-drafted", registry=r
+        )
         self.bytes_up = Counter("acespec:uplink_bytes", "Frame bytes sent to the cloud", registry=r)
         self.bytes_down = Counter("acespec:downlink_bytes", "Frame bytes received from the cloud", registry=r)
         self.sessions_live = 0
         g = Gauge("acespec:cloud_sessions_live", "Generations holding (or opening) a cloud session", registry=r)
         g.set_function(lambda: self.sessions_live)
-        self.sessions_resumed = Counter("acespec:cloud_sessions_resumed",
-                                        "Cloud sessions continued after a dropped link (resume) or a lost session (recover; "
-                                        "failover: of those, reopened on another replica of the fleet)",
-                                        ["how"], registry=r)
+        self.sessions_resumed = Counter(
+            "acespec:cloud_sessions_resumed",
+            "Cloud sessions continued after a dropped link (resume) or a lost session (recover; "
+            "failover: of those, reopened on another replica of the fleet)",
+            ["how"],
+            registry=r,
+        )
         self.busy = Counter("acespec:cloud_busy", "BUSY answers from the cloud, retried with backoff", registry=r)
 
     def request_started(self, queue_s: float) -> None:

@@ -98,21 +98,48 @@ def run_edge(
     rule = RuleSpec.parse(cfg.rule)
     sp = SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p)
     hello = wire.Hello(
-        model_id=model_id, max_tokens=cfg.max_tokens, prompt=tuple(int(t) for t in prompt), auth=cfg.connect.token,
-        temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, rule=str(rule), seed=cfg.seed,
-        mode=(wire.Mode.CLOUD_ONLY if cfg.mode == "cloud-only" else wire.Mode.CLOUD_LED if cfg.mode in CLOUD_LED_MODES
-              else wire.Mode.SPECULATIVE),
+        model_id=model_id,
+        max_tokens=cfg.max_tokens,
+        prompt=tuple(int(t) for t in prompt),
+        auth=cfg.connect.token,
+        temperature=cfg.temperature,
+        top_k=cfg.top_k,
+        top_p=cfg.top_p,
+        rule=str(rule),
+        seed=cfg.seed,
+        mode=(
+            wire.Mode.CLOUD_ONLY
+            if cfg.mode == "cloud-only"
+            else wire.Mode.CLOUD_LED
+            if cfg.mode in CLOUD_LED_MODES
+            else wire.Mode.SPECULATIVE
+        ),
     )
     t0 = time.perf_counter()
     kw: dict[str, Any] = dict(sampling=sp, rule=rule, seed=cfg.seed, q_topn=cfg.q_topn)
 
     def make_drafter(model: Model) -> ChainDrafter:
-        return (PredictedDrafter(model, Prediction(cfg.prediction, len(prompt)), **kw) if cfg.prediction
-                else ChainDrafter(model, **kw))
+        return (
+            PredictedDrafter(model, Prediction(cfg.prediction, len(prompt)), **kw)
+            if cfg.prediction
+            else ChainDrafter(model, **kw)
+        )
 
     if cfg.mode == "auto":
-        return _auto(drafter_model, drafter_source, make_drafter, prompt, cfg, hello, rule, t0, on_tokens, on_round,
-                     should_stop, on_session_closed)
+        return _auto(
+            drafter_model,
+            drafter_source,
+            make_drafter,
+            prompt,
+            cfg,
+            hello,
+            rule,
+            t0,
+            on_tokens,
+            on_round,
+            should_stop,
+            on_session_closed,
+        )
     drafter = None
     if cfg.mode != "cloud-only":
         if drafter_model is None:
@@ -126,10 +153,21 @@ def run_edge(
             return _cloud_only(session, prompt, cfg, on_tokens, t0, on_round, should_stop)
         if cfg.mode == "cloud-led":
             link = TcpLeadLink(session, send_q=rule.info.needs_q)
-            follow = FollowConfig(max_tokens=cfg.max_tokens, max_lead=min(FollowConfig.max_lead, session.max_draft_tokens))
+            follow = FollowConfig(
+                max_tokens=cfg.max_tokens, max_lead=min(FollowConfig.max_lead, session.max_draft_tokens)
+            )
             try:
-                res = FollowLoop(link, prompt, drafter=drafter, config=follow, on_tokens=on_tokens, on_round=on_round,
-                                 should_stop=should_stop, job=prefill, spawn=ThreadJob).run(t0)
+                res = FollowLoop(
+                    link,
+                    prompt,
+                    drafter=drafter,
+                    config=follow,
+                    on_tokens=on_tokens,
+                    on_round=on_round,
+                    should_stop=should_stop,
+                    job=prefill,
+                    spawn=ThreadJob,
+                ).run(t0)
             except StreamError as e:
                 raise EdgeError(f"cloud-led stream: {e}") from None
             res.stats.bytes_up, res.stats.bytes_down = session.total_bytes()
@@ -142,8 +180,16 @@ def run_edge(
             # cloud said it takes (WELCOME.max_draft_tokens), or the DRAFT would be refused as over limit
             cfg = dataclasses.replace(cfg, k=max(1, session.max_draft_tokens - 1))
         transport = TcpTransport(session, send_q=rule.info.needs_q)
-        loop = build_loop(transport, drafter, prompt, cfg, policy=policy, on_tokens=on_tokens, on_round=on_round,
-                          should_stop=should_stop)
+        loop = build_loop(
+            transport,
+            drafter,
+            prompt,
+            cfg,
+            policy=policy,
+            on_tokens=on_tokens,
+            on_round=on_round,
+            should_stop=should_stop,
+        )
         res = loop.run(t0)
         res.stats.wall_s = time.perf_counter() - t0
         res.stats.bytes_up, res.stats.bytes_down = session.total_bytes()
@@ -161,21 +207,46 @@ def run_edge(
             on_session_closed(session)
 
 
-def _auto(drafter_model: Model | None, source: Callable[[], Model | None] | None, make_drafter, prompt, cfg: EdgeConfig,
-          hello: wire.Hello, rule: RuleSpec, t0: float, on_tokens, on_round, should_stop, on_session_closed) -> LoopResult:
+def _auto(
+    drafter_model: Model | None,
+    source: Callable[[], Model | None] | None,
+    make_drafter,
+    prompt,
+    cfg: EdgeConfig,
+    hello: wire.Hello,
+    rule: RuleSpec,
+    t0: float,
+    on_tokens,
+    on_round,
+    should_stop,
+    on_session_closed,
+) -> LoopResult:
     """`auto`: a cloud-led session whose drafter joins after the first token (see the module docstring)."""
     if drafter_model is not None:
         given: list[Model] = [drafter_model]
         source = lambda: given.pop() if given else None  # noqa: E731 - hands the one drafter over once
-    late = ((lambda: make_drafter(m) if (m := source()) is not None else None)  # noqa: E731
-            if source is not None else None)
+    late = (
+        (lambda: make_drafter(m) if (m := source()) is not None else None)  # noqa: E731
+        if source is not None
+        else None
+    )
     session = CloudSession(cfg.connect, hello)
     try:
         link = TcpLeadLink(session, send_q=rule.info.needs_q)
         follow = FollowConfig(max_tokens=cfg.max_tokens, max_lead=min(FollowConfig.max_lead, session.max_draft_tokens))
         try:
-            res = FollowLoop(link, prompt, drafter=None, source=late, after_first=True, config=follow,
-                             on_tokens=on_tokens, on_round=on_round, should_stop=should_stop, spawn=ThreadJob).run(t0)
+            res = FollowLoop(
+                link,
+                prompt,
+                drafter=None,
+                source=late,
+                after_first=True,
+                config=follow,
+                on_tokens=on_tokens,
+                on_round=on_round,
+                should_stop=should_stop,
+                spawn=ThreadJob,
+            ).run(t0)
         except StreamError as e:
             raise EdgeError(f"auto stream: {e}") from None
         res.stats.bytes_up, res.stats.bytes_down = session.total_bytes()
@@ -189,10 +260,18 @@ def _auto(drafter_model: Model | None, source: Callable[[], Model | None] | None
             on_session_closed(session)
 
 
-def build_loop(transport: Transport, drafter: ChainDrafter, prompt: Sequence[int], cfg: EdgeConfig, *,
-               policy: DepthPolicy | None = None, clock: Clock = time.perf_counter,
-               on_tokens: Callable[[list[int]], None] | None = None, on_round: Callable[[Round], None] | None = None,
-               should_stop: Callable[[], bool] | None = None) -> SpecLoop:
+def build_loop(
+    transport: Transport,
+    drafter: ChainDrafter,
+    prompt: Sequence[int],
+    cfg: EdgeConfig,
+    *,
+    policy: DepthPolicy | None = None,
+    clock: Clock = time.perf_counter,
+    on_tokens: Callable[[list[int]], None] | None = None,
+    on_round: Callable[[Round], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
+) -> SpecLoop:
     """The edge's loop for `cfg` over any transport: the state cache, the depth policy and the loop's
     configuration, built one way for the live edge and for the simulator (which passes its virtual
     `clock` and a simulated link), so the two cannot drift apart."""
@@ -200,20 +279,45 @@ def build_loop(transport: Transport, drafter: ChainDrafter, prompt: Sequence[int
     if cfg.cache:
         if drafter.model.n_slots < 2:
             raise EdgeError("the state cache needs a drafter loaded with n_slots > 1")
-        cache = StateCache(drafter, CacheConfig(budget_bytes=int(cfg.cache_budget_mb * (1 << 20))),
-                           coupled=drafter.rule.name == "coupled", clock=clock)
+        cache = StateCache(
+            drafter,
+            CacheConfig(budget_bytes=int(cfg.cache_budget_mb * (1 << 20))),
+            coupled=drafter.rule.name == "coupled",
+            clock=clock,
+        )
     loop_cfg = LoopConfig(
-        mode=cfg.mode, window=cfg.window, max_tokens=cfg.max_tokens, min_conf=cfg.min_conf,
-        branches=cfg.branches, auto_window=cfg.auto_window,
+        mode=cfg.mode,
+        window=cfg.window,
+        max_tokens=cfg.max_tokens,
+        min_conf=cfg.min_conf,
+        branches=cfg.branches,
+        auto_window=cfg.auto_window,
     )
-    policy = policy or make_policy(cfg.policy, cfg.k, pipelined=cfg.mode == "pipelined", auto_window=cfg.auto_window,
-                                   pass_budget=cfg.pass_budget, max_window=loop_cfg.max_window)
-    return SpecLoop(transport, prompt, drafter=drafter, policy=policy, config=loop_cfg, on_tokens=on_tokens, cache=cache,
-                    on_round=on_round, should_stop=should_stop, clock=clock)
+    policy = policy or make_policy(
+        cfg.policy,
+        cfg.k,
+        pipelined=cfg.mode == "pipelined",
+        auto_window=cfg.auto_window,
+        pass_budget=cfg.pass_budget,
+        max_window=loop_cfg.max_window,
+    )
+    return SpecLoop(
+        transport,
+        prompt,
+        drafter=drafter,
+        policy=policy,
+        config=loop_cfg,
+        on_tokens=on_tokens,
+        cache=cache,
+        on_round=on_round,
+        should_stop=should_stop,
+        clock=clock,
+    )
 
 
-def _open_while_prefilling(connect: ConnectConfig, hello: wire.Hello, drafter: ChainDrafter | None, prompt, *,
-                           keep_going: bool = False) -> tuple[CloudSession, ThreadJob | None]:
+def _open_while_prefilling(
+    connect: ConnectConfig, hello: wire.Hello, drafter: ChainDrafter | None, prompt, *, keep_going: bool = False
+) -> tuple[CloudSession, ThreadJob | None]:
     """Open the session while the drafter prefills the prompt in a second thread: the handshake is a
     round trip of waiting, and llama.cpp releases the GIL while it computes. `keep_going`: return with
     the prefill still running (the job is the caller's to wait on) instead of after it."""
@@ -235,8 +339,9 @@ def _open_while_prefilling(connect: ConnectConfig, hello: wire.Hello, drafter: C
     return session, None
 
 
-def _cloud_only(session: CloudSession, prompt, cfg: EdgeConfig, on_tokens, t0: float, on_round=None,
-                should_stop=None) -> LoopResult:
+def _cloud_only(
+    session: CloudSession, prompt, cfg: EdgeConfig, on_tokens, t0: float, on_round=None, should_stop=None
+) -> LoopResult:
     stats = RunStats()
     committed = len(prompt)
     out: list[int] = []
@@ -257,8 +362,17 @@ def _cloud_only(session: CloudSession, prompt, cfg: EdgeConfig, on_tokens, t0: f
                 if on_tokens:
                     on_tokens(new)
                 if on_round:
-                    on_round(Round(tokens=list(new), origins=[ORIGIN_TARGET] * len(new), drafted=0, accepted=0,
-                                   latency_s=None, verify_s=0.0, rtt_s=None))
+                    on_round(
+                        Round(
+                            tokens=list(new),
+                            origins=[ORIGIN_TARGET] * len(new),
+                            drafted=0,
+                            accepted=0,
+                            latency_s=None,
+                            verify_s=0.0,
+                            rtt_s=None,
+                        )
+                    )
             finished = f.finished
         elif isinstance(failure := link_failure(f), EdgeError):
             raise failure

@@ -66,12 +66,23 @@ def cmd_serve(args: argparse.Namespace) -> int:
             if self.started:  # the port is known only now (--port 0)
                 port = self.servers[0].sockets[0].getsockname()[1]
                 fleet = ",".join(f"{h}:{p}" for h, p in [(d.connect.host, d.connect.port), *d.connect.replicas])
-                print(f"acespec edge serve: http://{role.host}:{port} (model {svc.cfg.served_model}; "
-                      f"drafter {role.draft} x {role.drafters}; cloud {fleet}; default mode {svc.cfg.default_mode}, "
-                      f"rule {d.rule})", flush=True)
+                print(
+                    f"acespec edge serve: http://{role.host}:{port} (model {svc.cfg.served_model}; "
+                    f"drafter {role.draft} x {role.drafters}; cloud {fleet}; default mode {svc.cfg.default_mode}, "
+                    f"rule {d.rule})",
+                    flush=True,
+                )
 
-    server = Server(uvicorn.Config(create_app(svc), host=role.host, port=role.port, log_level="warning", lifespan="off",
-                                   timeout_graceful_shutdown=SHUTDOWN_GRACE_S))
+    server = Server(
+        uvicorn.Config(
+            create_app(svc),
+            host=role.host,
+            port=role.port,
+            log_level="warning",
+            lifespan="off",
+            timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
+        )
+    )
     server.run()
     if not server.started:
         raise OSError(f"cannot serve on {role.host}:{role.port}")

@@ -42,8 +42,15 @@ MAX_STOP = 4  # stop strings per request, as OpenAI allows
 class ApiError(Exception):
     """A request the edge refuses, with the HTTP status and OpenAI error type it maps to."""
 
-    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error", param: str | None = None,
-                 code: str | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+    ) -> None:
         super().__init__(message)
         self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
 
@@ -55,10 +62,17 @@ def edge_error_to_api(e: EdgeError) -> ApiError:
     """The cloud refused a session or could not be reached: the client's fault only for bad requests."""
     code = e.code
     if code in (wire.ErrorCode.BAD_REQUEST, wire.ErrorCode.OVER_LIMIT):
-        return ApiError(400, f"the cloud refused the request: {e}",
-                        code="context_length_exceeded" if code == wire.ErrorCode.OVER_LIMIT else None)
-    return ApiError(503, f"the cloud is unavailable: {e}", type="service_unavailable",
-                    code=code.name.lower() if code is not None else "cloud_unreachable")
+        return ApiError(
+            400,
+            f"the cloud refused the request: {e}",
+            code="context_length_exceeded" if code == wire.ErrorCode.OVER_LIMIT else None,
+        )
+    return ApiError(
+        503,
+        f"the cloud is unavailable: {e}",
+        type="service_unavailable",
+        code=code.name.lower() if code is not None else "cloud_unreachable",
+    )
 
 
 @dataclass
@@ -83,7 +97,9 @@ def edge_config_for(base: EdgeConfig, mode: str, **overrides) -> EdgeConfig:
     API_MODES; `acespec` is the full system, as `acespec edge --acespec` runs it."""
     cfg = dataclasses.replace(base, **{k: v for k, v in overrides.items() if v is not None})
     if mode == "acespec":
-        return dataclasses.replace(cfg, mode="pipelined", cache=True, branches=True, auto_window=True, policy="controller")
+        return dataclasses.replace(
+            cfg, mode="pipelined", cache=True, branches=True, auto_window=True, policy="controller"
+        )
     cache = base.cache and mode in ("sync", "pipelined")  # the server's --cache/--branches, where the mode can use them
     return dataclasses.replace(cfg, mode=mode, cache=cache, branches=base.branches and cache)
 
@@ -128,8 +144,12 @@ class DrafterPool:
             if self._free and not self._line:
                 return self._free.pop()
             if len(self._line) >= self.max_waiting:
-                raise ApiError(503, f"{len(self._line)} requests are already waiting for a drafter; retry later",
-                               type="service_unavailable", code="queue_full")
+                raise ApiError(
+                    503,
+                    f"{len(self._line)} requests are already waiting for a drafter; retry later",
+                    type="service_unavailable",
+                    code="queue_full",
+                )
             fut: asyncio.Future = loop.create_future()
             self._line.append((loop, fut))
         try:
@@ -248,8 +268,16 @@ class Generation:
 
         source = borrow if self.req.cfg.mode == "auto" else None
         try:
-            done.result = run_edge(drafter, self.req.prompt, self.req.cfg, model_id=svc.model_id, on_round=on_round,
-                                   should_stop=self.stop.is_set, on_session_closed=closed.append, drafter_source=source)
+            done.result = run_edge(
+                drafter,
+                self.req.prompt,
+                self.req.cfg,
+                model_id=svc.model_id,
+                on_round=on_round,
+                should_stop=self.stop.is_set,
+                on_session_closed=closed.append,
+                drafter_source=source,
+            )
         except BaseException as e:  # handed to the request, which answers with an error
             done.error = e
         finally:

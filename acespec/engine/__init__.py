@@ -12,6 +12,20 @@ from acespec.engine.transport import LocalTransport, Transport
 from acespec.engine.verifier import TargetVerifier, Verdict
 
 __all__ = [
-    "SpecConfig", "generate", "Block", "Disconnected", "InFlight", "LinkSample", "Outcome", "LocalTransport",
-    "LoopConfig", "LoopResult", "Round", "SpecLoop", "Transport", "RunStats", "TargetVerifier", "Verdict",
+    "SpecConfig",
+    "generate",
+    "Block",
+    "Disconnected",
+    "InFlight",
+    "LinkSample",
+    "Outcome",
+    "LocalTransport",
+    "LoopConfig",
+    "LoopResult",
+    "Round",
+    "SpecLoop",
+    "Transport",
+    "RunStats",
+    "TargetVerifier",
+    "Verdict",
 ]

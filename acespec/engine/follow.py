@@ -77,8 +77,9 @@ class LeadLink(ABC):
         """The next step (None if none within `timeout`; 0 = poll)."""
 
     @abstractmethod
-    def send_draft(self, base: int, tokens: Sequence[int], q: np.ndarray | None,
-                   parents: Sequence[int] | None = None) -> None:
+    def send_draft(
+        self, base: int, tokens: Sequence[int], q: np.ndarray | None, parents: Sequence[int] | None = None
+    ) -> None:
         """Upload a chain that follows committed length `base` (a tree with `parents`, the wire's
         convention); `q`: [n, V] for rules that need it."""
 
@@ -101,7 +102,9 @@ class FollowConfig:
     branch_len: int = 0  # tokens drafted after a branch's alternative (0 = no branches; they need a drafter with forks,
     #                      and on the recorded HumanEval traces they do not pay yet: docs/design-notes.md)
     max_branches: int = 4  # branches held at once, at distinct chain positions (each takes a KV slot)
-    idle_after: int = 16  # steps in a row that could have verified a draft of ours and did not, before the uplink backs off ...
+    idle_after: int = (
+        16  # steps in a row that could have verified a draft of ours and did not, before the uplink backs off ...
+    )
     idle_gap_max: int = 64  # ... to one short draft per this many steps at most (the gap doubles from idle_after)
     catch_up_after: int = 16  # stream tokens the drafter may lag by before it catches up beside the loop (a job)
     #                           rather than inside its next draft call, which would hold the stream's tokens back
@@ -232,11 +235,22 @@ def _alternatives(blk) -> list[tuple[int, float, float]]:
 
 
 class FollowLoop:
-    def __init__(self, link: LeadLink, prompt: Sequence[int], *, drafter: ChainDrafter | None, config: FollowConfig,
-                 on_tokens: Callable[[list[int]], None] | None = None, on_round: Callable[[Round], None] | None = None,
-                 should_stop: Callable[[], bool] | None = None, clock: Clock = time.perf_counter,
-                 job: DrafterJob | None = None, spawn: Callable[[Callable[[], None]], DrafterJob] | None = None,
-                 source: Callable[[], ChainDrafter | None] | None = None, after_first: bool = False) -> None:
+    def __init__(
+        self,
+        link: LeadLink,
+        prompt: Sequence[int],
+        *,
+        drafter: ChainDrafter | None,
+        config: FollowConfig,
+        on_tokens: Callable[[list[int]], None] | None = None,
+        on_round: Callable[[Round], None] | None = None,
+        should_stop: Callable[[], bool] | None = None,
+        clock: Clock = time.perf_counter,
+        job: DrafterJob | None = None,
+        spawn: Callable[[Callable[[], None]], DrafterJob] | None = None,
+        source: Callable[[], ChainDrafter | None] | None = None,
+        after_first: bool = False,
+    ) -> None:
         """`job`: drafter work already running (the prompt's prefill, started while the handshake was in
         flight); `spawn`: how to run a catch-up beside the loop (`ThreadJob`; the simulator's on virtual
         time); None catches up inside the next draft call.
@@ -289,7 +303,9 @@ class FollowLoop:
         self.needs_q = drafter.rule.info.needs_q
         model = drafter.model
         self._main = model.slot
-        self._free = [s for s in range(model.n_slots) if s != model.slot][: self.cfg.max_branches]  # KV slots for branches
+        self._free = [s for s in range(model.n_slots) if s != model.slot][
+            : self.cfg.max_branches
+        ]  # KV slots for branches
         self.branching = self.cfg.branch_len > 0 and bool(self._free) and not self.needs_q
 
     def _bound(self) -> ChainDrafter:
@@ -340,8 +356,13 @@ class FollowLoop:
             if finished:
                 break
             want = self._want()
-            if (want > 0 and self._spawn is not None and not self.chain and not self.branches
-                    and self._bound().missing(self.committed) > self.cfg.catch_up_after):
+            if (
+                want > 0
+                and self._spawn is not None
+                and not self.chain
+                and not self.branches
+                and self._bound().missing(self.committed) > self.cfg.catch_up_after
+            ):
                 drafter, ctx = self._bound(), list(self.committed)
                 self._job = self._spawn(functools.partial(drafter.prefill, ctx))  # this catch-up's own context
                 self.catch_ups += 1
@@ -350,14 +371,27 @@ class FollowLoop:
                 self._draft(max(min(want, self.cfg.chunk), min(want, ahead)))
             elif self._can_branch():
                 self._draft_branch()
-            if self.chain and self.uplink.may_send() and (self._sent_gen != self._gen or
-                                                          len(self.committed) + len(self.chain) >= self._sent_end + self.cfg.resend):
+            if (
+                self.chain
+                and self.uplink.may_send()
+                and (
+                    self._sent_gen != self._gen
+                    or len(self.committed) + len(self.chain) >= self._sent_end + self.cfg.resend
+                )
+            ):
                 self._upload()
         self.stats.wall_s = self.clock() - t0
-        self.stats.cache.update({"drafts_sent": self.drafts_sent, "chain_breaks": self.chain_breaks,
-                                 "branches_drafted": self.branches_drafted, "branches_taken": self.branches_taken,
-                                 "catch_ups": self.catch_ups, "drafter_joined_at": self.drafter_joined_at})
-        return LoopResult(self.committed[len(self.prompt):], self.stats, finished)
+        self.stats.cache.update(
+            {
+                "drafts_sent": self.drafts_sent,
+                "chain_breaks": self.chain_breaks,
+                "branches_drafted": self.branches_drafted,
+                "branches_taken": self.branches_taken,
+                "catch_ups": self.catch_ups,
+                "drafter_joined_at": self.drafter_joined_at,
+            }
+        )
+        return LoopResult(self.committed[len(self.prompt) :], self.stats, finished)
 
     # -- drafting ------------------------------------------------------------------------------------
     def _want(self) -> int:
@@ -384,8 +418,9 @@ class FollowLoop:
         return True
 
     def _draft(self, n: int) -> None:
-        blk = self._bound().draft(self.committed + self.chain, n, keep_q=self.needs_q,
-                                  keep_top=2 if self.branching else 0)
+        blk = self._bound().draft(
+            self.committed + self.chain, n, keep_q=self.needs_q, keep_top=2 if self.branching else 0
+        )
         self.chain.extend(blk.tokens)
         if self.needs_q and blk.q is not None:
             self.chain_q.extend(blk.q)
@@ -395,8 +430,14 @@ class FollowLoop:
         self.stats.draft_tokens += len(blk.tokens)
 
     def _can_branch(self) -> bool:
-        return (self.branching and bool(self._free) and bool(self.chain) and self._nomore < len(self.committed) + len(self.chain)
-                and self.uplink.may_send() and self._job is None)
+        return (
+            self.branching
+            and bool(self._free)
+            and bool(self.chain)
+            and self._nomore < len(self.committed) + len(self.chain)
+            and self.uplink.may_send()
+            and self._job is None
+        )
 
     def _draft_branch(self) -> None:
         """Pre-draft the likeliest nameable miss: at chain position j, weight = reach(j) x q(second
@@ -458,7 +499,7 @@ class FollowLoop:
         have = len(self.committed)
         if c.start > have:
             raise StreamError(f"the cloud streamed from {c.start}, the edge holds {have}")
-        new = list(c.tokens[have - c.start:])
+        new = list(c.tokens[have - c.start :])
         now = self.clock() - self._t0  # when the user gets them: a drafter call may have held them past arrival
         gap = None if self._last_arrival is None else c.arrived - self._last_arrival
         self._last_arrival = c.arrived
@@ -466,8 +507,11 @@ class FollowLoop:
             return c.finished
         rtt = self.link.rtt_s()
         # the cloud held our chain for this step if it went up a round trip before the step came back
-        held = (self._up_gen == self._gen and c.start < self._sent_end
-                and self._up_at <= c.arrived - (self.cfg.prior_rtt_s if rtt is None else rtt))
+        held = (
+            self._up_gen == self._gen
+            and c.start < self._sent_end
+            and self._up_at <= c.arrived - (self.cfg.prior_rtt_s if rtt is None else rtt)
+        )
         slow = self.stats.draft_s > 0 and self.stats.draft_tokens / self.stats.draft_s <= self.depth.rate
         breaks = self.chain_breaks
         for t in new:
@@ -483,8 +527,17 @@ class FollowLoop:
         if self.on_round:
             kept = min(c.accepted, len(new))
             origins = [ORIGIN_DRAFT] * kept + [ORIGIN_TARGET] * (len(new) - kept)
-            self.on_round(Round(tokens=new, origins=origins, drafted=c.drafted, accepted=c.accepted, latency_s=None,
-                                verify_s=c.verify_s, rtt_s=self.link.rtt_s()))
+            self.on_round(
+                Round(
+                    tokens=new,
+                    origins=origins,
+                    drafted=c.drafted,
+                    accepted=c.accepted,
+                    latency_s=None,
+                    verify_s=c.verify_s,
+                    rtt_s=self.link.rtt_s(),
+                )
+            )
         return c.finished
 
     def _take(self, t: int) -> None:

@@ -30,10 +30,20 @@ class LeadState:
         self.pricer = LeadPricer(config or LeadConfig(), memory)
         self.steps = 0  # steps planned (verify sequence numbers)
 
-    def take(self, base: int, tokens: Sequence[int], parents: Sequence[int] | None, q: Sequence[SparseRow] | None,
-             committed_len: int) -> bool:
-        return self.board.put(BoardDraft(base, tuple(tokens), None if parents is None else tuple(parents),
-                                         None if q is None else tuple(q)), committed_len)
+    def take(
+        self,
+        base: int,
+        tokens: Sequence[int],
+        parents: Sequence[int] | None,
+        q: Sequence[SparseRow] | None,
+        committed_len: int,
+    ) -> bool:
+        return self.board.put(
+            BoardDraft(
+                base, tuple(tokens), None if parents is None else tuple(parents), None if q is None else tuple(q)
+            ),
+            committed_len,
+        )
 
     def plan(self, v: TargetVerifier, at_least: int = 0) -> tuple[list[int], np.ndarray | None]:
         """This step's draft: the priced part of the longest that agrees with the stream, and its q rows
@@ -66,8 +76,14 @@ class LeadState:
         # own pass is the first token's, a plain step's). Taught as the wait outside a pass, it made
         # that wait look like a second at first, and deep drafts nearly free for a dozen steps: on one
         # CPU thread, 5 deep drafts in a 64-token session that plain steps would have beaten
-        self.pricer.observe(verdict.drafted, verdict.accepted, verdict.verify_us / 1e6, wall_s if self.steps > 1 else None,
-                            verdict.shared, timed=verdict.prefill_rows == 0)
+        self.pricer.observe(
+            verdict.drafted,
+            verdict.accepted,
+            verdict.verify_us / 1e6,
+            wall_s if self.steps > 1 else None,
+            verdict.shared,
+            timed=verdict.prefill_rows == 0,
+        )
 
 
 class LocalLeadLink(LeadLink):
@@ -77,8 +93,15 @@ class LocalLeadLink(LeadLink):
     `lazy`: step only when the edge blocks (a cloud slower than the drafter: the edge drafts as far
     ahead, and as wide, as it wants between two steps)."""
 
-    def __init__(self, verifier: TargetVerifier, *, config: LeadConfig | None = None, q_topn: int = 0,
-                 lazy: bool = False, clock: Clock = time.perf_counter) -> None:
+    def __init__(
+        self,
+        verifier: TargetVerifier,
+        *,
+        config: LeadConfig | None = None,
+        q_topn: int = 0,
+        lazy: bool = False,
+        clock: Clock = time.perf_counter,
+    ) -> None:
         self.v = verifier
         self.state = LeadState(config)
         self.q_topn = q_topn
@@ -89,7 +112,9 @@ class LocalLeadLink(LeadLink):
     def rtt_s(self) -> float | None:
         return 0.0
 
-    def send_draft(self, base: int, tokens: Sequence[int], q: np.ndarray | None, parents: Sequence[int] | None = None) -> None:
+    def send_draft(
+        self, base: int, tokens: Sequence[int], q: np.ndarray | None, parents: Sequence[int] | None = None
+    ) -> None:
         rows = None
         if q is not None:
             n = self.q_topn or q.shape[1]
@@ -108,5 +133,12 @@ class LocalLeadLink(LeadLink):
         draft, q = self.state.plan(self.v)
         verdict = self.v.verify(self.state.steps, start, draft, q)
         self.state.observe(verdict, self.clock() - t0)
-        return StepChunk(start, tuple(self.v.tokens[start:verdict.committed]), verdict.finished, verdict.drafted,
-                         verdict.accepted, verdict.verify_us / 1e6, self.clock())
+        return StepChunk(
+            start,
+            tuple(self.v.tokens[start : verdict.committed]),
+            verdict.finished,
+            verdict.drafted,
+            verdict.accepted,
+            verdict.verify_us / 1e6,
+            self.clock(),
+        )

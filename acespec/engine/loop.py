@@ -42,8 +42,17 @@ from acespec.engine.transport import Clock, LocalTransport, Transport
 from acespec.engine.verifier import Verdict
 
 __all__ = [
-    "Block", "Disconnected", "Transport", "LocalTransport", "LoopConfig", "LoopResult", "Round", "SpecLoop",
-    "ORIGIN_DRAFT", "ORIGIN_CACHE", "ORIGIN_TARGET",
+    "Block",
+    "Disconnected",
+    "Transport",
+    "LocalTransport",
+    "LoopConfig",
+    "LoopResult",
+    "Round",
+    "SpecLoop",
+    "ORIGIN_DRAFT",
+    "ORIGIN_CACHE",
+    "ORIGIN_TARGET",
 ]
 
 # Where a committed token came from, as `Round.origins` reports it
@@ -60,7 +69,9 @@ class Round:
     origins: list[str]  # per token, one of the ORIGIN_* values
     drafted: int  # draft tokens it judged (the block's K)
     accepted: int  # ... of which the target kept
-    latency_s: float | None  # block sent -> verdict applied: round trip, queueing and verify time (None: cloud-only streaming)
+    latency_s: (
+        float | None
+    )  # block sent -> verdict applied: round trip, queueing and verify time (None: cloud-only streaming)
     verify_s: float  # the target's verify time, as it reported it
     rtt_s: float | None  # the path's round trip estimate (None before the first sample)
 
@@ -84,7 +95,8 @@ class SpecLoop:
         on_tokens: Callable[[list[int]], None] | None = None,
         cache=None,  # a draft.cache.StateCache: pre-draft likely outcomes while waiting for verdicts
         on_round: Callable[[Round], None] | None = None,
-        should_stop: Callable[[], bool] | None = None,  # polled between verdicts: True ends the run early (finished=False)
+        should_stop: Callable[[], bool]
+        | None = None,  # polled between verdicts: True ends the run early (finished=False)
         clock: Clock = time.perf_counter,  # every time the loop reads; the transport stamps on the same clock
     ) -> None:
         self.transport = transport
@@ -169,8 +181,12 @@ class SpecLoop:
         answer) and, ahead of the next block, within the slack that leaves it in time for the target.
         Returns (a verdict that was already here, or None; whether a step was taken)."""
         planner = self.planner
-        plan = self.scheduler.predraft_plan(blocking, self.cache, self.policy.next_k(),
-                                            lambda: planner is not None and planner.outcomes_first(self.inflight.live()))
+        plan = self.scheduler.predraft_plan(
+            blocking,
+            self.cache,
+            self.policy.next_k(),
+            lambda: planner is not None and planner.outcomes_first(self.inflight.live()),
+        )
         if plan is None:
             return None, False
         v = self.transport.recv(0.0)
@@ -202,8 +218,14 @@ class SpecLoop:
             return  # rules that need q would need rows for the lead tokens too; keep branches to q-free rules
         key = Outcome(*e.key)
         block = Block(
-            self.seq, e.base, list(e.lead) + list(e.tokens), None, len(e.lead), alt_key=key,
-            top=[None] * len(e.lead) + list(e.top), cached=len(e.tokens),
+            self.seq,
+            e.base,
+            list(e.lead) + list(e.tokens),
+            None,
+            len(e.lead),
+            alt_key=key,
+            top=[None] * len(e.lead) + list(e.top),
+            cached=len(e.tokens),
         )
         self.inflight.branches[key] = block
         self._send(block)
@@ -259,7 +281,9 @@ class SpecLoop:
             q = None if q is None else q[:-1]
         return Block(self.seq, base, tokens, q, overlap, top=top)
 
-    def _draft(self, base: int, lead: list[int], n: int, *, min_tokens: int = 1, keep_top: int = 0) -> DraftBlock | None:
+    def _draft(
+        self, base: int, lead: list[int], n: int, *, min_tokens: int = 1, keep_top: int = 0
+    ) -> DraftBlock | None:
         """`n` draft tokens after `spec[:base] + lead`, for a block at `base`; pipelined, the verdicts
         that come in meanwhile are applied between tokens. A verdict left unread while the edge drafts
         a block holds the tokens it commits back from the user for the rest of the block's drafting
@@ -273,8 +297,14 @@ class SpecLoop:
         parts: list[DraftBlock] = []
         while True:
             got = sum(len(p.tokens) for p in parts)
-            d = self.drafter.draft(premise + [t for p in parts for t in p.tokens], n - got, min_conf=self.min_conf,
-                                   min_tokens=max(1, min_tokens - got), keep_top=keep_top, stop=stop)
+            d = self.drafter.draft(
+                premise + [t for p in parts for t in p.tokens],
+                n - got,
+                min_conf=self.min_conf,
+                min_tokens=max(1, min_tokens - got),
+                keep_top=keep_top,
+                stop=stop,
+            )
             self.scheduler.drafted(len(d.tokens), d.seconds, d.catchup_s)
             parts.append(d)
             if not self._heard:
@@ -289,9 +319,14 @@ class SpecLoop:
         if len(parts) == 1:
             return parts[0]
         qs = [p.q for p in parts if p.q is not None]
-        return DraftBlock([t for p in parts for t in p.tokens], np.concatenate(qs) if len(qs) == len(parts) else None,
-                          [c for p in parts for c in p.conf], sum(p.seconds for p in parts),
-                          top=[t for p in parts for t in p.top], catchup_s=sum(p.catchup_s for p in parts))
+        return DraftBlock(
+            [t for p in parts for t in p.tokens],
+            np.concatenate(qs) if len(qs) == len(parts) else None,
+            [c for p in parts for c in p.conf],
+            sum(p.seconds for p in parts),
+            top=[t for p in parts for t in p.top],
+            catchup_s=sum(p.catchup_s for p in parts),
+        )
 
     def _heard_verdict(self) -> bool:
         """Between two draft tokens: has a verdict (or a dropped link) come in? It is kept for `_draft`."""
@@ -318,7 +353,9 @@ class SpecLoop:
         emitted = new[: v.accepted] + [v.next_token]
         self.committed.extend(emitted)
         if len(self.committed) != v.committed:
-            raise RuntimeError(f"edge and target disagree on the committed length ({len(self.committed)} vs {v.committed})")
+            raise RuntimeError(
+                f"edge and target disagree on the committed length ({len(self.committed)} vs {v.committed})"
+            )
         self.stats.observe_block(drafted, v.accepted)
         self.stats.observe_pass(drafted, v.verify_us / 1e6)
         rtt = self._feed_policy(drafted, v, judged=not block.doomed)
@@ -447,10 +484,17 @@ class SpecLoop:
             return
         lo, hi = block.overlap, block.overlap + block.cached
         origins = [ORIGIN_CACHE if lo <= o + i < hi else ORIGIN_DRAFT for i in range(v.accepted)] + [ORIGIN_TARGET]
-        self.on_round(Round(
-            tokens=list(emitted), origins=origins, drafted=drafted, accepted=v.accepted,
-            latency_s=self.clock() - block.sent_at, verify_s=v.verify_us / 1e6, rtt_s=rtt,
-        ))
+        self.on_round(
+            Round(
+                tokens=list(emitted),
+                origins=origins,
+                drafted=drafted,
+                accepted=v.accepted,
+                latency_s=self.clock() - block.sent_at,
+                verify_s=v.verify_us / 1e6,
+                rtt_s=rtt,
+            )
+        )
 
     # -- after a dropped link -------------------------------------------------------------------
     def _resync(self) -> None:

@@ -84,8 +84,9 @@ class CachePlanner:
                     self._plan_block(link, accept, spec, committed, depth)
                 return
 
-    def _plan_block(self, link: ChainLink, accept: list[float], spec: Sequence[int], committed: Sequence[int],
-                    depth: int) -> None:
+    def _plan_block(
+        self, link: ChainLink, accept: list[float], spec: Sequence[int], committed: Sequence[int], depth: int
+    ) -> None:
         b = link.block
         assert b is not None, "only a link with a block is planned"
         self.planned.add(b.seq)
@@ -98,8 +99,9 @@ class CachePlanner:
         elif b.seq in self.guesses and self.guesses[b.seq].top is not None:
             rows.append(self.guesses[b.seq].top)
         committed_then = spec[: b.base + b.overlap] if b.base + b.overlap <= len(spec) else committed
-        self.cache.plan_block(b.seq, list(committed_then), draft, rows, accept, bonus_guess=bonus_guess,
-                              prior=link.prior, depth=depth)
+        self.cache.plan_block(
+            b.seq, list(committed_then), draft, rows, accept, bonus_guess=bonus_guess, prior=link.prior, depth=depth
+        )
 
     def outcomes_first(self, live: Sequence[Block]) -> bool:
         """Should the edge pre-draft before drafting the next block? Each is worth the probability that

@@ -29,7 +29,9 @@ MIN_BYTE_SPREAD = 64.0  # blocks whose sizes vary less than this (std, bytes) ca
 
 
 class Scheduler:
-    def __init__(self, cfg: LoopConfig, transport: Transport, stats: RunStats, inflight: InFlight, clock: Clock) -> None:
+    def __init__(
+        self, cfg: LoopConfig, transport: Transport, stats: RunStats, inflight: InFlight, clock: Clock
+    ) -> None:
         self.cfg = cfg
         self.transport = transport
         self.stats = stats
@@ -118,8 +120,9 @@ class Scheduler:
         return dues[-1] - rtt - t_block - self.clock()
 
     # -- pre-drafting ---------------------------------------------------------------------------
-    def predraft_plan(self, blocking: bool, cache, next_k: int,
-                      outcomes_first: Callable[[], bool]) -> tuple[float | None, int | None] | None:
+    def predraft_plan(
+        self, blocking: bool, cache, next_k: int, outcomes_first: Callable[[], bool]
+    ) -> tuple[float | None, int | None] | None:
         """Pre-draft now instead of drafting the next block? (time budget, max_level) for the step, or None.
         - The window is full: the edge would idle; pre-draft up to the next verdict, at any depth.
         - The target has enough queued to stay busy while the edge takes a step and still drafts the

@@ -19,7 +19,9 @@ class RunStats:
     wall_s: float = 0.0  # first call to last token
     ttft_s: float = 0.0  # time to first token
     draft_s: float = 0.0  # edge time spent drafting
-    draft_tokens: int = 0  # tokens drafted in that time, verified or not (a doomed block's, a chain's the stream passed)
+    draft_tokens: int = (
+        0  # tokens drafted in that time, verified or not (a doomed block's, a chain's the stream passed)
+    )
     verify_s: float = 0.0  # target time spent verifying (as the target reported it)
     wait_s: float = 0.0  # edge time blocked waiting for a verdict
     token_times: list[float] = field(default_factory=list)  # per emitted token: seconds since start
@@ -27,7 +29,9 @@ class RunStats:
     bytes_down: int = 0  # downlink bytes (network modes)
     k_chosen: list[int] = field(default_factory=list)  # draft depth chosen per block
     rejections: int = 0  # blocks whose drafts the target stopped short of (a token it judged and refused)
-    passes: list[tuple[int, float]] = field(default_factory=list)  # per target pass the target reported: (draft tokens, seconds)
+    passes: list[tuple[int, float]] = field(
+        default_factory=list
+    )  # per target pass the target reported: (draft tokens, seconds)
     cache: dict = field(default_factory=dict)  # state-cache metrics, when a cache is used
 
     def observe_block(self, drafted: int, accepted: int) -> None:

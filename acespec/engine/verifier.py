@@ -78,7 +78,9 @@ class TargetVerifier:
         seed: int = 0,
         max_tokens: int = 256,
         stop_ids: frozenset[int] | None = None,
-        clock: Callable[[], float] = time.perf_counter,  # what a verify's cost is timed on (a test's or simulator's clock)
+        clock: Callable[
+            [], float
+        ] = time.perf_counter,  # what a verify's cost is timed on (a test's or simulator's clock)
     ) -> None:
         if not prompt:
             raise ValueError("the prompt must contain at least one token")
@@ -133,14 +135,20 @@ class TargetVerifier:
         draft = np.asarray(x[o : o + room], dtype=np.int64)
         qk = None
         if self.rule.info.needs_q:
-            qk = np.zeros((0, self.target.vocab_size)) if len(draft) == 0 else (None if q is None else np.asarray(q)[o : o + len(draft)])
+            qk = (
+                np.zeros((0, self.target.vocab_size))
+                if len(draft) == 0
+                else (None if q is None else np.asarray(q)[o : o + len(draft)])
+            )
         return VerifyJob(seq, C, draft, qk)
 
     def finish(self, job: VerifyJob, logits: np.ndarray, seconds: float) -> Verdict:
         """Apply the rule to the target's rows `logits` [k+1, V] for `job` and commit the outcome; `seconds`
         is what the verify cost (reported to the edge and counted in the stats)."""
         if self.committed != job.committed:
-            raise RuntimeError(f"verify job prepared at {job.committed}, but the session has committed {self.committed}")
+            raise RuntimeError(
+                f"verify job prepared at {job.committed}, but the session has committed {self.committed}"
+            )
         t0 = self.clock()
         draft, C = job.draft, job.committed
         p = probs_from_logits(logits, self.sampling)  # [k+1, V]
@@ -195,8 +203,15 @@ class TargetVerifier:
         s.accepted += min(accepted, len(kept))
         s.emitted += len(kept)
         s.verify_s += seconds
-        return Verdict(0, min(accepted, len(kept) - 1), kept[-1], self.committed, int(seconds * 1e6), finished=self.finished,
-                       drafted=drafted)
+        return Verdict(
+            0,
+            min(accepted, len(kept) - 1),
+            kept[-1],
+            self.committed,
+            int(seconds * 1e6),
+            finished=self.finished,
+            drafted=drafted,
+        )
 
     def warm(self) -> int:
         """Prefill the committed prefix (all but its last token, which verify() always evaluates), so
@@ -210,8 +225,10 @@ class TargetVerifier:
         if not self.prompt_len <= n <= self.committed:
             raise ValueError(f"cannot roll back to {n}: committed {self.committed}, prompt {self.prompt_len}")
         del self.tokens[n:]
-        self.finished = self.max_tokens <= 0 or (n > self.prompt_len and self.tokens[-1] in self.stop_ids) or (
-            n - self.prompt_len >= self.max_tokens
+        self.finished = (
+            self.max_tokens <= 0
+            or (n > self.prompt_len and self.tokens[-1] in self.stop_ids)
+            or (n - self.prompt_len >= self.max_tokens)
         )
 
     def step(self, seq: int = 0) -> Verdict:

@@ -38,12 +38,33 @@ from acespec.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
 
 # CLI option -> config field
 _FIELDS = {
-    "rules": "rules", "guard": "guards", "ablate": "ablate", "dataset": "dataset", "n": "n", "seeds": "seeds",
-    "max_tokens": "max_tokens", "think": "think", "draft": "draft", "target": "target", "n_ctx": "n_ctx",
-    "k": "k", "temperature": "temperature", "top_k": "top_k", "top_p": "top_p", "data_seed": "data_seed",
-    "min_p": "min_p", "max_rank": "max_rank", "budget_fraction": "budget_fraction", "netwin_min": "netwin_min",
-    "parallel": "parallel", "batching": "batching", "engine": "engine", "concurrency": "concurrency",
-    "humaneval_mode": "humaneval_mode", "exec_timeout": "exec_timeout", "min_chars": "min_chars",
+    "rules": "rules",
+    "guard": "guards",
+    "ablate": "ablate",
+    "dataset": "dataset",
+    "n": "n",
+    "seeds": "seeds",
+    "max_tokens": "max_tokens",
+    "think": "think",
+    "draft": "draft",
+    "target": "target",
+    "n_ctx": "n_ctx",
+    "k": "k",
+    "temperature": "temperature",
+    "top_k": "top_k",
+    "top_p": "top_p",
+    "data_seed": "data_seed",
+    "min_p": "min_p",
+    "max_rank": "max_rank",
+    "budget_fraction": "budget_fraction",
+    "netwin_min": "netwin_min",
+    "parallel": "parallel",
+    "batching": "batching",
+    "engine": "engine",
+    "concurrency": "concurrency",
+    "humaneval_mode": "humaneval_mode",
+    "exec_timeout": "exec_timeout",
+    "min_chars": "min_chars",
     "max_chars": "max_chars",
 }
 
@@ -120,50 +141,112 @@ def register(subparsers) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     S = argparse.SUPPRESS
-    p.add_argument("--rules", default=S, help="comma-separated rule specs, each optionally +support/+netwin "
-                   "(default strict,cactus:delta=0.35; strict is always added)")
+    p.add_argument(
+        "--rules",
+        default=S,
+        help="comma-separated rule specs, each optionally +support/+netwin "
+        "(default strict,cactus:delta=0.35; strict is always added)",
+    )
     p.add_argument("--dataset", choices=["math", "humaneval", "sharegpt"], default=S, help="default math")
     p.add_argument("--n", type=_pos_int, default=S, help="prompts (default 8)")
     p.add_argument("--max-tokens", type=_pos_int, default=S, help="generation budget per answer (default 256)")
     p.add_argument("--seeds", type=_seeds, default=S, help="number of seeds (0..S-1) or a list a,b,c (default 1)")
-    p.add_argument("--think", action="store_true", default=S, help="ask for a <think>...</think> trace before the answer")
-    p.add_argument("--guard", action="append", default=S, metavar="support|netwin|budget",
-                   help="support: support filter on every lossy rule; netwin: net-win guard on every lossy rule; "
-                   "budget: budget forcing (needs --think). Repeatable or comma-separated.")
-    p.add_argument("--ablate", type=_ablations, default=S, metavar="support,netwin,force",
-                   help="add guarded copies as rows next to each rule: X+support and X+netwin after each lossy rule, "
-                   "X+force (budget forcing, needs --think) after every rule; the report compares each with X")
+    p.add_argument(
+        "--think", action="store_true", default=S, help="ask for a <think>...</think> trace before the answer"
+    )
+    p.add_argument(
+        "--guard",
+        action="append",
+        default=S,
+        metavar="support|netwin|budget",
+        help="support: support filter on every lossy rule; netwin: net-win guard on every lossy rule; "
+        "budget: budget forcing (needs --think). Repeatable or comma-separated.",
+    )
+    p.add_argument(
+        "--ablate",
+        type=_ablations,
+        default=S,
+        metavar="support,netwin,force",
+        help="add guarded copies as rows next to each rule: X+support and X+netwin after each lossy rule, "
+        "X+force (budget forcing, needs --think) after every rule; the report compares each with X",
+    )
     p.add_argument("--draft", default=S, help="drafter model (default: the registry's default drafter)")
     p.add_argument("--target", default=S, help="target model (default: the registry's default target)")
-    p.add_argument("--n-ctx", type=_pos_int, default=S, help="context window (llama.cpp's n_ctx, vLLM's max_model_len; default 4096)")
+    p.add_argument(
+        "--n-ctx",
+        type=_pos_int,
+        default=S,
+        help="context window (llama.cpp's n_ctx, vLLM's max_model_len; default 4096)",
+    )
     p.add_argument("--k", type=_pos_int, default=S, help="draft depth (default 4)")
-    p.add_argument("--temperature", type=_float, default=S, help="sampling temperature (default 0.7; relaxed rules need q, so > 0)")
+    p.add_argument(
+        "--temperature", type=_float, default=S, help="sampling temperature (default 0.7; relaxed rules need q, so > 0)"
+    )
     p.add_argument("--top-k", type=_int, default=S, help="0 = off (default)")
     p.add_argument("--top-p", type=_float, default=S, help="1.0 = off (default)")
     p.add_argument("--data-seed", type=_int, default=S, help="which math problems / ShareGPT shuffle (default 0)")
     p.add_argument("--min-p", type=_float, default=S, help="support filter: minimum target probability (default 0.10)")
     p.add_argument("--max-rank", type=_int, default=S, help="support filter: worst target rank, 0 = off (default 10)")
-    p.add_argument("--budget-fraction", type=_float, default=S, help="budget forcing point, fraction of --max-tokens (default 0.85)")
-    p.add_argument("--netwin-min", type=_pos_int, default=S, help="net-win guard: runs of each arm before trusting it (default 8)")
-    p.add_argument("--parallel", type=_pos_int, default=S, metavar="N",
-                   help="run N jobs at once, one batched model pass per step for all of them (llama.cpp: one unified "
-                   "KV cache, not batch-invariant; see acespec.eval.parallel). Default 1")
-    p.add_argument("--batching", choices=["shared", "exact"], default=S,
-                   help="--parallel: shared (default; one pass for all jobs, weights read once) or exact (a pass per "
-                   "job: the same bits as one at a time, little speed-up on CPU)")
-    p.add_argument("--engine", choices=["llama", "vllm"], default=S,
-                   help="llama (default): AceSpec's single-process engine; vllm: vLLM's own speculative decoding "
-                   "(draft_model) with AceSpec's rules in its sampler; --target and --draft are Hugging Face directories")
-    p.add_argument("--concurrency", type=_pos_int, default=S, metavar="N",
-                   help="--engine vllm: jobs in flight at once, batched by vLLM's scheduler (default 16)")
-    p.add_argument("--humaneval-mode", choices=["chat", "completion"], default=S, help="HumanEval prompting (default chat)")
+    p.add_argument(
+        "--budget-fraction",
+        type=_float,
+        default=S,
+        help="budget forcing point, fraction of --max-tokens (default 0.85)",
+    )
+    p.add_argument(
+        "--netwin-min", type=_pos_int, default=S, help="net-win guard: runs of each arm before trusting it (default 8)"
+    )
+    p.add_argument(
+        "--parallel",
+        type=_pos_int,
+        default=S,
+        metavar="N",
+        help="run N jobs at once, one batched model pass per step for all of them (llama.cpp: one unified "
+        "KV cache, not batch-invariant; see acespec.eval.parallel). Default 1",
+    )
+    p.add_argument(
+        "--batching",
+        choices=["shared", "exact"],
+        default=S,
+        help="--parallel: shared (default; one pass for all jobs, weights read once) or exact (a pass per "
+        "job: the same bits as one at a time, little speed-up on CPU)",
+    )
+    p.add_argument(
+        "--engine",
+        choices=["llama", "vllm"],
+        default=S,
+        help="llama (default): AceSpec's single-process engine; vllm: vLLM's own speculative decoding "
+        "(draft_model) with AceSpec's rules in its sampler; --target and --draft are Hugging Face directories",
+    )
+    p.add_argument(
+        "--concurrency",
+        type=_pos_int,
+        default=S,
+        metavar="N",
+        help="--engine vllm: jobs in flight at once, batched by vLLM's scheduler (default 16)",
+    )
+    p.add_argument(
+        "--humaneval-mode", choices=["chat", "completion"], default=S, help="HumanEval prompting (default chat)"
+    )
     p.add_argument("--exec-timeout", type=_float, default=S, help="HumanEval: seconds per test program (default 10)")
-    p.add_argument("--min-chars", type=_int, default=S, help="ShareGPT: shortest first user turn, characters (default 32)")
-    p.add_argument("--max-chars", type=_pos_int, default=S, help="ShareGPT: longest first user turn, characters (default 2000)")
+    p.add_argument(
+        "--min-chars", type=_int, default=S, help="ShareGPT: shortest first user turn, characters (default 32)"
+    )
+    p.add_argument(
+        "--max-chars", type=_pos_int, default=S, help="ShareGPT: longest first user turn, characters (default 2000)"
+    )
     p.add_argument("--out", default=None, help="output folder (default runs/eval-<timestamp>)")
-    p.add_argument("--resume", nargs="?", const=True, default=None, metavar="DIR",
-                   help="continue an interrupted run in DIR (or in --out): finished records are skipped")
-    p.add_argument("--report-only", default=None, metavar="DIR", help="rebuild report.md/json and plots from DIR's records")
+    p.add_argument(
+        "--resume",
+        nargs="?",
+        const=True,
+        default=None,
+        metavar="DIR",
+        help="continue an interrupted run in DIR (or in --out): finished records are skipped",
+    )
+    p.add_argument(
+        "--report-only", default=None, metavar="DIR", help="rebuild report.md/json and plots from DIR's records"
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_eval)
 
@@ -203,7 +286,9 @@ def resolve_config(args: argparse.Namespace) -> tuple[EvalConfig, Path, bool]:
                 )
     else:
         if (out / "records.jsonl").exists():
-            raise ValueError(f"{out} already holds records.jsonl; pass --resume to continue it, or choose another --out")
+            raise ValueError(
+                f"{out} already holds records.jsonl; pass --resume to continue it, or choose another --out"
+            )
         base = EvalConfig()
     cfg = EvalConfig.from_dict({**base.to_dict(), **given})
     cfg.validate()
@@ -213,22 +298,47 @@ def resolve_config(args: argparse.Namespace) -> tuple[EvalConfig, Path, bool]:
 def command_line(cfg: EvalConfig, out: Path) -> str:
     """A command that reproduces (and, with --resume, continues) this run."""
     d = EvalConfig()
-    parts = ["acespec", "eval", "--rules", ",".join(cfg.rules), "--dataset", cfg.dataset, "--n", str(cfg.n),
-             "--max-tokens", str(cfg.max_tokens),
-             "--seeds", str(len(cfg.seeds)) if cfg.seeds == list(range(len(cfg.seeds))) else ",".join(map(str, cfg.seeds))]
+    parts = [
+        "acespec",
+        "eval",
+        "--rules",
+        ",".join(cfg.rules),
+        "--dataset",
+        cfg.dataset,
+        "--n",
+        str(cfg.n),
+        "--max-tokens",
+        str(cfg.max_tokens),
+        "--seeds",
+        str(len(cfg.seeds)) if cfg.seeds == list(range(len(cfg.seeds))) else ",".join(map(str, cfg.seeds)),
+    ]
     if cfg.think:
         parts.append("--think")
     for g in cfg.guards:
         parts += ["--guard", g]
     if cfg.ablate:
         parts += ["--ablate", ",".join(cfg.ablate)]
-    for opt, field in (("--draft", "draft"), ("--target", "target"), ("--k", "k"), ("--temperature", "temperature"),
-                       ("--top-k", "top_k"), ("--top-p", "top_p"), ("--data-seed", "data_seed"), ("--min-p", "min_p"),
-                       ("--max-rank", "max_rank"), ("--budget-fraction", "budget_fraction"),
-                       ("--netwin-min", "netwin_min"), ("--parallel", "parallel"), ("--batching", "batching"),
-                       ("--engine", "engine"), ("--concurrency", "concurrency"),
-                       ("--humaneval-mode", "humaneval_mode"),
-                       ("--n-ctx", "n_ctx"), ("--min-chars", "min_chars"), ("--max-chars", "max_chars")):
+    for opt, field in (
+        ("--draft", "draft"),
+        ("--target", "target"),
+        ("--k", "k"),
+        ("--temperature", "temperature"),
+        ("--top-k", "top_k"),
+        ("--top-p", "top_p"),
+        ("--data-seed", "data_seed"),
+        ("--min-p", "min_p"),
+        ("--max-rank", "max_rank"),
+        ("--budget-fraction", "budget_fraction"),
+        ("--netwin-min", "netwin_min"),
+        ("--parallel", "parallel"),
+        ("--batching", "batching"),
+        ("--engine", "engine"),
+        ("--concurrency", "concurrency"),
+        ("--humaneval-mode", "humaneval_mode"),
+        ("--n-ctx", "n_ctx"),
+        ("--min-chars", "min_chars"),
+        ("--max-chars", "max_chars"),
+    ):
         v = getattr(cfg, field)
         if v != getattr(d, field):
             parts += [opt, str(v)]
@@ -241,9 +351,14 @@ def settings_of(cfg: EvalConfig) -> dict:
     s["draft"] = cfg.draft or DEFAULT_DRAFT
     s["target"] = cfg.target or DEFAULT_TARGET
     s["arms"] = [a.label for a in build_arms(cfg.rules, cfg.guards, cfg.ablate)]
-    s["sampling"] = f"temperature {cfg.temperature}, top-k {cfg.top_k or 'off'}, top-p {cfg.top_p if cfg.top_p < 1 else 'off'}"
-    s["prompting"] = ("completion (raw HumanEval stub)" if cfg.dataset == "humaneval" and cfg.humaneval_mode == "completion"
-                      else "chat" + (" + <think> system turn, assistant pre-filled with <think>" if cfg.think else ""))
+    s["sampling"] = (
+        f"temperature {cfg.temperature}, top-k {cfg.top_k or 'off'}, top-p {cfg.top_p if cfg.top_p < 1 else 'off'}"
+    )
+    s["prompting"] = (
+        "completion (raw HumanEval stub)"
+        if cfg.dataset == "humaneval" and cfg.humaneval_mode == "completion"
+        else "chat" + (" + <think> system turn, assistant pre-filled with <think>" if cfg.think else "")
+    )
     return s
 
 
@@ -261,7 +376,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
         return 0
     cfg, out, resumed = resolve_config(args)
     if cfg.temperature <= 0.0:
-        print("acespec eval: note: temperature 0 makes p and q one-hot; relaxed rules then act like greedy", file=sys.stderr)
+        print(
+            "acespec eval: note: temperature 0 makes p and q one-hot; relaxed rules then act like greedy",
+            file=sys.stderr,
+        )
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
     cmd = command_line(cfg, out)

@@ -19,8 +19,24 @@ BASELINE = "strict"
 
 # Settings that change what a record means: a resumed run must not mix records made under others.
 IDENTITY_FIELDS = (
-    "dataset", "draft", "target", "max_tokens", "think", "budget", "k", "temperature", "top_k", "top_p",
-    "data_seed", "min_p", "max_rank", "budget_fraction", "humaneval_mode", "netwin_min", "min_chars", "max_chars",
+    "dataset",
+    "draft",
+    "target",
+    "max_tokens",
+    "think",
+    "budget",
+    "k",
+    "temperature",
+    "top_k",
+    "top_p",
+    "data_seed",
+    "min_p",
+    "max_rank",
+    "budget_fraction",
+    "humaneval_mode",
+    "netwin_min",
+    "min_chars",
+    "max_chars",
     "engine",
 )
 
@@ -51,7 +67,9 @@ class EvalConfig:
     budget_fraction: float = 0.85  # budget forcing point
     netwin_min: int = 8  # net-win guard: observations of each arm before trusting its estimate
     parallel: int = 1  # jobs run at once through one batched pass per model (1: one at a time)
-    batching: str = "shared"  # --parallel: shared (one pass, weights read once) | exact (a pass per job, same bits as alone)
+    batching: str = (
+        "shared"  # --parallel: shared (one pass, weights read once) | exact (a pass per job, same bits as alone)
+    )
     engine: str = "llama"  # llama: the single-process engine | vllm: vLLM's own speculative decoding (vllm_runner)
     concurrency: int = 16  # --engine vllm: jobs in flight at once (vLLM's max_num_seqs)
     humaneval_mode: str = "chat"  # chat | completion
@@ -79,7 +97,9 @@ class EvalConfig:
             if not self.think:
                 raise ValueError("+force forces the end of a <think> trace: it needs --think")
             if self.budget:
-                raise ValueError("--guard budget already forces every arm; +force arms compare forced with unforced runs")
+                raise ValueError(
+                    "--guard budget already forces every arm; +force arms compare forced with unforced runs"
+                )
         if self.batching not in ("shared", "exact"):
             raise ValueError("--batching must be shared or exact")
         if self.n < 1 or self.max_tokens < 1 or not self.seeds or self.parallel < 1:
@@ -96,13 +116,19 @@ class EvalConfig:
             raise ValueError("--concurrency must be at least 1")
         if self.engine == "vllm":
             if self.parallel != 1 or self.batching != "shared":
-                raise ValueError("--parallel and --batching are the llama.cpp harness's; on --engine vllm, vLLM's "
-                                 "scheduler batches the jobs: set how many run at once with --concurrency N")
+                raise ValueError(
+                    "--parallel and --batching are the llama.cpp harness's; on --engine vllm, vLLM's "
+                    "scheduler batches the jobs: set how many run at once with --concurrency N"
+                )
             if not self.target or not self.draft:
-                raise ValueError("--engine vllm needs --target DIR and --draft DIR (Hugging Face model directories; "
-                                 "`acespec models export-hf NAME DIR` writes them from the registry's GGUFs)")
+                raise ValueError(
+                    "--engine vllm needs --target DIR and --draft DIR (Hugging Face model directories; "
+                    "`acespec models export-hf NAME DIR` writes them from the registry's GGUFs)"
+                )
         elif self.concurrency != EvalConfig.concurrency:
-            raise ValueError("--concurrency is --engine vllm's; the llama.cpp harness runs jobs at once with --parallel N")
+            raise ValueError(
+                "--concurrency is --engine vllm's; the llama.cpp harness runs jobs at once with --parallel N"
+            )
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)

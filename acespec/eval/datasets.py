@@ -130,5 +130,7 @@ def sharegpt_prompts(n: int, *, seed: int = 0, min_chars: int = 32, max_chars: i
             cands.append((str(rec.get("id", len(cands))), text))
     random.Random(f"acespec-sharegpt:{int(seed)}").shuffle(cands)
     if n > len(cands):
-        raise ValueError(f"ShareGPT has only {len(cands)} prompts of {min_chars}..{max_chars} characters, {n} requested")
+        raise ValueError(
+            f"ShareGPT has only {len(cands)} prompts of {min_chars}..{max_chars} characters, {n} requested"
+        )
     return cands[: int(n)]

@@ -92,8 +92,9 @@ def prefill(model, ids: list[int]) -> None:
     model.eval(ids[n:-1], last=0)
 
 
-def run_generation(target, draft, ids: list[int], cfg: EvalConfig, rule: RuleSpec, seed: int, *, support: bool,
-                   force: bool = False) -> Generation:
+def run_generation(
+    target, draft, ids: list[int], cfg: EvalConfig, rule: RuleSpec, seed: int, *, support: bool, force: bool = False
+) -> Generation:
     """Generate one answer (two segments under budget forcing: `--guard budget`, or `force` for a `+force`
     arm); see `acespec.eval.runner`'s docstring."""
     tok = target.tokenizer
@@ -119,8 +120,14 @@ def run_generation(target, draft, ids: list[int], cfg: EvalConfig, rule: RuleSpe
             times.append(time.perf_counter())
 
         sc = SpecConfig(
-            rule=str(rule), k=cfg.k, policy="fixed", temperature=cfg.temperature, top_k=cfg.top_k,
-            top_p=cfg.top_p, seed=seg_seed, max_tokens=budget,
+            rule=str(rule),
+            k=cfg.k,
+            policy="fixed",
+            temperature=cfg.temperature,
+            top_k=cfg.top_k,
+            top_p=cfg.top_p,
+            seed=seg_seed,
+            max_tokens=budget,
         )
         res = generate(target, context, sc, draft=draft, on_tokens=on_tokens, verifier_hook=hook)
         gen.rounds += res.stats.rounds
@@ -138,7 +145,9 @@ def run_generation(target, draft, ids: list[int], cfg: EvalConfig, rule: RuleSpe
     return gen
 
 
-def segments(segment, ids: list[int], cfg: EvalConfig, tok, seed: int, gen: Generation, *, force: bool = False) -> list[int]:
+def segments(
+    segment, ids: list[int], cfg: EvalConfig, tok, seed: int, gen: Generation, *, force: bool = False
+) -> list[int]:
     """The output of one job: `segment(context, budget, seed) -> tokens` once, or, under budget forcing
     (`--guard budget`, or `force` for a `+force` arm), up to the forcing point and then again after the
     end-of-thinking marker (see `acespec.eval.runner`). Sets `gen.forced`, `marker_tokens`, `segments`;
@@ -146,8 +155,12 @@ def segments(segment, ids: list[int], cfg: EvalConfig, tok, seed: int, gen: Gene
     if not (cfg.think and (cfg.budget or force)):
         return segment(ids, cfg.max_tokens, seed)
     forcer = BudgetForcer(
-        budget=cfg.max_tokens, fraction=cfg.budget_fraction, open_tag=THINK_OPEN, close_tag=THINK_CLOSE,
-        marker=THINK_MARKER, opened_in_prompt=True,
+        budget=cfg.max_tokens,
+        fraction=cfg.budget_fraction,
+        open_tag=THINK_OPEN,
+        close_tag=THINK_CLOSE,
+        marker=THINK_MARKER,
+        opened_in_prompt=True,
     )
     marker_ids = list(tok.encode(THINK_MARKER, special=True))
     # the forcing point, moved earlier only where the whole marker and one answer token would not fit
@@ -197,7 +210,7 @@ def analyse(item: Item, gen: Generation, tokenizer, cfg: EvalConfig) -> dict:
         if close >= 0:
             think = token_index_of_byte(pieces, close + len(THINK_CLOSE))
             rec["trace_closed"] = True
-            answer_text = text[text.find(THINK_CLOSE) + len(THINK_CLOSE):] if THINK_CLOSE in text else ""
+            answer_text = text[text.find(THINK_CLOSE) + len(THINK_CLOSE) :] if THINK_CLOSE in text else ""
         else:
             think = len(toks)
             rec["trace_closed"] = False

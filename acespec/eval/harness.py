@@ -90,7 +90,9 @@ class Job:
         return record_key(self.arm.label, self.item.id, self.seed)
 
 
-def make_record(job: Job, gen: Generation, analysis: dict, rule_used: str, prompt_len: int, guard_choice: str | None) -> dict:
+def make_record(
+    job: Job, gen: Generation, analysis: dict, rule_used: str, prompt_len: int, guard_choice: str | None
+) -> dict:
     probs = [round(p, 5) for p, _ in gen.support]
     ranks = [int(r) for _, r in gen.support]
     rec = {
@@ -129,17 +131,22 @@ class Harness:
     def __init__(self, cfg: EvalConfig, out: Path, log: Callable[[str], None] | None = None) -> None:
         self.cfg = cfg
         self.arms = build_arms(cfg.rules, cfg.guards, cfg.ablate)
-        items = load_items(cfg.dataset, cfg.n, data_seed=cfg.data_seed, min_chars=cfg.min_chars, max_chars=cfg.max_chars)
+        items = load_items(
+            cfg.dataset, cfg.n, data_seed=cfg.data_seed, min_chars=cfg.min_chars, max_chars=cfg.max_chars
+        )
         self.jobs = [Job(it, s, a) for it in items for s in cfg.seeds for a in self.arms]
         self.path = out / "records.jsonl"
         self.done = {r["key"]: r for r in read_records(self.path)}
         self.todo = [j for j in self.jobs if j.key not in self.done]
         if log:
-            log(f"{len(self.jobs)} jobs ({len(self.arms)} rules x {len(items)} prompts x {len(cfg.seeds)} seeds), "
-                f"{len(self.jobs) - len(self.todo)} already done")
+            log(
+                f"{len(self.jobs)} jobs ({len(self.arms)} rules x {len(items)} prompts x {len(cfg.seeds)} seeds), "
+                f"{len(self.jobs) - len(self.todo)} already done"
+            )
         self.guards = {
             a.label: NetWinGuard(str(a.rule) + ("+support" if a.support else ""), NetWinConfig(n_min=cfg.netwin_min))
-            for a in self.arms if a.netwin
+            for a in self.arms
+            if a.netwin
         }
         self.writer: RecordWriter | None = None
         self._prompts: dict[str, list[int]] = {}
@@ -172,11 +179,26 @@ class Harness:
         """Feed a finished generation to its arm's net-win guard (what the arm's next decision depends on)."""
         guard = self.guards.get(job.arm.label)
         if guard is not None:
-            guard.observe(job.item.kind, str(rule) + ("+support" if support else ""), len(gen.tokens),
-                          gen.accepted / gen.rounds if gen.rounds else 0.0)
+            guard.observe(
+                job.item.kind,
+                str(rule) + ("+support" if support else ""),
+                len(gen.tokens),
+                gen.accepted / gen.rounds if gen.rounds else 0.0,
+            )
 
-    def finish(self, job: Job, gen: Generation, tokenizer, rule: RuleSpec, support: bool, choice: str | None,
-               prompt_len: int, *, observed: bool = False, **extra) -> dict:
+    def finish(
+        self,
+        job: Job,
+        gen: Generation,
+        tokenizer,
+        rule: RuleSpec,
+        support: bool,
+        choice: str | None,
+        prompt_len: int,
+        *,
+        observed: bool = False,
+        **extra,
+    ) -> dict:
         """Score a finished generation, feed the arm's guard (unless `observed` already), write and keep the record."""
         rule_used = str(rule) + ("+support" if support else "")
         rec = make_record(job, gen, analyse(job.item, gen, tokenizer, self.cfg), rule_used, prompt_len, choice)
@@ -197,8 +219,10 @@ class Harness:
 def load_pair(cfg: EvalConfig, **kwargs):
     """The (target, drafter) the config names; kwargs go to the runtime (llama.cpp: n_slots, ...)."""
     n_ctx = kwargs.pop("n_ctx", cfg.n_ctx)
-    return (load_model(cfg.target or DEFAULT_TARGET, n_ctx=n_ctx, **kwargs),
-            load_model(cfg.draft or DEFAULT_DRAFT, n_ctx=n_ctx, **kwargs))
+    return (
+        load_model(cfg.target or DEFAULT_TARGET, n_ctx=n_ctx, **kwargs),
+        load_model(cfg.draft or DEFAULT_DRAFT, n_ctx=n_ctx, **kwargs),
+    )
 
 
 def progress_bar(h: Harness):

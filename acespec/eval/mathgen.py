@@ -17,10 +17,36 @@ from dataclasses import dataclass
 
 ANSWER_FORMAT = 'End your reply with a final line of the form "Answer: <integer>".'
 
-_NAMES = ["Ava", "Ben", "Chloe", "Daniel", "Emma", "Farid", "Grace", "Hugo", "Iris", "Jonas", "Keiko", "Liam",
-          "Maya", "Noah", "Olga", "Priya", "Quinn", "Rosa", "Sami", "Tara"]
-_PRONOUN = {n: ("she" if n in {"Ava", "Chloe", "Emma", "Grace", "Iris", "Keiko", "Maya", "Olga", "Priya",
-                              "Rosa", "Tara"} else "he") for n in _NAMES}
+_NAMES = [
+    "Ava",
+    "Ben",
+    "Chloe",
+    "Daniel",
+    "Emma",
+    "Farid",
+    "Grace",
+    "Hugo",
+    "Iris",
+    "Jonas",
+    "Keiko",
+    "Liam",
+    "Maya",
+    "Noah",
+    "Olga",
+    "Priya",
+    "Quinn",
+    "Rosa",
+    "Sami",
+    "Tara",
+]
+_PRONOUN = {
+    n: (
+        "she"
+        if n in {"Ava", "Chloe", "Emma", "Grace", "Iris", "Keiko", "Maya", "Olga", "Priya", "Rosa", "Tara"}
+        else "he"
+    )
+    for n in _NAMES
+}
 _ITEMS = ["apples", "marbles", "stickers", "pencils", "cookies", "stamps", "shells", "cards"]
 
 
@@ -40,8 +66,10 @@ def _t_buy_give(r: random.Random):
     name, item = r.choice(_NAMES), r.choice(_ITEMS)
     a, b, c = r.randint(5, 60), r.randint(2, 9), r.randint(3, 12)
     d = r.randint(1, a + b * c - 1)
-    q = (f"{name} has {a} {item}. {_PRONOUN[name].capitalize()} buys {b} packs with {c} {item} in each pack, "
-         f"then gives {d} {item} to a friend. How many {item} does {name} have now?")
+    q = (
+        f"{name} has {a} {item}. {_PRONOUN[name].capitalize()} buys {b} packs with {c} {item} in each pack, "
+        f"then gives {d} {item} to a friend. How many {item} does {name} have now?"
+    )
     return q, a + b * c - d, (a, b, c, d)
 
 
@@ -50,8 +78,10 @@ def _t_bakery(r: random.Random):
     a, b = r.randint(3, 15), r.randint(6, 24)
     c = r.randint(1, a * b // 2)
     d = r.randint(1, a * b - c - 1)
-    q = (f"A bakery bakes {a} trays of {item} with {b} {item} on each tray. It sells {c} {item} in the morning "
-         f"and {d} in the afternoon. How many {item} are left at the end of the day?")
+    q = (
+        f"A bakery bakes {a} trays of {item} with {b} {item} on each tray. It sells {c} {item} in the morning "
+        f"and {d} in the afternoon. How many {item} are left at the end of the day?"
+    )
     return q, a * b - c - d, (a, b, c, d)
 
 
@@ -59,8 +89,10 @@ def _t_pages(r: random.Random):
     name = r.choice(_NAMES)
     a, b, c, d = r.randint(5, 30), r.randint(2, 9), r.randint(5, 30), r.randint(2, 9)
     e = a * b + c * d + r.randint(5, 200)
-    q = (f"{name} reads {a} pages a day for {b} days, then {c} pages a day for {d} days. The book has {e} pages. "
-         f"How many pages are left to read?")
+    q = (
+        f"{name} reads {a} pages a day for {b} days, then {c} pages a day for {d} days. The book has {e} pages. "
+        f"How many pages are left to read?"
+    )
     return q, e - (a * b + c * d), (a, b, c, d, e)
 
 
@@ -69,8 +101,10 @@ def _t_change(r: random.Random):
     a, b, c, d = r.randint(2, 9), r.randint(3, 15), r.randint(2, 8), r.randint(1, 6)
     cost = a * c + b * d
     e = next(x for x in (20, 50, 100, 200, 500) if x > cost)
-    q = (f"A shop sells pens for {a} dollars each and notebooks for {b} dollars each. {name} buys {c} pens and "
-         f"{d} notebooks and pays with a {e}-dollar bill. How many dollars of change does {name} get?")
+    q = (
+        f"A shop sells pens for {a} dollars each and notebooks for {b} dollars each. {name} buys {c} pens and "
+        f"{d} notebooks and pays with a {e}-dollar bill. How many dollars of change does {name} get?"
+    )
     return q, e - cost, (a, b, c, d, e)
 
 
@@ -81,15 +115,19 @@ def _t_rows(r: random.Random):
     present = d * rows
     b = r.randint(present // a + 1, present // a + 15)
     c = a * b - present
-    q = (f"A school has {a} classes with {b} students each. On Monday {c} students are absent. The students who "
-         f"are present sit in rows of {d}, and every row is full. How many rows are there?")
+    q = (
+        f"A school has {a} classes with {b} students each. On Monday {c} students are absent. The students who "
+        f"are present sit in rows of {d}, and every row is full. How many rows are there?"
+    )
     return q, rows, (a, b, c, d)
 
 
 def _t_train(r: random.Random):
     a, b, c, d = r.randint(40, 120), r.randint(2, 6), r.randint(40, 120), r.randint(2, 6)
-    q = (f"A train travels at {a} kilometres per hour for {b} hours, then at {c} kilometres per hour for {d} "
-         f"hours. How many kilometres does it travel in total?")
+    q = (
+        f"A train travels at {a} kilometres per hour for {b} hours, then at {c} kilometres per hour for {d} "
+        f"hours. How many kilometres does it travel in total?"
+    )
     return q, a * b + c * d, (a, b, c, d)
 
 
@@ -97,8 +135,10 @@ def _t_savings(r: random.Random):
     name = r.choice(_NAMES)
     a, b, c = r.randint(10, 200), r.randint(3, 25), r.randint(2, 12)
     d = r.randint(1, a + b * c - 1)
-    q = (f"{name} has saved {a} dollars. {_PRONOUN[name].capitalize()} saves {b} dollars every week for {c} weeks, "
-         f"then spends {d} dollars on a present. How many dollars does {name} have left?")
+    q = (
+        f"{name} has saved {a} dollars. {_PRONOUN[name].capitalize()} saves {b} dollars every week for {c} weeks, "
+        f"then spends {d} dollars on a present. How many dollars does {name} have left?"
+    )
     return q, a + b * c - d, (a, b, c, d)
 
 

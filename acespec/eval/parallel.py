@@ -135,8 +135,10 @@ class LaneModel(Model):
     def __init__(self, shared: Model, lane: int, gang: Gang, n_ctx: int) -> None:
         super().__init__()
         if lane >= shared.n_slots:
-            raise ModelError(f"{shared.name} holds {shared.n_slots} KV sequences; lane {lane} needs more "
-                             "(--parallel needs a runtime with one sequence per lane: llama.cpp or the toy model)")
+            raise ModelError(
+                f"{shared.name} holds {shared.n_slots} KV sequences; lane {lane} needs more "
+                "(--parallel needs a runtime with one sequence per lane: llama.cpp or the toy model)"
+            )
         self.shared, self.lane, self.gang = shared, lane, gang
         self.name = f"{shared.name}[{lane}]"
         self.vocab_size = shared.vocab_size
@@ -240,7 +242,9 @@ def run_parallel(h: Harness, *, target=None, draft=None, progress: bool = True) 
         t, d = lanes[lane]
         out: Generation | BaseException
         try:
-            out = run_generation(t, d, ids, cfg, rule, seed_for(job.seed, job.item.id), support=support, force=job.arm.force)
+            out = run_generation(
+                t, d, ids, cfg, rule, seed_for(job.seed, job.item.id), support=support, force=job.arm.force
+            )
         except BaseException as e:  # reported to the main thread, which stops dispatching
             out = e
         done_q.put((lane, job, rule, support, choice, out))  # before leaving: `settle` then finds it queued
@@ -259,8 +263,9 @@ def run_parallel(h: Harness, *, target=None, draft=None, progress: bool = True) 
             ids = h.prompt(target.tokenizer, job)
             held[lane] = job.item.id
             gang.join()  # before the thread starts: a pass must wait for its first call
-            threading.Thread(target=work, args=(lane, job, rule, support, choice, ids), daemon=True,
-                             name=f"acespec-eval-lane{lane}").start()
+            threading.Thread(
+                target=work, args=(lane, job, rule, support, choice, ids), daemon=True, name=f"acespec-eval-lane{lane}"
+            ).start()
             running += 1
 
     try:
@@ -287,8 +292,18 @@ def run_parallel(h: Harness, *, target=None, draft=None, progress: bool = True) 
             gang.resume()
             for job, rule, support, choice, out in ok:  # scoring (HumanEval runs tests) while the lanes work
                 ids = h.prompt(target.tokenizer, job)
-                sched.results[job.key] = h.finish(job, out, target.tokenizer, rule, support, choice, len(ids),
-                                                  observed=True, parallel=n, batching=cfg.batching)
+                sched.results[job.key] = h.finish(
+                    job,
+                    out,
+                    target.tokenizer,
+                    rule,
+                    support,
+                    choice,
+                    len(ids),
+                    observed=True,
+                    parallel=n,
+                    batching=cfg.batching,
+                )
                 if bar is not None:
                     bar.set_postfix_str(f"{job.arm.label} {job.item.id} s{job.seed}", refresh=False)
                     bar.update(1)

@@ -107,8 +107,9 @@ def _opt(recs: list[dict], key: str) -> np.ndarray:  # -> [n], nan where the rec
     return np.array([np.nan if r.get(key) is None else float(r[key]) for r in recs], dtype=np.float64)
 
 
-def aggregate(records: list[dict], arms: list[str] | None = None, baseline: str = BASELINE,
-              boot: BootstrapConfig | None = None) -> dict:
+def aggregate(
+    records: list[dict], arms: list[str] | None = None, baseline: str = BASELINE, boot: BootstrapConfig | None = None
+) -> dict:
     """Per-arm aggregates and bootstrap intervals (see the module docstring). `arms` fixes the order;
     records of other arms are kept."""
     boot = boot or BootstrapConfig()
@@ -154,10 +155,23 @@ def aggregate(records: list[dict], arms: list[str] | None = None, baseline: str 
             if len(same) < len(paired):
                 w, ws = _arrays(paired)["wall_s"][same], _arrays(bl)["wall_s"][same]
                 a["ttlt_rel"] = _ratio(float(w.mean()), float(ws.mean())) if same else None
-                ci["ttlt_rel"] = paired_intervals(_arrays([paired[i] for i in same]), _arrays([bl[i] for i in same]),
-                                                  boot)["ttlt_rel"] if same else None
+                ci["ttlt_rel"] = (
+                    paired_intervals(_arrays([paired[i] for i in same]), _arrays([bl[i] for i in same]), boot)[
+                        "ttlt_rel"
+                    ]
+                    if same
+                    else None
+                )
         else:
-            a.update(L_strict=None, l_strict=None, **{"lambda": None}, gain=None, net_win=None, rounds_rel=None, ttlt_rel=None)
+            a.update(
+                L_strict=None,
+                l_strict=None,
+                **{"lambda": None},
+                gain=None,
+                net_win=None,
+                rounds_rel=None,
+                ttlt_rel=None,
+            )
             ci = {"pairs": 0, "accuracy": accuracy_interval(_arrays(use)["correct"], boot) if use else None}
             a["verdict"] = "baseline" if arm == baseline else "inconclusive"
         a["ci"] = ci
@@ -180,7 +194,8 @@ def aggregate(records: list[dict], arms: list[str] | None = None, baseline: str 
             if bl:  # pairs where the answer appears in both runs: the Δ and its interval are over the same pairs
                 for key in ("pre_answer_tokens", "post_answer_tokens"):
                     a[key + "_delta"] = _mean(
-                        r[key] - b[key] for r, b in zip(paired, bl) if r.get(key) is not None and b.get(key) is not None)
+                        r[key] - b[key] for r, b in zip(paired, bl) if r.get(key) is not None and b.get(key) is not None
+                    )
                     ci[key + "_delta"] = mean_delta_interval(_opt(paired, key), _opt(bl, key), boot)
         if any("think_tokens" in r for r in use):
             a["think_tokens"] = _mean(r.get("think_tokens") for r in use)
@@ -189,7 +204,8 @@ def aggregate(records: list[dict], arms: list[str] | None = None, baseline: str 
             if bl:
                 for key in ("think_tokens", "answer_tokens"):
                     a[key + "_delta"] = _mean(
-                        r[key] - b[key] for r, b in zip(paired, bl) if r.get(key) is not None and b.get(key) is not None)
+                        r[key] - b[key] for r, b in zip(paired, bl) if r.get(key) is not None and b.get(key) is not None
+                    )
                     ci[key + "_delta"] = mean_delta_interval(_opt(paired, key), _opt(bl, key), boot)
         a["hit_budget"] = sum(bool(r.get("hit_budget")) for r in use)
         a["forced"] = sum(bool(r.get("forced")) for r in use)
@@ -239,21 +255,36 @@ def guard_ablations(records: list[dict], boot: BootstrapConfig | None = None) ->
             gain_x = pooled_gain(x["accepted"], x["rounds"], s["accepted"], s["rounds"], idx)
             rnd_g = ratio_of_means(g["rounds"], s["rounds"], idx)
             full = np.arange(len(pairs))[None, :]  # the point estimate is the statistic on the pairs themselves
+
             def pt(f, *a, full=full) -> float:
                 return float(f(*a, full)[0])
 
             row.update(
-                lambda_guarded=pt(ratio_of_means, g["length"], s["length"]), lambda_guarded_ci=interval(lam_g, boot.level),
-                lambda_bare=pt(ratio_of_means, x["length"], s["length"]), lambda_bare_ci=interval(lam_x, boot.level),
+                lambda_guarded=pt(ratio_of_means, g["length"], s["length"]),
+                lambda_guarded_ci=interval(lam_g, boot.level),
+                lambda_bare=pt(ratio_of_means, x["length"], s["length"]),
+                lambda_bare_ci=interval(lam_x, boot.level),
                 gain_guarded=pt(pooled_gain, g["accepted"], g["rounds"], s["accepted"], s["rounds"]),
                 gain_guarded_ci=interval(gain_g, boot.level),
                 gain_bare=pt(pooled_gain, x["accepted"], x["rounds"], s["accepted"], s["rounds"]),
                 gain_bare_ci=interval(gain_x, boot.level),
-                rounds_rel_guarded=pt(ratio_of_means, g["rounds"], s["rounds"]), rounds_rel_guarded_ci=interval(rnd_g, boot.level),
+                rounds_rel_guarded=pt(ratio_of_means, g["rounds"], s["rounds"]),
+                rounds_rel_guarded_ci=interval(rnd_g, boot.level),
             )
-            row["gain_kept"] = (row["gain_guarded"] - 1.0) / (row["gain_bare"] - 1.0) if row["gain_bare"] != 1.0 else None
-            row["verdict"] = "inconclusive" if row["rounds_rel_guarded_ci"] is None else (
-                "win" if row["rounds_rel_guarded_ci"][1] < 1 else "loss" if row["rounds_rel_guarded_ci"][0] > 1 else "inconclusive")
+            row["gain_kept"] = (
+                (row["gain_guarded"] - 1.0) / (row["gain_bare"] - 1.0) if row["gain_bare"] != 1.0 else None
+            )
+            row["verdict"] = (
+                "inconclusive"
+                if row["rounds_rel_guarded_ci"] is None
+                else (
+                    "win"
+                    if row["rounds_rel_guarded_ci"][1] < 1
+                    else "loss"
+                    if row["rounds_rel_guarded_ci"][0] > 1
+                    else "inconclusive"
+                )
+            )
             rows.append(row)
     return rows
 
@@ -288,11 +319,14 @@ def forcing_table(records: list[dict], boot: BootstrapConfig | None = None) -> l
         ok_f = np.array([_outcome(a) for a in fa], dtype=np.float64)  # [m]
         ok_u = np.array([_outcome(b) for b in ua], dtype=np.float64)
         row = {
-            "arm": arm, "bare": bare, "pairs": len(pairs),
+            "arm": arm,
+            "bare": bare,
+            "pairs": len(pairs),
             "hit_budget": sum(bool(b.get("hit_budget")) for b in u),
             "fired": len(fired),
             "fired_and_hit": sum(bool(b.get("hit_budget")) for _, b in fired),
-            "success_unforced": int(ok_u.sum()), "success_forced": int(ok_f.sum()),
+            "success_unforced": int(ok_u.sum()),
+            "success_forced": int(ok_f.sum()),
             "rescued": int(((ok_u == 0) & (ok_f == 1)).sum()),
             "regressions": int(((ok_u == 1) & (ok_f == 0)).sum()),
             "success_delta_ci": mean_delta_interval(ok_f, ok_u, boot) if fired else None,
@@ -335,17 +369,31 @@ def _ci(x, ci, nd: int = 3, pct: bool = False) -> str:
 _VERDICT = {"win": "**win**", "loss": "loss", "inconclusive": "inconclusive", "baseline": "baseline"}
 
 
-def render_markdown(agg: dict, settings: dict, command: str, *, dataset: str, think: bool, plots: list[str],
-                    ablations: list[dict] | None = None, forcing: list[dict] | None = None) -> str:
+def render_markdown(
+    agg: dict,
+    settings: dict,
+    command: str,
+    *,
+    dataset: str,
+    think: bool,
+    plots: list[str],
+    ablations: list[dict] | None = None,
+    forcing: list[dict] | None = None,
+) -> str:
     lines = [f"# AceSpec length-inflation report: {dataset}", ""]
-    lines += ["Acceptance is not speed: a rule saves target work only if `(l + 1)/(l_strict + 1) > lambda`, "
-              "where `l` is mean accepted draft tokens per round and `lambda = L / L_strict` the length ratio "
-              "on the same prompts and seeds. Brackets are 95% intervals from a paired bootstrap over the "
-              "(prompt, seed) pairs. **Net win** is read from the interval of rounds against strict: *win* when "
-              "it lies wholly below 1, *loss* when wholly above, *inconclusive* when it contains 1.", ""]
-    lines += ["| rule | pairs | L | λ | l | gain (l+1)/(l_s+1) | rounds vs strict | net win | accuracy | "
-              "TTLT vs strict | median p acc. | median rank | p<0.1 share |",
-              "|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|"]
+    lines += [
+        "Acceptance is not speed: a rule saves target work only if `(l + 1)/(l_strict + 1) > lambda`, "
+        "where `l` is mean accepted draft tokens per round and `lambda = L / L_strict` the length ratio "
+        "on the same prompts and seeds. Brackets are 95% intervals from a paired bootstrap over the "
+        "(prompt, seed) pairs. **Net win** is read from the interval of rounds against strict: *win* when "
+        "it lies wholly below 1, *loss* when wholly above, *inconclusive* when it contains 1.",
+        "",
+    ]
+    lines += [
+        "| rule | pairs | L | λ | l | gain (l+1)/(l_s+1) | rounds vs strict | net win | accuracy | "
+        "TTLT vs strict | median p acc. | median rank | p<0.1 share |",
+        "|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|",
+    ]
     for arm, a in agg.items():
         ci = a.get("ci", {})
         nw = _VERDICT.get(a.get("verdict"), "n/a")
@@ -358,40 +406,60 @@ def render_markdown(agg: dict, settings: dict, command: str, *, dataset: str, th
             f"{_f(a['share_p_lt_0.1'], pct=True) if a['share_p_lt_0.1'] is not None else 'n/a'} |"
         )
     lines.append("")
-    deltas = [(arm, a["ci"]["accuracy_delta"]) for arm, a in agg.items()
-              if arm != BASELINE and a.get("ci", {}).get("accuracy_delta")]
+    deltas = [
+        (arm, a["ci"]["accuracy_delta"])
+        for arm, a in agg.items()
+        if arm != BASELINE and a.get("ci", {}).get("accuracy_delta")
+    ]
     if deltas:
-        lines.append("Accuracy against strict on the same pairs (rule minus strict, percentage points, 95% interval): "
-                     + "; ".join(f"`{arm}` [{100 * lo:+.0f}, {100 * hi:+.0f}]" for arm, (lo, hi) in deltas) + ".")
+        lines.append(
+            "Accuracy against strict on the same pairs (rule minus strict, percentage points, 95% interval): "
+            + "; ".join(f"`{arm}` [{100 * lo:+.0f}, {100 * hi:+.0f}]" for arm, (lo, hi) in deltas)
+            + "."
+        )
         lines.append("")
     guarded = {k: v["rule_used"] for k, v in agg.items() if len(v["rule_used"]) > 1 or "+netwin" in k}
     if guarded:
-        lines.append("Net-win guard choices: " + "; ".join(
-            f"`{k}`: " + ", ".join(f"{n}x `{r}`" for r, n in v.items()) for k, v in guarded.items()) + ".")
+        lines.append(
+            "Net-win guard choices: "
+            + "; ".join(f"`{k}`: " + ", ".join(f"{n}x `{r}`" for r, n in v.items()) for k, v in guarded.items())
+            + "."
+        )
         lines.append("")
     if ablations:
-        lines += ["## Guard ablations", "",
-                  "Each guarded rule against its bare rule, on the (prompt, seed) pairs both share with strict. "
-                  "*gain kept*: (gain_guarded - 1) / (gain_bare - 1), the share of the bare rule's acceptance gain "
-                  "the guard keeps. A guard does its job when λ comes back to about 1 and part of the gain stays.", "",
-                  "| rule | guard | pairs | λ bare | λ guarded | gain bare | gain guarded | gain kept | rounds vs strict (guarded) | net win (guarded) |",
-                  "|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+        lines += [
+            "## Guard ablations",
+            "",
+            "Each guarded rule against its bare rule, on the (prompt, seed) pairs both share with strict. "
+            "*gain kept*: (gain_guarded - 1) / (gain_bare - 1), the share of the bare rule's acceptance gain "
+            "the guard keeps. A guard does its job when λ comes back to about 1 and part of the gain stays.",
+            "",
+            "| rule | guard | pairs | λ bare | λ guarded | gain bare | gain guarded | gain kept | rounds vs strict (guarded) | net win (guarded) |",
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|---|",
+        ]
         for r in ablations:
             if "lambda_guarded" not in r:
-                lines.append(f"| `{r['bare']}` | {r['guard']} | {r['pairs']} | n/a | n/a | n/a | n/a | n/a | n/a | inconclusive |")
+                lines.append(
+                    f"| `{r['bare']}` | {r['guard']} | {r['pairs']} | n/a | n/a | n/a | n/a | n/a | n/a | inconclusive |"
+                )
                 continue
             lines.append(
                 f"| `{r['bare']}` | {r['guard']} | {r['pairs']} | {_ci(r['lambda_bare'], r['lambda_bare_ci'])} | "
                 f"{_ci(r['lambda_guarded'], r['lambda_guarded_ci'])} | {_ci(r['gain_bare'], r['gain_bare_ci'])} | "
                 f"{_ci(r['gain_guarded'], r['gain_guarded_ci'])} | {_f(r['gain_kept'], 2)} | "
-                f"{_ci(r['rounds_rel_guarded'], r['rounds_rel_guarded_ci'])} | {_VERDICT[r['verdict']]} |")
+                f"{_ci(r['rounds_rel_guarded'], r['rounds_rel_guarded_ci'])} | {_VERDICT[r['verdict']]} |"
+            )
         lines.append("")
     if any("pre_answer_tokens" in a for a in agg.values()):
-        lines += ["## Where the tokens go: before and after the first correct answer", "",
-                  "Tokens up to the first appearance of the correct answer in the output, and after it (runs "
-                  "where it appears). The Δ intervals are over the pairs where it appears under both rules.", "",
-                  "| rule | answer appears | tokens before | tokens after | Δ before vs strict | Δ after vs strict |",
-                  "|---|---:|---:|---:|---:|---:|"]
+        lines += [
+            "## Where the tokens go: before and after the first correct answer",
+            "",
+            "Tokens up to the first appearance of the correct answer in the output, and after it (runs "
+            "where it appears). The Δ intervals are over the pairs where it appears under both rules.",
+            "",
+            "| rule | answer appears | tokens before | tokens after | Δ before vs strict | Δ after vs strict |",
+            "|---|---:|---:|---:|---:|---:|",
+        ]
         for arm, a in agg.items():
             if "pre_answer_tokens" not in a:
                 continue
@@ -400,61 +468,87 @@ def render_markdown(agg: dict, settings: dict, command: str, *, dataset: str, th
             db = 0.0 if arm == BASELINE else a.get("pre_answer_tokens_delta")
             da = 0.0 if arm == BASELINE else a.get("post_answer_tokens_delta")
             ci = {} if arm == BASELINE else a.get("ci", {})
-            lines.append(f"| `{arm}` | {a['answer_found']}/{a['paired'] or a['runs']} | {_f(a['pre_answer_tokens'], 1)} | "
-                         f"{_f(a['post_answer_tokens'], 1)} | {_ci(db, ci.get('pre_answer_tokens_delta'), 1)} | "
-                         f"{_ci(da, ci.get('post_answer_tokens_delta'), 1)} |")
+            lines.append(
+                f"| `{arm}` | {a['answer_found']}/{a['paired'] or a['runs']} | {_f(a['pre_answer_tokens'], 1)} | "
+                f"{_f(a['post_answer_tokens'], 1)} | {_ci(db, ci.get('pre_answer_tokens_delta'), 1)} | "
+                f"{_ci(da, ci.get('post_answer_tokens_delta'), 1)} |"
+            )
         lines.append("")
     if think:
-        lines += ["## Reasoning trace and budget", "",
-                  "| rule | tokens in trace | tokens after trace | Δ in trace vs strict | Δ after trace vs strict | trace closed | hit budget | forced | forced, then right |",
-                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        lines += [
+            "## Reasoning trace and budget",
+            "",
+            "| rule | tokens in trace | tokens after trace | Δ in trace vs strict | Δ after trace vs strict | trace closed | hit budget | forced | forced, then right |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
         for arm, a in agg.items():
             n = a["paired"] or a["runs"]
             ci = {} if arm == BASELINE else a.get("ci", {})
-            lines.append(f"| `{arm}` | {_f(a.get('think_tokens'), 1)} | {_f(a.get('answer_tokens'), 1)} | "
-                         f"{_ci(a.get('think_tokens_delta'), ci.get('think_tokens_delta'), 1)} | "
-                         f"{_ci(a.get('answer_tokens_delta'), ci.get('answer_tokens_delta'), 1)} | "
-                         f"{a.get('trace_closed', 0)}/{n} | {a['hit_budget']}/{n} | {a['forced']}/{n} | {a['rescued']}/{a['forced']} |")
-        lines += ["", "*hit budget*: stopped at max tokens without ending by itself. *forced*: budget forcing "
-                  "injected `</think>`. *forced, then right*: a forced run whose answer was correct (ShareGPT: ended "
-                  "by itself); whether forcing *rescued* it takes the same run without forcing (an `X+force` arm "
-                  "next to `X`, below). Δ: mean over the same (prompt, seed) pairs, rule minus strict.", ""]
+            lines.append(
+                f"| `{arm}` | {_f(a.get('think_tokens'), 1)} | {_f(a.get('answer_tokens'), 1)} | "
+                f"{_ci(a.get('think_tokens_delta'), ci.get('think_tokens_delta'), 1)} | "
+                f"{_ci(a.get('answer_tokens_delta'), ci.get('answer_tokens_delta'), 1)} | "
+                f"{a.get('trace_closed', 0)}/{n} | {a['hit_budget']}/{n} | {a['forced']}/{n} | {a['rescued']}/{a['forced']} |"
+            )
+        lines += [
+            "",
+            "*hit budget*: stopped at max tokens without ending by itself. *forced*: budget forcing "
+            "injected `</think>`. *forced, then right*: a forced run whose answer was correct (ShareGPT: ended "
+            "by itself); whether forcing *rescued* it takes the same run without forcing (an `X+force` arm "
+            "next to `X`, below). Δ: mean over the same (prompt, seed) pairs, rule minus strict.",
+            "",
+        ]
     if forcing:
-        lines += ["## Budget forcing, measured", "",
-                  "Each `X+force` arm against `X` on the same (prompt, seed) pairs and run seeds: run one at a time or "
-                  "with `--batching exact`, the two share every token up to the forcing point (under shared batching "
-                  "they can part earlier, which adds noise in both directions). *hit budget*: the unforced run stopped at max tokens without "
-                  "ending. *fired*: the forced run was still inside its trace at the forcing point. Over the pairs "
-                  "where it fired: *rescued* = wrong without forcing and right with it; *regressions* = the reverse "
-                  "(success is a correct answer; where nothing is scored, an answer that ended by itself).", "",
-                  "| rule | pairs | hit budget (unforced) | fired | right unforced | right forced | rescued | regressions | "
-                  "Δ success [95%] | tokens in trace, unforced → forced | tokens after trace, unforced → forced |",
-                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        lines += [
+            "## Budget forcing, measured",
+            "",
+            "Each `X+force` arm against `X` on the same (prompt, seed) pairs and run seeds: run one at a time or "
+            "with `--batching exact`, the two share every token up to the forcing point (under shared batching "
+            "they can part earlier, which adds noise in both directions). *hit budget*: the unforced run stopped at max tokens without "
+            "ending. *fired*: the forced run was still inside its trace at the forcing point. Over the pairs "
+            "where it fired: *rescued* = wrong without forcing and right with it; *regressions* = the reverse "
+            "(success is a correct answer; where nothing is scored, an answer that ended by itself).",
+            "",
+            "| rule | pairs | hit budget (unforced) | fired | right unforced | right forced | rescued | regressions | "
+            "Δ success [95%] | tokens in trace, unforced → forced | tokens after trace, unforced → forced |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
         for r in forcing:
             d = r["success_delta_ci"]
-            dtxt = "n/a" if not r["fired"] else (
-                f"{100 * (r['success_forced'] - r['success_unforced']) / r['fired']:+.0f} pp"
-                + (f" [{100 * d[0]:+.0f}, {100 * d[1]:+.0f}]" if d else ""))
+            dtxt = (
+                "n/a"
+                if not r["fired"]
+                else (
+                    f"{100 * (r['success_forced'] - r['success_unforced']) / r['fired']:+.0f} pp"
+                    + (f" [{100 * d[0]:+.0f}, {100 * d[1]:+.0f}]" if d else "")
+                )
+            )
             lines.append(
                 f"| `{r['bare']}` | {r['pairs']} | {r['hit_budget']} | {r['fired']} | {r['success_unforced']}/{r['fired']} | "
                 f"{r['success_forced']}/{r['fired']} | {r['rescued']} | {r['regressions']} | {dtxt} | "
                 f"{_f(r['think_tokens_unforced'], 1)} → {_f(r['think_tokens_forced'], 1)} | "
-                f"{_f(r['answer_tokens_unforced'], 1)} → {_f(r['answer_tokens_forced'], 1)} |")
+                f"{_f(r['answer_tokens_unforced'], 1)} → {_f(r['answer_tokens_forced'], 1)} |"
+            )
         lines.append("")
-    lines += ["## Columns", "",
-              "- *L*: mean output tokens; *λ*: L / L_strict on the same (prompt, seed) pairs; *l*: accepted draft "
-              "tokens per round, pooled (mean acceptance length τ = l + 1).",
-              "- *rounds vs strict*: target passes per answer relative to strict (≈ λ / gain): below 1 saves "
-              "target work. *TTLT vs strict*: time to the last token relative to strict (wall clock, noisy on "
-              "shared CPUs; see docs/design/architecture.md, Measuring).",
-              "- *median p acc.*, *median rank*, *p<0.1 share*: the target probability and rank (1 = argmax) "
-              "of every accepted draft token (n/a for runs on `--engine vllm`, which does not report them; there "
-              "*rounds* counts vLLM's prefill pass, which emits the first token with no drafts, and times include "
-              "prefill and queueing in a shared batch: acespec/eval/vllm_runner.py)." if settings.get("engine") == "vllm"
-              else "of every accepted draft token.",
-              "- *pairs*: (prompt, seed) pairs this rule shares with strict; every ratio and interval is over them. "
-              "Intervals: percentile bootstrap, 4000 resamples of the pairs, seeded; with few pairs they are too "
-              "narrow (about 90% coverage at n = 10), so read verdicts at n >= 30.", ""]
+    lines += [
+        "## Columns",
+        "",
+        "- *L*: mean output tokens; *λ*: L / L_strict on the same (prompt, seed) pairs; *l*: accepted draft "
+        "tokens per round, pooled (mean acceptance length τ = l + 1).",
+        "- *rounds vs strict*: target passes per answer relative to strict (≈ λ / gain): below 1 saves "
+        "target work. *TTLT vs strict*: time to the last token relative to strict (wall clock, noisy on "
+        "shared CPUs; see docs/design/architecture.md, Measuring).",
+        "- *median p acc.*, *median rank*, *p<0.1 share*: the target probability and rank (1 = argmax) "
+        "of every accepted draft token (n/a for runs on `--engine vllm`, which does not report them; there "
+        "*rounds* counts vLLM's prefill pass, which emits the first token with no drafts, and times include "
+        "prefill and queueing in a shared batch: acespec/eval/vllm_runner.py)."
+        if settings.get("engine") == "vllm"
+        else "of every accepted draft token.",
+        "- *pairs*: (prompt, seed) pairs this rule shares with strict; every ratio and interval is over them. "
+        "Intervals: percentile bootstrap, 4000 resamples of the pairs, seeded; with few pairs they are too "
+        "narrow (about 90% coverage at n = 10), so read verdicts at n >= 30.",
+        "",
+    ]
     if plots:
         lines += ["## Plots", ""] + [f"![{p}]({p})" for p in plots] + [""]
     lines += ["## Settings", ""]
@@ -475,10 +569,14 @@ def make_plots(agg: dict, out_dir: Path) -> list[str]:
 
     names: list[str] = []
     # 1. length ratio vs acceptance gain, with the net-win line lambda = (l+1)/(l_s+1)
-    pts = [(arm, a["gain"], a["lambda"], a.get("ci", {})) for arm, a in agg.items()
-           if a["gain"] is not None and a["lambda"] is not None]
+    pts = [
+        (arm, a["gain"], a["lambda"], a.get("ci", {}))
+        for arm, a in agg.items()
+        if a["gain"] is not None and a["lambda"] is not None
+    ]
     fig, ax = plt.subplots(figsize=(6.4, 5.0))
     if pts:
+
         def err(x: float, ci) -> list[list[float]]:  # matplotlib wants [[below], [above]]
             return [[x - ci[0]], [ci[1] - x]] if ci else [[0.0], [0.0]]
 
@@ -489,8 +587,17 @@ def make_plots(agg: dict, out_dir: Path) -> list[str]:
         ax.plot([lo, hi], [lo, hi], "k--", lw=1, label="net-win line  λ = (l+1)/(l_strict+1)")
         ax.fill_between([lo, hi], [lo, lo], [lo, hi], color="tab:green", alpha=0.08, label="net win (below the line)")
         for arm, x, y, ci in pts:
-            ax.errorbar([x], [y], xerr=err(x, ci.get("gain")), yerr=err(y, ci.get("lambda")), fmt="o", ms=5,
-                        capsize=3, lw=1, zorder=3)
+            ax.errorbar(
+                [x],
+                [y],
+                xerr=err(x, ci.get("gain")),
+                yerr=err(y, ci.get("lambda")),
+                fmt="o",
+                ms=5,
+                capsize=3,
+                lw=1,
+                zorder=3,
+            )
             ax.annotate(arm, (x, y), textcoords="offset points", xytext=(5, 4), fontsize=8)
         ax.set_xlim(lo, hi)
         ax.set_ylim(lo, hi)
@@ -527,8 +634,15 @@ def make_plots(agg: dict, out_dir: Path) -> list[str]:
 # ------------------------------------------------------------------------------------------ entry point
 
 
-def write_report(records: list[dict], out_dir: str | Path, *, settings: dict, command: str, arms: list[str] | None = None,
-                 boot: BootstrapConfig | None = None) -> dict:
+def write_report(
+    records: list[dict],
+    out_dir: str | Path,
+    *,
+    settings: dict,
+    command: str,
+    arms: list[str] | None = None,
+    boot: BootstrapConfig | None = None,
+) -> dict:
     """Write report.json, report.md and the PNGs into out_dir; returns the aggregates."""
     out = Path(out_dir)
     boot = boot or BootstrapConfig()
@@ -537,18 +651,35 @@ def write_report(records: list[dict], out_dir: str | Path, *, settings: dict, co
     forcing = forcing_table(records, boot)
     try:
         plots = make_plots(agg, out)
-    except ImportError:  # no matplotlib (the vLLM venv): the tables alone; `--report-only DIR` from .venv adds the plots
+    except (
+        ImportError
+    ):  # no matplotlib (the vLLM venv): the tables alone; `--report-only DIR` from .venv adds the plots
         plots = []
-    md = render_markdown(agg, settings, command, dataset=settings.get("dataset", "?"), think=bool(settings.get("think")),
-                         plots=plots, ablations=ablations, forcing=forcing)
+    md = render_markdown(
+        agg,
+        settings,
+        command,
+        dataset=settings.get("dataset", "?"),
+        think=bool(settings.get("think")),
+        plots=plots,
+        ablations=ablations,
+        forcing=forcing,
+    )
     (out / "report.md").write_text(md, encoding="utf-8")
     payload = {
         "baseline": BASELINE,
         "settings": settings,
         "command": command,
         "records": len(records),
-        "bootstrap": {"resamples": boot.resamples, "level": boot.level, "seed": boot.seed, "unit": "(prompt, seed) pair"},
-        "arms": {k: {kk: vv for kk, vv in v.items() if kk != "lengths"} | {"lengths": v["lengths"]} for k, v in agg.items()},
+        "bootstrap": {
+            "resamples": boot.resamples,
+            "level": boot.level,
+            "seed": boot.seed,
+            "unit": "(prompt, seed) pair",
+        },
+        "arms": {
+            k: {kk: vv for kk, vv in v.items() if kk != "lengths"} | {"lengths": v["lengths"]} for k, v in agg.items()
+        },
         "guard_ablations": ablations,
         "budget_forcing": forcing,
         "plots": plots,

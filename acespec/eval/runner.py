@@ -137,8 +137,9 @@ def run_eval(
             ids = h.prompt(target.tokenizer, job)
             if bar is not None:
                 bar.set_postfix_str(f"{job.arm.label} {job.item.id} s{job.seed}", refresh=False)
-            gen = run_generation(target, draft, ids, cfg, rule, seed_for(job.seed, job.item.id), support=support,
-                                 force=job.arm.force)
+            gen = run_generation(
+                target, draft, ids, cfg, rule, seed_for(job.seed, job.item.id), support=support, force=job.arm.force
+            )
             results.append(h.finish(job, gen, target.tokenizer, rule, support, choice, len(ids)))
             if bar is not None:
                 bar.update(1)
@@ -150,8 +151,36 @@ def run_eval(
 
 
 __all__ = [
-    "ABLATIONS", "ARM_GUARDS", "BASELINE", "GUARD_NAMES", "IDENTITY_FIELDS", "ablated", "make_record", "progress_bar",
-    "THINK_CLOSE", "THINK_MARKER", "THINK_OPEN", "THINK_SYSTEM", "Arm", "EvalConfig", "Generation", "Harness", "Job",
-    "RecordWriter", "SupportFilteredSpec", "analyse", "build_arms", "parse_arm", "prefill", "prompt_ids",
-    "load_pair", "read_records", "record_key", "run_eval", "run_generation", "seed_for", "split_rules", "token_index_of_byte",
+    "ABLATIONS",
+    "ARM_GUARDS",
+    "BASELINE",
+    "GUARD_NAMES",
+    "IDENTITY_FIELDS",
+    "ablated",
+    "make_record",
+    "progress_bar",
+    "THINK_CLOSE",
+    "THINK_MARKER",
+    "THINK_OPEN",
+    "THINK_SYSTEM",
+    "Arm",
+    "EvalConfig",
+    "Generation",
+    "Harness",
+    "Job",
+    "RecordWriter",
+    "SupportFilteredSpec",
+    "analyse",
+    "build_arms",
+    "parse_arm",
+    "prefill",
+    "prompt_ids",
+    "load_pair",
+    "read_records",
+    "record_key",
+    "run_eval",
+    "run_generation",
+    "seed_for",
+    "split_rules",
+    "token_index_of_byte",
 ]

@@ -50,10 +50,12 @@ def ratio_of_means(a: np.ndarray, b: np.ndarray, idx: np.ndarray) -> np.ndarray:
         return np.where(den != 0, num / np.where(den != 0, den, 1.0), np.nan)
 
 
-def pooled_gain(acc: np.ndarray, rounds: np.ndarray, acc_s: np.ndarray, rounds_s: np.ndarray,
-                idx: np.ndarray) -> np.ndarray:  # all: [n], idx: [B, n] -> [B]
+def pooled_gain(
+    acc: np.ndarray, rounds: np.ndarray, acc_s: np.ndarray, rounds_s: np.ndarray, idx: np.ndarray
+) -> np.ndarray:  # all: [n], idx: [B, n] -> [B]
     """(l + 1) / (l_strict + 1) on every resample, with l pooled as sum(accepted) / sum(rounds), the
     way the point estimate is computed (a run's l is weighted by its rounds, not counted once)."""
+
     def l_of(a: np.ndarray, r: np.ndarray) -> np.ndarray:
         sa = np.asarray(a, dtype=np.float64)[idx].sum(axis=1)
         sr = np.asarray(r, dtype=np.float64)[idx].sum(axis=1)
@@ -103,7 +105,9 @@ def paired_intervals(rule: dict[str, np.ndarray], strict: dict[str, np.ndarray],
         return out
     idx = resample_indices(n, cfg.resamples, cfg.seed)  # [B, n]
     out["lambda"] = interval(ratio_of_means(rule["length"], strict["length"], idx), cfg.level)
-    out["gain"] = interval(pooled_gain(rule["accepted"], rule["rounds"], strict["accepted"], strict["rounds"], idx), cfg.level)
+    out["gain"] = interval(
+        pooled_gain(rule["accepted"], rule["rounds"], strict["accepted"], strict["rounds"], idx), cfg.level
+    )
     out["rounds_rel"] = interval(ratio_of_means(rule["rounds"], strict["rounds"], idx), cfg.level)
     out["ttlt_rel"] = interval(ratio_of_means(rule["wall_s"], strict["wall_s"], idx), cfg.level)
     out["accuracy"] = out["accuracy_delta"] = None
@@ -116,12 +120,16 @@ def paired_intervals(rule: dict[str, np.ndarray], strict: dict[str, np.ndarray],
             both = np.isfinite(c) & np.isfinite(cs)
             if both.sum() >= cfg.min_pairs:
                 d = c[both] - cs[both]  # [m]: +1 rescued, -1 lost, 0 same
-                out["accuracy_delta"] = interval(mean_samples(d, resample_indices(len(d), cfg.resamples, cfg.seed)), cfg.level)
+                out["accuracy_delta"] = interval(
+                    mean_samples(d, resample_indices(len(d), cfg.resamples, cfg.seed)), cfg.level
+                )
     out["verdict"] = verdict(out["rounds_rel"])
     return out
 
 
-def accuracy_interval(correct: np.ndarray, cfg: BootstrapConfig) -> tuple[float, float] | None:  # correct: [n], nan = unscored
+def accuracy_interval(
+    correct: np.ndarray, cfg: BootstrapConfig
+) -> tuple[float, float] | None:  # correct: [n], nan = unscored
     """Bootstrap interval of the share correct among the scored runs."""
     c = np.asarray(correct, dtype=np.float64)
     c = c[np.isfinite(c)]

@@ -69,14 +69,19 @@ def load_tokenizer(target: str, draft: str):
     checking that the drafter's vocabulary is the same one."""
     for role, d in (("--target", target), ("--draft", draft)):
         if not d or not Path(d).is_dir() or not (Path(d) / "config.json").is_file():
-            raise ModelError(f"--engine vllm: {role} {d!r} is not a Hugging Face model directory (config.json and "
-                             "weights); `acespec models export-hf NAME DIR` writes one from a registry GGUF")
+            raise ModelError(
+                f"--engine vllm: {role} {d!r} is not a Hugging Face model directory (config.json and "
+                "weights); `acespec models export-hf NAME DIR` writes one from a registry GGUF"
+            )
+
     def has_tok(d: str) -> bool:
         return any((Path(d) / f).is_file() for f in TOKENIZER_FILES)
 
     if not has_tok(target):
-        raise ModelError(f"--engine vllm: {target} has no tokenizer; the harness builds prompts with the target's "
-                         "(`acespec models export-hf NAME DIR` writes one with the weights)")
+        raise ModelError(
+            f"--engine vllm: {target} has no tokenizer; the harness builds prompts with the target's "
+            "(`acespec models export-hf NAME DIR` writes one with the weights)"
+        )
     import transformers  # heavy: the hf extra
 
     def vocab(d: str) -> int | None:
@@ -86,10 +91,14 @@ def load_tokenizer(target: str, draft: str):
     if has_tok(draft):
         other = hf_tokenizer_fingerprint(Path(draft))
         if other != tok.fingerprint:
-            raise ModelError(f"--engine vllm: the drafter's tokenizer ({draft}, {other}) is not the target's "
-                             f"({target}, {tok.fingerprint}): its drafts would be other tokens")
+            raise ModelError(
+                f"--engine vllm: the drafter's tokenizer ({draft}, {other}) is not the target's "
+                f"({target}, {tok.fingerprint}): its drafts would be other tokens"
+            )
     elif vocab(draft) != vocab(target):
-        raise ModelError(f"--engine vllm: the drafter's vocabulary ({vocab(draft)} ids) is not the target's ({vocab(target)})")
+        raise ModelError(
+            f"--engine vllm: the drafter's vocabulary ({vocab(draft)} ids) is not the target's ({vocab(target)})"
+        )
     return tok
 
 
@@ -124,16 +133,29 @@ class VllmPair:
         if cpu:
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         args = AsyncEngineArgs(
-            model=c.target, skip_tokenizer_init=True, max_model_len=c.n_ctx, enable_prefix_caching=True,
-            max_num_seqs=c.concurrency, dtype="float32" if cpu else "auto", block_size=32 if cpu else None,
-            gpu_memory_utilization=0.3 if cpu else 0.9, enforce_eager=cpu, generation_config="vllm",
-            speculative_config={"method": "draft_model", "model": c.draft, "num_speculative_tokens": c.k,
-                                "draft_sample_method": "probabilistic"},
+            model=c.target,
+            skip_tokenizer_init=True,
+            max_model_len=c.n_ctx,
+            enable_prefix_caching=True,
+            max_num_seqs=c.concurrency,
+            dtype="float32" if cpu else "auto",
+            block_size=32 if cpu else None,
+            gpu_memory_utilization=0.3 if cpu else 0.9,
+            enforce_eager=cpu,
+            generation_config="vllm",
+            speculative_config={
+                "method": "draft_model",
+                "model": c.draft,
+                "num_speculative_tokens": c.k,
+                "draft_sample_method": "probabilistic",
+            },
             per_request_spec_decode_metrics="summary",
         )
         self.llm = AsyncLLM.from_engine_args(args)
 
-    def segment(self, context: list[int], budget: int, seed: int, extra: dict, gen: Generation, times: list[float]) -> list[int]:
+    def segment(
+        self, context: list[int], budget: int, seed: int, extra: dict, gen: Generation, times: list[float]
+    ) -> list[int]:
         """One vLLM request: up to `budget` tokens after `context`; adds its counts to `gen` (see the
         module docstring) and the arrival time of its tokens to `times`."""
         return self._call(self._segment(context, budget, seed, extra, gen, times))
@@ -143,11 +165,22 @@ class VllmPair:
         from vllm.sampling_params import RequestOutputKind  # heavy: the vllm extra
 
         c = self.cfg
-        sp = SamplingParams(temperature=c.temperature, top_k=c.top_k, top_p=c.top_p, seed=seed, max_tokens=budget,
-                            stop_token_ids=self.eos, detokenize=False, output_kind=RequestOutputKind.DELTA, extra_args=extra)
+        sp = SamplingParams(
+            temperature=c.temperature,
+            top_k=c.top_k,
+            top_p=c.top_p,
+            seed=seed,
+            max_tokens=budget,
+            stop_token_ids=self.eos,
+            detokenize=False,
+            output_kind=RequestOutputKind.DELTA,
+            extra_args=extra,
+        )
         out: list[int] = []
         metrics = None
-        async for o in self.llm.generate({"prompt_token_ids": list(context)}, sp, request_id=f"acespec-eval-{next(self._ids)}"):
+        async for o in self.llm.generate(
+            {"prompt_token_ids": list(context)}, sp, request_id=f"acespec-eval-{next(self._ids)}"
+        ):
             c0 = o.outputs[0]
             if c0.token_ids:
                 times.append(time.perf_counter())
@@ -186,8 +219,9 @@ def run_job(pair: VllmPair, tok, ids: list[int], cfg, rule, support: bool, seed:
     times: list[float] = []
     extra = rule_args(rule, support, cfg)
     t0 = time.perf_counter()
-    gen.tokens = segments(lambda ctx, budget, s: pair.segment(ctx, budget, s, extra, gen, times), ids, cfg, tok, seed, gen,
-                          force=force)
+    gen.tokens = segments(
+        lambda ctx, budget, s: pair.segment(ctx, budget, s, extra, gen, times), ids, cfg, tok, seed, gen, force=force
+    )
     if times:
         gen.wall_s, gen.ttft_s = times[-1] - t0, times[0] - t0
     return gen
@@ -228,12 +262,23 @@ def run_vllm(h: Harness, *, progress: bool = True) -> list[dict]:
                     continue
                 rule, support, choice = h.decide(job)
                 ids = h.prompt(tok, job)
-                threading.Thread(target=work, args=(job, rule, support, choice, ids), daemon=True,
-                                 name=f"acespec-eval-{job.key}").start()
+                threading.Thread(
+                    target=work, args=(job, rule, support, choice, ids), daemon=True, name=f"acespec-eval-{job.key}"
+                ).start()
                 running += 1
             for job, rule, support, choice, ids, out in ready:  # scoring (HumanEval runs tests) while vLLM works
-                results[job.key] = h.finish(job, out, tok, rule, support, choice, len(ids), observed=True, engine="vllm",
-                                            concurrency=cfg.concurrency)
+                results[job.key] = h.finish(
+                    job,
+                    out,
+                    tok,
+                    rule,
+                    support,
+                    choice,
+                    len(ids),
+                    observed=True,
+                    engine="vllm",
+                    concurrency=cfg.concurrency,
+                )
                 if bar is not None:
                     bar.set_postfix_str(f"{job.arm.label} {job.item.id} s{job.seed}", refresh=False)
                     bar.update(1)

@@ -39,6 +39,12 @@ def load_model(spec: str, *, n_ctx: int = 4096, auto_install: bool = False, **kw
 
 
 __all__ = [
-    "ContextOverflowError", "Model", "ModelError", "TextStream", "Tokenizer", "VocabMismatchError",
-    "check_compatible", "load_model",
+    "ContextOverflowError",
+    "Model",
+    "ModelError",
+    "TextStream",
+    "Tokenizer",
+    "VocabMismatchError",
+    "check_compatible",
+    "load_model",
 ]

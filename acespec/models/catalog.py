@@ -93,10 +93,7 @@ class DiskFullError(RegistryError):
         self.needed = needed
         self.free = free
         if needed is not None and free is not None:
-            head = (
-                f"installing {model!r} needs about {_mb(needed)} free in {directory}, "
-                f"but only {_mb(free)} is free"
-            )
+            head = f"installing {model!r} needs about {_mb(needed)} free in {directory}, but only {_mb(free)} is free"
         else:
             head = f"ran out of disk space in {directory} while installing {model!r}"
         super().__init__(

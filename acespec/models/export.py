@@ -65,16 +65,19 @@ def export_hf(spec: str, out_dir: str | Path, *, dtype: str = "bfloat16", weight
                 if importlib.util.find_spec(extra) is None:
                     raise ImportError(f"no module named {extra!r}", name=extra)
     except ImportError as e:
-        raise ModelError(f"export-hf needs torch, transformers, gguf and accelerate ({e.name or e} is missing here): run "
-                         "`bash scripts/setup.sh dev` and export with .venv/bin/acespec (the vLLM profile has no accelerate)") from e
+        raise ModelError(
+            f"export-hf needs torch, transformers, gguf and accelerate ({e.name or e} is missing here): run "
+            "`bash scripts/setup.sh dev` and export with .venv/bin/acespec (the vLLM profile has no accelerate)"
+        ) from e
     src = Path(r.path)
     say(f"export-hf: reading {src.name} with transformers (dequantizing to {dtype})")
     try:
         tok = transformers.AutoTokenizer.from_pretrained(str(src.parent), gguf_file=src.name)
         model = None
         if weights:
-            model = transformers.AutoModelForCausalLM.from_pretrained(str(src.parent), gguf_file=src.name,
-                                                                      dtype=getattr(torch, dtype))
+            model = transformers.AutoModelForCausalLM.from_pretrained(
+                str(src.parent), gguf_file=src.name, dtype=getattr(torch, dtype)
+            )
     except ImportError as e:  # transformers raises this when the gguf package is missing
         raise ModelError(f"export-hf: {e}") from e
     # write beside the target and rename at the end, so a failure leaves no half-written directory
@@ -98,8 +101,10 @@ def export_hf(spec: str, out_dir: str | Path, *, dtype: str = "bfloat16", weight
             cfg.save_pretrained(str(tmp))
         want, got = gguf_tokenizer_fingerprint(src), hf_tokenizer_fingerprint(tmp)
         if want != got:
-            raise ModelError(f"export-hf: the exported tokenizer's fingerprint {got} differs from the GGUF's {want}; "
-                             "drafters of this GGUF could not pair with it")
+            raise ModelError(
+                f"export-hf: the exported tokenizer's fingerprint {got} differs from the GGUF's {want}; "
+                "drafters of this GGUF could not pair with it"
+            )
         if out.exists():
             out.rmdir()  # checked empty above
         tmp.rename(out)

@@ -24,9 +24,7 @@ def _require_hf():
         import torch  # heavy: the hf extra
         import transformers  # heavy: the hf extra
     except ImportError as e:  # pragma: no cover - depends on the environment
-        raise ModelError(
-            "the Hugging Face backend needs torch and transformers: pip install 'acespec[hf]'"
-        ) from e
+        raise ModelError("the Hugging Face backend needs torch and transformers: pip install 'acespec[hf]'") from e
     return torch, transformers
 
 
@@ -63,7 +61,9 @@ class HFModel(Model):
         self.name = name
         self.vocab_size = int(model.config.vocab_size)
         self.n_ctx = int(getattr(model.config, "max_position_embeddings", 4096))
-        self.tokenizer = HFTokenizer(tokenizer, self.vocab_size) if tokenizer is not None else _IdTokenizer(self.vocab_size)
+        self.tokenizer = (
+            HFTokenizer(tokenizer, self.vocab_size) if tokenizer is not None else _IdTokenizer(self.vocab_size)
+        )
         self._cache = transformers.DynamicCache()
         # transformers 5.x renamed the KV cache argument and output `past_key_values` -> `cache` (the old
         # name warns, and goes away in 5.40); use whichever this model's forward takes
@@ -112,7 +112,11 @@ _PAD = re.compile(r"^\[PAD\d+\]$")
 def _byte_level_decoder() -> dict[str, int]:
     """Byte-level BPE's char -> byte map (GPT-2's scheme): printable bytes stand for themselves, the
     other 68 are shifted to code points 256 and up, in byte order."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("\xa1"), ord("\xac") + 1), *range(ord("\xae"), ord("\xff") + 1)]
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("\xa1"), ord("\xac") + 1),
+        *range(ord("\xae"), ord("\xff") + 1),
+    ]
     rest = [b for b in range(256) if b not in printable]
     return {**{chr(b): b for b in printable}, **{chr(256 + i): b for i, b in enumerate(rest)}}
 
@@ -126,14 +130,20 @@ def _token_bytes(tok: Any, n: int) -> list[bytes]:
     decoder = type(getattr(getattr(tok, "backend_tokenizer", None), "decoder", None)).__name__
     if decoder == "ByteLevel":
         unbyte = _byte_level_decoder()
+
         def raw(i: int, p: str) -> bytes:
             if i in special or any(c not in unbyte for c in p):
                 return p.encode()
             return bytes(unbyte[c] for c in p)
     else:  # sentencepiece and others: the decoded text is the best common ground
+
         def raw(i: int, p: str) -> bytes:
             return p.encode() if i in special else tok.decode([i]).encode()
-    out = [b"" if p is None or (i not in special and _PAD.match(p) and p == f"[PAD{i}]") else raw(i, p) for i, p in enumerate(pieces)]
+
+    out = [
+        b"" if p is None or (i not in special and _PAD.match(p) and p == f"[PAD{i}]") else raw(i, p)
+        for i, p in enumerate(pieces)
+    ]
     return out + [b""] * (n - len(out))
 
 

@@ -288,7 +288,6 @@ def _directory_lock(directory: Path) -> Iterator[None]:
 # ---------------------------------------------------------------------------------------- progress
 
 
-
 def _note(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 

@@ -145,7 +145,9 @@ class LlamaCppModel(Model):
         batch_invariant: bool = False,  # one KV stream per slot: see below
         extra_bufts: bool = False,  # llama.cpp's extra weight buffers (AMX, repacked Q4_K): see below
         exact_passes: bool | None = None,  # a row's logits the same bits whatever the pass's row count: see below
-        step_threads: int | str | None = None,  # threads of a one-token pass, or "auto" / "pad"; None: ACESPEC_STEP_THREADS, else "pad"
+        step_threads: int
+        | str
+        | None = None,  # threads of a one-token pass, or "auto" / "pad"; None: ACESPEC_STEP_THREADS, else "pad"
     ) -> None:
         """`batch_invariant=True` is for the cloud's batching engine, where slots are sessions: a session's
         logits rows must be the same bits whatever else shares its llama_decode call (docs/design/architecture.md: the
@@ -274,7 +276,8 @@ class LlamaCppModel(Model):
         if given not in ("auto", "pad") and (not str(given).isdigit() or int(given) < 1):
             self.close()
             raise ModelError(
-                f"step_threads / ACESPEC_STEP_THREADS must be a positive integer, auto or pad, not {given!r}")
+                f"step_threads / ACESPEC_STEP_THREADS must be a positive integer, auto or pad, not {given!r}"
+            )
         self.n_threads = threads
         # "auto": one thread only for the one-token passes that would take the split attention (see
         # above); "pad": a pad row for them, and one thread only where it has no room
@@ -296,7 +299,8 @@ class LlamaCppModel(Model):
         first = len(new) - want
         return ([(0, first, 0)] if first else []) + [
             (a, min(a + EXACT_PASS_ROWS, len(new)), min(a + EXACT_PASS_ROWS, len(new)) - a)
-            for a in range(first, len(new), EXACT_PASS_ROWS)]
+            for a in range(first, len(new), EXACT_PASS_ROWS)
+        ]
 
     def _eval(self, new: list[int], want: int) -> np.ndarray:
         cuts = self._cuts(new, want)
@@ -383,7 +387,9 @@ class LlamaCppModel(Model):
         parts: list[list[np.ndarray]] = [[] for _ in order]
         for r in range(max(len(c) for c in cuts)):
             live = [j for j, c in enumerate(cuts) if r < len(c)]
-            work = [(items[order[j]][0], items[order[j]][1][cuts[j][r][0] : cuts[j][r][1]], cuts[j][r][2]) for j in live]
+            work = [
+                (items[order[j]][0], items[order[j]][1][cuts[j][r][0] : cuts[j][r][1]], cuts[j][r][2]) for j in live
+            ]
             rows = self._eval_sequences(work, [cuts[j][r][0] for j in live])
             for j, rr in zip(live, rows):
                 parts[j].append(rr)
@@ -411,10 +417,17 @@ class LlamaCppModel(Model):
                 # one-token pass the step's thread count: one thread if any of them is past the
                 # split, or with "pad" a pad row for each of them where they all have room
                 n_in = collections.Counter(i for i, _ in chunk)
-                late = {i for i, j in chunk
-                        if n_in[i] == 1 and len(self._slots[items[i][0]]) + offsets[i] + j >= SPLIT_KV_FROM}
-                if self.step_pad and late and len(chunk) + len(late) <= self.n_batch and all(
-                        len(self._slots[items[i][0]]) + offsets[i] + len(items[i][1]) < self.n_ctx for i in late):
+                late = {
+                    i
+                    for i, j in chunk
+                    if n_in[i] == 1 and len(self._slots[items[i][0]]) + offsets[i] + j >= SPLIT_KV_FROM
+                }
+                if (
+                    self.step_pad
+                    and late
+                    and len(chunk) + len(late) <= self.n_batch
+                    and all(len(self._slots[items[i][0]]) + offsets[i] + len(items[i][1]) < self.n_ctx for i in late)
+                ):
                     padded = late
                 self._set_step_threads(1 if late and not padded else self.n_threads)
             wanted: list[tuple[int, int, int]] = []  # (batch index, item, row)

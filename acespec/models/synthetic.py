@@ -16,18 +16,51 @@ from pathlib import Path
 
 SHAPES: dict[str, dict] = {
     # the tests' model: head_dim 32 (vLLM's CPU attention has no kernel for 16)
-    "tiny": dict(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=2, max_position_embeddings=1024, tie_word_embeddings=False),
+    "tiny": dict(
+        vocab_size=512,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        tie_word_embeddings=False,
+    ),
     # Qwen2.5-1.5B(-Instruct/-Coder) and Qwen2.5-7B, from their published config.json
-    "1.5b": dict(vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
-                 num_key_value_heads=2, max_position_embeddings=32768, tie_word_embeddings=True, rope_theta=1e6),
-    "7b": dict(vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
-               num_key_value_heads=4, max_position_embeddings=32768, tie_word_embeddings=False, rope_theta=1e6),
+    "1.5b": dict(
+        vocab_size=151936,
+        hidden_size=1536,
+        intermediate_size=8960,
+        num_hidden_layers=28,
+        num_attention_heads=12,
+        num_key_value_heads=2,
+        max_position_embeddings=32768,
+        tie_word_embeddings=True,
+        rope_theta=1e6,
+    ),
+    "7b": dict(
+        vocab_size=152064,
+        hidden_size=3584,
+        intermediate_size=18944,
+        num_hidden_layers=28,
+        num_attention_heads=28,
+        num_key_value_heads=4,
+        max_position_embeddings=32768,
+        tie_word_embeddings=False,
+        rope_theta=1e6,
+    ),
 }
 
 
-def random_qwen2(shape: str = "tiny", *, seed: int = 0, head_scale: float = 20.0, dtype: str = "float32", device: str = "cpu",
-                 **config):
+def random_qwen2(
+    shape: str = "tiny",
+    *,
+    seed: int = 0,
+    head_scale: float = 20.0,
+    dtype: str = "float32",
+    device: str = "cpu",
+    **config,
+):
     """A transformers Qwen2ForCausalLM of `shape` with seeded random weights (see the module docstring);
     `config` overrides the shape's fields (`vocab_size=len(tokenizer)` for a model that goes with a tokenizer)."""
     import torch  # heavy: the hf extra
@@ -49,8 +82,15 @@ def random_qwen2(shape: str = "tiny", *, seed: int = 0, head_scale: float = 20.0
     return model
 
 
-def save_random_qwen2(out_dir: str | Path, shape: str = "tiny", *, seed: int = 0, head_scale: float = 20.0,
-                      dtype: str = "float32", **config) -> Path:
+def save_random_qwen2(
+    out_dir: str | Path,
+    shape: str = "tiny",
+    *,
+    seed: int = 0,
+    head_scale: float = 20.0,
+    dtype: str = "float32",
+    **config,
+) -> Path:
     """Build `random_qwen2(...)` and write it as a Hugging Face directory (config + safetensors, no
     tokenizer: token i is just id i on every engine)."""
     out = Path(out_dir)

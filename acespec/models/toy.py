@@ -90,4 +90,3 @@ class ToyModel(Model):
 
     def _fork(self, src: int, dst: int, n: int) -> None:
         pass  # likewise: the slot's token list is its whole state
-

@@ -18,7 +18,19 @@ from acespec.net.profile import (
 from acespec.net.wan import SIGNAL_BLACKHOLE_S, WanCounters, WanProxy, WanProxyThread, run_wan
 
 __all__ = [
-    "WanProfile", "PROFILES", "MIN_RTO_MS", "parse_rate", "format_rate", "parse_hostport", "profile_from_args",
-    "MSS", "LinkQueue", "StreamClock",
-    "WanCounters", "WanProxy", "WanProxyThread", "run_wan", "SIGNAL_BLACKHOLE_S",
+    "WanProfile",
+    "PROFILES",
+    "MIN_RTO_MS",
+    "parse_rate",
+    "format_rate",
+    "parse_hostport",
+    "profile_from_args",
+    "MSS",
+    "LinkQueue",
+    "StreamClock",
+    "WanCounters",
+    "WanProxy",
+    "WanProxyThread",
+    "run_wan",
+    "SIGNAL_BLACKHOLE_S",
 ]

@@ -19,8 +19,11 @@ from acespec.net.wan import run_wan
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
-        "wan", help="WAN emulator: TCP proxy adding delay, jitter, bandwidth limits and loss stalls",
-        description=__doc__.split("\n", 1)[1].strip(), formatter_class=argparse.RawDescriptionHelpFormatter)
+        "wan",
+        help="WAN emulator: TCP proxy adding delay, jitter, bandwidth limits and loss stalls",
+        description=__doc__.split("\n", 1)[1].strip(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--listen", required=True, help="HOST:PORT to accept edge connections on (port 0 = any)")
     p.add_argument("--upstream", required=True, help="HOST:PORT of the cloud server")
     p.add_argument("--profile", default="wan", choices=sorted(PROFILES), help="named profile (default: wan)")
@@ -35,8 +38,16 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_wan(args: argparse.Namespace) -> int:
-    profile = profile_from_args(args.profile, rtt=args.rtt, jitter=args.jitter, up=args.up, down=args.down,
-                                loss=args.loss, seed=args.seed, switch=args.switch)
+    profile = profile_from_args(
+        args.profile,
+        rtt=args.rtt,
+        jitter=args.jitter,
+        up=args.up,
+        down=args.down,
+        loss=args.loss,
+        seed=args.seed,
+        switch=args.switch,
+    )
     try:
         asyncio.run(run_wan(args.listen, args.upstream, profile))
     except KeyboardInterrupt:  # only when SIGINT arrives before run_wan has installed its handler

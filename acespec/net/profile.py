@@ -58,8 +58,12 @@ class WanProfile:
             raise ValueError(f"WanProfile.loss_pct must be within [0, 100], got {self.loss_pct!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise ValueError(f"WanProfile.seed must be an int, got {self.seed!r}")
-        if isinstance(self.switch_s, bool) or not isinstance(self.switch_s, (int, float)) \
-                or not math.isfinite(self.switch_s) or self.switch_s < 0:
+        if (
+            isinstance(self.switch_s, bool)
+            or not isinstance(self.switch_s, (int, float))
+            or not math.isfinite(self.switch_s)
+            or self.switch_s < 0
+        ):
             raise ValueError(f"WanProfile.switch_s must be finite and >= 0, got {self.switch_s!r}")
         if (self.switch_s > 0) != (self.alternate is not None):
             raise ValueError("a varying WanProfile needs both switch_s > 0 and an alternate profile")
@@ -87,16 +91,27 @@ class WanProfile:
     @property
     def is_passthrough(self) -> bool:
         """True when the profile adds no delay of any kind (bytes are forwarded as they come)."""
-        return self.rtt_ms == 0 and self.jitter_ms == 0 and self.up_bps == 0 and self.down_bps == 0 \
-            and self.loss_pct == 0 and (self.alternate is None or self.alternate.is_passthrough)
+        return (
+            self.rtt_ms == 0
+            and self.jitter_ms == 0
+            and self.up_bps == 0
+            and self.down_bps == 0
+            and self.loss_pct == 0
+            and (self.alternate is None or self.alternate.is_passthrough)
+        )
 
     def describe(self) -> str:
         """One line for status output, e.g. `rtt=100ms jitter=20ms up=5Mbit/s down=20Mbit/s loss=0% seed=0`."""
-        return (f"rtt={_fmt_num(self.rtt_ms)}ms jitter={_fmt_num(self.jitter_ms)}ms "
-                f"up={format_rate(self.up_bps)} down={format_rate(self.down_bps)} "
-                f"loss={_fmt_num(self.loss_pct)}% seed={self.seed}"
-                + (f", switching every {_fmt_num(self.switch_s)}s with {self.alternate.describe()}"
-                   if self.varies and self.alternate is not None else ""))
+        return (
+            f"rtt={_fmt_num(self.rtt_ms)}ms jitter={_fmt_num(self.jitter_ms)}ms "
+            f"up={format_rate(self.up_bps)} down={format_rate(self.down_bps)} "
+            f"loss={_fmt_num(self.loss_pct)}% seed={self.seed}"
+            + (
+                f", switching every {_fmt_num(self.switch_s)}s with {self.alternate.describe()}"
+                if self.varies and self.alternate is not None
+                else ""
+            )
+        )
 
 
 _MBIT = 1_000_000.0
@@ -109,8 +124,14 @@ PROFILES: dict[str, WanProfile] = {
     # The seed design's range in one link: every 10 s it goes from a good WAN (80 ms) to a bad one
     # (250 ms, uplink down to 64 kbit/s, as on a congested cellular uplink) and back, so a draft depth
     # chosen for one phase is wrong for the other, and a controller has to follow the link.
-    "varying": WanProfile(rtt_ms=80, jitter_ms=10, up_bps=5 * _MBIT, down_bps=20 * _MBIT, switch_s=10.0,
-                          alternate=WanProfile(rtt_ms=250, jitter_ms=25, up_bps=64_000, down_bps=1 * _MBIT)),
+    "varying": WanProfile(
+        rtt_ms=80,
+        jitter_ms=10,
+        up_bps=5 * _MBIT,
+        down_bps=20 * _MBIT,
+        switch_s=10.0,
+        alternate=WanProfile(rtt_ms=250, jitter_ms=25, up_bps=64_000, down_bps=1 * _MBIT),
+    ),
 }
 
 
@@ -132,8 +153,8 @@ def format_rate(bps: float) -> str:
 # deliberately not accepted: tc reads "mbps" as megaBYTES per second while most people mean megabits,
 # and a silent factor of 8 in a network profile is worse than an error.
 _RATE_RE = re.compile(
-    r"^\s*(?P<num>[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*(?P<prefix>[kmg]?)(?P<bit>bit)?(?P<per>/s)?\s*$",
-    re.IGNORECASE)
+    r"^\s*(?P<num>[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*(?P<prefix>[kmg]?)(?P<bit>bit)?(?P<per>/s)?\s*$", re.IGNORECASE
+)
 _PREFIX = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9}
 
 
@@ -157,8 +178,9 @@ def parse_rate(value: str | int | float) -> float:
             hint = ""
             if re.search(r"(bps|b/s|byte)", text, re.IGNORECASE):
                 hint = " (byte units and 'bps' are ambiguous; write bits, e.g. '20mbit' or '20Mbit/s')"
-            raise ValueError(f"invalid rate {value!r}: expected e.g. '20mbit', '5Mbit/s', '500kbit', "
-                             f"'1gbit' or bits/s{hint}")
+            raise ValueError(
+                f"invalid rate {value!r}: expected e.g. '20mbit', '5Mbit/s', '500kbit', '1gbit' or bits/s{hint}"
+            )
         rate = float(m.group("num")) * _PREFIX[m.group("prefix").lower()]
     else:
         raise ValueError(f"invalid rate {value!r}: expected a number or a string, got {type(value).__name__}")
@@ -177,9 +199,9 @@ def parse_hostport(value: str, default_host: str = "127.0.0.1") -> tuple[str, in
     text = value.strip()
     if text.startswith("["):  # bracketed IPv6, the only unambiguous way to give a v6 address a port
         close = text.find("]")
-        if close < 0 or text[close + 1:close + 2] != ":":
+        if close < 0 or text[close + 1 : close + 2] != ":":
             raise ValueError(f"invalid address {value!r}: expected '[IPV6]:PORT'")
-        host, port_text = text[1:close], text[close + 2:]
+        host, port_text = text[1:close], text[close + 2 :]
     else:
         host, sep, port_text = text.rpartition(":")
         if not sep:
@@ -232,8 +254,9 @@ def _parse_pct(value: str | int | float) -> float:
     return pct
 
 
-def profile_from_args(name: str | None, rtt=None, jitter=None, up=None, down=None, loss=None,
-                      seed: int | None = None, switch=None) -> WanProfile:
+def profile_from_args(
+    name: str | None, rtt=None, jitter=None, up=None, down=None, loss=None, seed: int | None = None, switch=None
+) -> WanProfile:
     """A named profile (see PROFILES; None = ideal link) with any given field overridden.
 
     rtt/jitter are milliseconds (numbers or strings like "80", "80ms", "0.08s"), up/down are rates as

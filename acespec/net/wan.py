@@ -139,8 +139,9 @@ class _Pipe:
     delivers them in order when due. The two halves talk through a FIFO, so order is preserved by
     construction; `StreamClock` makes the delivery times non-decreasing so FIFO order costs nothing."""
 
-    def __init__(self, proxy: WanProxy, conn: _Connection, direction: str,
-                 src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+    def __init__(
+        self, proxy: WanProxy, conn: _Connection, direction: str, src: asyncio.StreamReader, dst: asyncio.StreamWriter
+    ) -> None:
         self.proxy = proxy
         self.conn = conn
         self.direction = direction
@@ -230,8 +231,14 @@ class WanProxy:
     `await stop()`. From synchronous code use `WanProxyThread`.
     """
 
-    def __init__(self, listen_host: str, listen_port: int, upstream_host: str, upstream_port: int,
-                 profile: WanProfile | None = None) -> None:
+    def __init__(
+        self,
+        listen_host: str,
+        listen_port: int,
+        upstream_host: str,
+        upstream_port: int,
+        profile: WanProfile | None = None,
+    ) -> None:
         self.listen_host = listen_host
         self.listen_port = listen_port
         self.upstream_host = upstream_host
@@ -352,8 +359,12 @@ class WanProxy:
         delivered in order when the period ends. Kill: bytes in flight or sent meanwhile are discarded,
         and every connection is reset when the period ends. Overlapping calls extend the period.
         """
-        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds) \
-                or seconds < 0:
+        if (
+            isinstance(seconds, bool)
+            or not isinstance(seconds, (int, float))
+            or not math.isfinite(seconds)
+            or seconds < 0
+        ):
             raise ValueError(f"blackhole seconds must be a finite number >= 0, got {seconds!r}")
         loop = self._require_loop()
         until = loop.time() + seconds
@@ -412,12 +423,15 @@ class WanProxy:
             await self._wait_until(max(self._hold_until, self._drop_until))
             try:
                 up_reader, up_writer = await asyncio.wait_for(
-                    asyncio.open_connection(self.upstream_host, self.upstream_port), CONNECT_TIMEOUT_S)
+                    asyncio.open_connection(self.upstream_host, self.upstream_port), CONNECT_TIMEOUT_S
+                )
             except (TimeoutError, OSError):
                 return  # upstream unreachable: the client sees a reset (below), as with a refused connect
             conn.upstream = up_writer
-            pumps = [asyncio.create_task(_Pipe(self, conn, UP, client_reader, up_writer).run()),
-                     asyncio.create_task(_Pipe(self, conn, DOWN, up_reader, client_writer).run())]
+            pumps = [
+                asyncio.create_task(_Pipe(self, conn, UP, client_reader, up_writer).run()),
+                asyncio.create_task(_Pipe(self, conn, DOWN, up_reader, client_writer).run()),
+            ]
             await asyncio.gather(*pumps)
             # Both directions reached EOF and delivered it: an orderly close on both sides.
             for w in (client_writer, up_writer):
@@ -442,8 +456,14 @@ class WanProxyThread:
     Every method is thread-safe: calls are marshalled onto the proxy's loop and wait for it.
     """
 
-    def __init__(self, listen_host: str, listen_port: int, upstream_host: str, upstream_port: int,
-                 profile: WanProfile | None = None) -> None:
+    def __init__(
+        self,
+        listen_host: str,
+        listen_port: int,
+        upstream_host: str,
+        upstream_port: int,
+        profile: WanProfile | None = None,
+    ) -> None:
         self.proxy = WanProxy(listen_host, listen_port, upstream_host, upstream_port, profile)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -539,9 +559,14 @@ class WanProxyThread:
             thread.join(timeout)
 
 
-async def run_wan(listen: str, upstream: str, profile: WanProfile, *,
-                  on_ready: Callable[[WanProxy], None] | None = None,
-                  out: TextIO | None = None) -> WanCounters:
+async def run_wan(
+    listen: str,
+    upstream: str,
+    profile: WanProfile,
+    *,
+    on_ready: Callable[[WanProxy], None] | None = None,
+    out: TextIO | None = None,
+) -> WanCounters:
     """Run a WAN proxy from `listen` ("HOST:PORT") to `upstream` until cancelled, SIGINT or SIGTERM.
 
     Prints one status line when listening and the counters when it stops; returns the final counters.
@@ -583,8 +608,10 @@ async def run_wan(listen: str, upstream: str, profile: WanProfile, *,
                 continue  # e.g. Windows: faults stay available through the API
             installed[sig] = previous
     try:
-        say(f"listening on {listen_host}:{proxy.port} -> {up_host}:{up_port} | {profile.describe()} | "
-            f"pid {os.getpid()}: SIGUSR1 = reset connections, SIGUSR2 = {SIGNAL_BLACKHOLE_S:g} s blackhole")
+        say(
+            f"listening on {listen_host}:{proxy.port} -> {up_host}:{up_port} | {profile.describe()} | "
+            f"pid {os.getpid()}: SIGUSR1 = reset connections, SIGUSR2 = {SIGNAL_BLACKHOLE_S:g} s blackhole"
+        )
         if on_ready is not None:
             on_ready(proxy)
         await stop.wait()

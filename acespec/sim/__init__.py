@@ -14,6 +14,16 @@ from acespec.sim.profiles import DEVICE_PROFILES, DeviceProfile, device_profile
 from acespec.sim.trace import PromptTrace, TraceSet, record_prompt, record_traces
 
 __all__ = [
-    "FrameSizer", "SimConfig", "SimResult", "parse_mode", "simulate", "DEVICE_PROFILES", "DeviceProfile",
-    "device_profile", "PromptTrace", "TraceSet", "record_prompt", "record_traces",
+    "FrameSizer",
+    "SimConfig",
+    "SimResult",
+    "parse_mode",
+    "simulate",
+    "DEVICE_PROFILES",
+    "DeviceProfile",
+    "device_profile",
+    "PromptTrace",
+    "TraceSet",
+    "record_prompt",
+    "record_traces",
 ]

@@ -52,8 +52,10 @@ class GpuCost:
         return t + self.prefill_token_s * prefill
 
     def describe(self) -> str:
-        return (f"{self.name}: t(B, T) = {1e3 * self.step_s:.1f} ms + {1e6 * self.token_s:.1f} us x T + "
-                f"{1e6 * self.session_s:.1f} us x B; prefill {1e6 * self.prefill_token_s:.1f} us/token")
+        return (
+            f"{self.name}: t(B, T) = {1e3 * self.step_s:.1f} ms + {1e6 * self.token_s:.1f} us x T + "
+            f"{1e6 * self.session_s:.1f} us x B; prefill {1e6 * self.prefill_token_s:.1f} us/token"
+        )
 
     @classmethod
     def from_profile(cls, path: str, shape: str = "1.5b") -> GpuCost:
@@ -70,9 +72,17 @@ class GpuCost:
         X = np.array([[1.0, r["total_tokens"], r["batch"]] for r in rows])
         y = np.array([r["seconds"] for r in rows])
         (a, b, c), *_ = np.linalg.lstsq(X, y, rcond=None)
-        return cls(f"{d.get('device', 'measured')} {shape}", max(0.0, float(a)), max(0.0, float(b)), max(0.0, float(c)),
-                   max(0.0, float(b)), notes=(f"fitted to {len(rows)} passes measured on {d.get('device', '?')} with "
-                                              f"{d.get('engine', '?')} ({d.get('when', '')})",))
+        return cls(
+            f"{d.get('device', 'measured')} {shape}",
+            max(0.0, float(a)),
+            max(0.0, float(b)),
+            max(0.0, float(c)),
+            max(0.0, float(b)),
+            notes=(
+                f"fitted to {len(rows)} passes measured on {d.get('device', '?')} with "
+                f"{d.get('engine', '?')} ({d.get('when', '')})",
+            ),
+        )
 
 
 H200_1P5B = GpuCost(
@@ -95,8 +105,17 @@ def _rtts(n: int, rng: np.random.Generator) -> list[float]:
     return [float(rng.uniform(*RTT_MIX[b][1])) for b in bands]
 
 
-def run_capacity(traces: Sequence[PromptTrace], n_edges: int, mode: str, gpu: GpuCost, edge: DeviceProfile, *,
-                 net: WanProfile | None = None, seed: int = 0, arrivals_s: float = 1.0) -> dict:
+def run_capacity(
+    traces: Sequence[PromptTrace],
+    n_edges: int,
+    mode: str,
+    gpu: GpuCost,
+    edge: DeviceProfile,
+    *,
+    net: WanProfile | None = None,
+    seed: int = 0,
+    arrivals_s: float = 1.0,
+) -> dict:
     """`n_edges` edges, each replaying a trace (in turn) from a start drawn uniformly over `arrivals_s`,
     on one GPU. `net`: each edge's path (jitter, rates, loss), its RTT drawn from RTT_MIX."""
     if not traces:
@@ -108,10 +127,28 @@ def run_capacity(traces: Sequence[PromptTrace], n_edges: int, mode: str, gpu: Gp
     cfg = parse_mode(mode)
     rtts = _rtts(n_edges, rng)
     starts = rng.uniform(0.0, arrivals_s, size=n_edges)
-    edges = [SimEdge(kernel, cloud, traces[i % len(traces)], edge, WanProfile(
-        rtt_ms=rtts[i], jitter_ms=net.jitter_ms, up_bps=net.up_bps, down_bps=net.down_bps, loss_pct=net.loss_pct,
-        seed=int(seed) * 100003 + i), cfg, cloud.sizer, seed=i, start=float(starts[i]), name=f"edge{i}")
-        for i in range(n_edges)]
+    edges = [
+        SimEdge(
+            kernel,
+            cloud,
+            traces[i % len(traces)],
+            edge,
+            WanProfile(
+                rtt_ms=rtts[i],
+                jitter_ms=net.jitter_ms,
+                up_bps=net.up_bps,
+                down_bps=net.down_bps,
+                loss_pct=net.loss_pct,
+                seed=int(seed) * 100003 + i,
+            ),
+            cfg,
+            cloud.sizer,
+            seed=i,
+            start=float(starts[i]),
+            name=f"edge{i}",
+        )
+        for i in range(n_edges)
+    ]
     kernel.run()
     stalled = [i for i, e in enumerate(edges) if e.result is None]
     if stalled:
@@ -120,7 +157,9 @@ def run_capacity(traces: Sequence[PromptTrace], n_edges: int, mode: str, gpu: Gp
     rates = np.array([r.tokens_per_s for r in results])
     tokens = sum(r.n for r in results)
     return {
-        "mode": mode, "n_edges": n_edges, "tokens": tokens,
+        "mode": mode,
+        "n_edges": n_edges,
+        "tokens": tokens,
         "user_tok_s_mean": round(float(rates.mean()), 3),
         "user_tok_s_p10": round(float(np.percentile(rates, 10)), 3),
         "user_tok_s_p50": round(float(np.percentile(rates, 50)), 3),
@@ -139,8 +178,16 @@ def users_served(rows: Sequence[dict], mode: str) -> int:
     return max(ok, default=0)
 
 
-def sweep(traces: Sequence[PromptTrace], ns: Sequence[int], modes: Sequence[str], gpu: GpuCost, edge: DeviceProfile, *,
-          seed: int = 0, progress: Callable[[dict], None] | None = None) -> list[dict]:
+def sweep(
+    traces: Sequence[PromptTrace],
+    ns: Sequence[int],
+    modes: Sequence[str],
+    gpu: GpuCost,
+    edge: DeviceProfile,
+    *,
+    seed: int = 0,
+    progress: Callable[[dict], None] | None = None,
+) -> list[dict]:
     rows = []
     for n in ns:
         for mode in modes:

@@ -55,7 +55,9 @@ class Calibration:
     rtt_s: float  # the link's round trip
     accept: float  # per-token acceptance, the geometric law's estimate
     k_max: int = 16  # deepest block the maximisation considers
-    measured: tuple[tuple[int, float], ...] = ()  # (k, median pass) where the run had enough passes at k: used before the line
+    measured: tuple[
+        tuple[int, float], ...
+    ] = ()  # (k, median pass) where the run had enough passes at k: used before the line
     seen: tuple[int, ...] = ()  # the depths the run's passes verified (empty: a hand-made calibration, every k priced)
 
     def priced(self, k: int) -> bool:
@@ -124,7 +126,9 @@ def calibrate(runs: Iterable[RunStats], rtt_s: float | None = None, k_max: int =
     # chain's that the stream passed: per verified token, a run's waste read as a slower drafter and
     # put the ceiling below what the run reached, 1.17 of it on the simulator's NPU profile); a
     # state cache's pre-drafting counts against its own run only
-    drafting = [r.draft_s / (r.draft_tokens or r.drafted) for r in runs if (r.draft_tokens or r.drafted) > 0 and r.draft_s > 0]
+    drafting = [
+        r.draft_s / (r.draft_tokens or r.drafted) for r in runs if (r.draft_tokens or r.drafted) > 0 and r.draft_s > 0
+    ]
     judged = sum(r.accepted + r.rejections for r in runs)
     accept = sum(r.accepted for r in runs) / judged if judged else 0.0
     if rtt_s is None:
@@ -133,8 +137,16 @@ def calibrate(runs: Iterable[RunStats], rtt_s: float | None = None, k_max: int =
     # where a k has passes enough for a median of its own, it is used as it is: a CPU's cost is no line
     # (on the default pair a plain step is cheaper than the line's intercept says)
     measured = tuple((int(k), float(m)) for k, m in zip(uk, med) if np.sum(ks == k) >= MIN_PASSES)
-    return Calibration(pass_c0_s=max(0.0, c0), pass_c1_s=c1, draft_s=min(drafting) if drafting else 0.0, rtt_s=rtt_s,
-                       accept=accept, k_max=k_max, measured=measured, seen=tuple(int(k) for k in uk))
+    return Calibration(
+        pass_c0_s=max(0.0, c0),
+        pass_c1_s=c1,
+        draft_s=min(drafting) if drafting else 0.0,
+        rtt_s=rtt_s,
+        accept=accept,
+        k_max=k_max,
+        measured=measured,
+        seen=tuple(int(k) for k in uk),
+    )
 
 
 def for_run(cal: Calibration, run: RunStats) -> Calibration:
@@ -164,6 +176,8 @@ def describe(cal: Calibration | None) -> str:
     """One line a reader can check the ceilings against."""
     if cal is None:
         return "ceiling: no target pass was reported in this run"
-    return (f"ceiling calibration (this run's own): target pass {1e3 * cal.pass_s(0):.1f} ms plain, "
-            f"{1e3 * cal.pass_c0_s:.1f} + {1e3 * cal.pass_c1_s:.2f} k ms with k drafts;\n"
-            f"      drafting {1e3 * cal.draft_s:.2f} ms/token, RTT {1e3 * cal.rtt_s:.0f} ms, acceptance {cal.accept:.3f}")
+    return (
+        f"ceiling calibration (this run's own): target pass {1e3 * cal.pass_s(0):.1f} ms plain, "
+        f"{1e3 * cal.pass_c0_s:.1f} + {1e3 * cal.pass_c1_s:.2f} k ms with k drafts;\n"
+        f"      drafting {1e3 * cal.draft_s:.2f} ms/token, RTT {1e3 * cal.rtt_s:.0f} ms, acceptance {cal.accept:.3f}"
+    )

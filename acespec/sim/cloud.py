@@ -99,7 +99,9 @@ class SimCloud:
         s.queue.append(block)
         self._kick()
 
-    def lead_draft(self, s: CloudSession, base: int, tokens: tuple[int, ...], parents: tuple[int, ...] | None = None) -> None:
+    def lead_draft(
+        self, s: CloudSession, base: int, tokens: tuple[int, ...], parents: tuple[int, ...] | None = None
+    ) -> None:
         assert s.lead is not None, "only a cloud-led session gets drafts"
         s.lead.take(base, tokens, parents, None, s.verifier.committed)
         self._kick()
@@ -110,7 +112,9 @@ class SimCloud:
             self._start_pass()
 
     def _start_pass(self) -> None:
-        work: list[tuple[CloudSession, VerifyJob | Verdict | None]] = []  # None: the session's prompt prefill; a Verdict: dropped
+        work: list[
+            tuple[CloudSession, VerifyJob | Verdict | None]
+        ] = []  # None: the session's prompt prefill; a Verdict: dropped
         prefill = 0
         n = len(self.sessions)
         for i in range(n):
@@ -161,12 +165,16 @@ class SimCloud:
                 s.prefill = 0
                 continue
             start = s.verifier.committed
-            v = dataclasses.replace(self._verify(s, job, dt), shared=len(work), prefill_rows=sum(j is None for _, j in work))
+            v = dataclasses.replace(
+                self._verify(s, job, dt), shared=len(work), prefill_rows=sum(j is None for _, j in work)
+            )
             s.passes += 1
             if s.lead is not None:
                 s.lead.observe(v, dt)
-                toks = tuple(s.verifier.tokens[start:v.committed])
-                nbytes = self.sizer.tokens(start, tuple(s.real_id(x) for x in toks), v.finished, (v.drafted, v.accepted, v.verify_us))
+                toks = tuple(s.verifier.tokens[start : v.committed])
+                nbytes = self.sizer.tokens(
+                    start, tuple(s.real_id(x) for x in toks), v.finished, (v.drafted, v.accepted, v.verify_us)
+                )
                 frame = Streamed(toks, v.finished, start, v.drafted, v.accepted, dt)
                 s.down.send(nbytes, lambda t, f=frame, nb=nbytes, s=s: s.inbox.put((t, f, nb)))
             elif s.cloud_only:
@@ -187,6 +195,13 @@ class SimCloud:
         return dataclasses.replace(v, verify_us=int(dt * 1e6))
 
     def _send_verdict(self, s: CloudSession, v: Verdict) -> None:
-        nbytes = self.sizer.verdict(v.seq, v.accepted, s.real_id(v.next_token) if v.next_token >= 0 else 0,
-                                    v.verify_us, v.committed, v.dropped, v.finished)
+        nbytes = self.sizer.verdict(
+            v.seq,
+            v.accepted,
+            s.real_id(v.next_token) if v.next_token >= 0 else 0,
+            v.verify_us,
+            v.committed,
+            v.dropped,
+            v.finished,
+        )
         s.down.send(nbytes, lambda t: s.inbox.put((t, v, nbytes)))

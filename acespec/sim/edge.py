@@ -40,7 +40,16 @@ from acespec.sim.replay import ReplayModel, TraceVocab
 from acespec.sim.trace import PromptTrace
 from acespec.verify import RuleSpec, SamplingParams
 
-__all__ = ["SimConfig", "SimResult", "SimEdge", "SimTransport", "simulate", "parse_mode", "MODES_DEFAULT", "LIVE_VARIANTS"]
+__all__ = [
+    "SimConfig",
+    "SimResult",
+    "SimEdge",
+    "SimTransport",
+    "simulate",
+    "parse_mode",
+    "MODES_DEFAULT",
+    "LIVE_VARIANTS",
+]
 
 MODES_DEFAULT = ("cloud-only", "sync", "pipelined", "+cache", "+branches", "acespec")
 
@@ -75,13 +84,25 @@ class SimConfig:
             raise ValueError(f"policy must be fixed, adaptive or controller, got {self.policy!r}")
         self.cache = self.cache or self.branches
         if not self.label:
-            self.label = self.mode + ("+branches" if self.branches else "+cache" if self.cache else "") + \
-                {"fixed": "", "adaptive": "+adaptive", "controller": "+ctrl"}[self.policy] + ("+autowin" if self.auto_window else "")
+            self.label = (
+                self.mode
+                + ("+branches" if self.branches else "+cache" if self.cache else "")
+                + {"fixed": "", "adaptive": "+adaptive", "controller": "+ctrl"}[self.policy]
+                + ("+autowin" if self.auto_window else "")
+            )
 
     def edge_config(self, max_tokens: int):
         """The live edge's configuration for this mode."""
-        return EdgeConfig(mode=self.mode, k=self.k, window=self.window, policy=self.policy, auto_window=self.auto_window,
-                          cache=self.cache, branches=self.branches, max_tokens=max_tokens)
+        return EdgeConfig(
+            mode=self.mode,
+            k=self.k,
+            window=self.window,
+            policy=self.policy,
+            auto_window=self.auto_window,
+            cache=self.cache,
+            branches=self.branches,
+            max_tokens=max_tokens,
+        )
 
 
 def parse_mode(spec: str, *, k: int = 4, window: int = 2) -> SimConfig:
@@ -101,11 +122,20 @@ def parse_mode(spec: str, *, k: int = 4, window: int = 2) -> SimConfig:
     base, mods = parts[0], set(parts[1:])
     unknown = mods - {"cache", "branches", "adaptive", "ctrl", "autowin"}
     if unknown:
-        raise ValueError(f"unknown mode modifier(s) {sorted(unknown)} in {spec!r}; use +cache, +branches, +adaptive, "
-                         "+ctrl, +autowin")
+        raise ValueError(
+            f"unknown mode modifier(s) {sorted(unknown)} in {spec!r}; use +cache, +branches, +adaptive, +ctrl, +autowin"
+        )
     policy = "controller" if "ctrl" in mods else "adaptive" if "adaptive" in mods else "fixed"
-    return SimConfig(mode=base, k=k, window=window, cache="cache" in mods, branches="branches" in mods, policy=policy,
-                     auto_window="autowin" in mods, label=label)
+    return SimConfig(
+        mode=base,
+        k=k,
+        window=window,
+        cache="cache" in mods,
+        branches="branches" in mods,
+        policy=policy,
+        auto_window="autowin" in mods,
+        label=label,
+    )
 
 
 @dataclass
@@ -201,19 +231,41 @@ class SimEdge:
     """One edge on a kernel: its two links, its session at the cloud, and the simulated thread that
     runs the live edge's code. `result` is set when its generation ends."""
 
-    def __init__(self, kernel: Kernel, cloud: SimCloud, trace: PromptTrace, device: DeviceProfile, net: WanProfile,
-                 cfg: SimConfig, sizer: FrameSizer, *, seed: int = 0, start: float = 0.0, name: str = "edge") -> None:
+    def __init__(
+        self,
+        kernel: Kernel,
+        cloud: SimCloud,
+        trace: PromptTrace,
+        device: DeviceProfile,
+        net: WanProfile,
+        cfg: SimConfig,
+        sizer: FrameSizer,
+        *,
+        seed: int = 0,
+        start: float = 0.0,
+        name: str = "edge",
+    ) -> None:
         self.k, self.cloud, self.trace, self.device, self.cfg, self.sizer = kernel, cloud, trace, device, cfg, sizer
         self.vocab = TraceVocab(trace)
         rng = np.random.default_rng([int(net.seed) & 0xFFFFFFFF, 0x51, int(seed)])
         self.up = SimLink(kernel, net, True, np.random.default_rng(rng.integers(1 << 62)))
         self.down = SimLink(kernel, net, False, np.random.default_rng(rng.integers(1 << 62)))
         self.inbox = Mailbox(kernel)
-        verifier = TargetVerifier(ReplayModel(self.vocab, "target", n_slots=1), self.vocab.prompt, rule="greedy",
-                                  max_tokens=trace.n, stop_ids=frozenset())
-        self.session = CloudSession(verifier, self.down, self.inbox, real_id=lambda i: int(self.vocab.real_id[i]),
-                                    cloud_only=cfg.mode == "cloud-only",
-                                    lead=LeadState(memory=cloud.lead_memory) if cfg.mode in LEAD_MODES else None)
+        verifier = TargetVerifier(
+            ReplayModel(self.vocab, "target", n_slots=1),
+            self.vocab.prompt,
+            rule="greedy",
+            max_tokens=trace.n,
+            stop_ids=frozenset(),
+        )
+        self.session = CloudSession(
+            verifier,
+            self.down,
+            self.inbox,
+            real_id=lambda i: int(self.vocab.real_id[i]),
+            cloud_only=cfg.mode == "cloud-only",
+            lead=LeadState(memory=cloud.lead_memory) if cfg.mode in LEAD_MODES else None,
+        )
         self.rtt_s = net.rtt_ms / 1e3
         self.result: SimResult | None = None
         self.thread: SimThread = kernel.spawn(self._run, name, at=start)
@@ -237,11 +289,14 @@ class SimEdge:
         self.up.send(nbytes, lambda t: self.cloud.hello(self.session))
         stats, tokens = self._stream(t0) if cloud_only else self._speculate(t0, lead=self.cfg.mode in LEAD_MODES)
         stats.bytes_up, stats.bytes_down = self.up.bytes, self.down.bytes
-        self.result = SimResult(self.cfg.label, stats, stats.emitted, self.session.passes,
-                                [int(v.real_id[t]) for t in tokens])
+        self.result = SimResult(
+            self.cfg.label, stats, stats.emitted, self.session.passes, [int(v.real_id[t]) for t in tokens]
+        )
 
     def _speculate(self, t0: float, *, lead: bool = False) -> tuple[RunStats, list[int]]:
-        def drafting(sizes) -> None:  # a drafter call takes the time of the simulated thread making it (the loop's, or a job's)
+        def drafting(
+            sizes,
+        ) -> None:  # a drafter call takes the time of the simulated thread making it (the loop's, or a job's)
             thread = self.k.current
             assert thread is not None, "the drafter runs on a simulated thread"
             thread.sleep(self.device.draft_call_s(sizes))
@@ -262,12 +317,21 @@ class SimEdge:
         loop: FollowLoop | SpecLoop
         if lead:
             given = [drafter] if late else []
-            loop = FollowLoop(SimLeadLink(self, self.rtt_s), self.vocab.prompt, drafter=None if late else drafter,
-                              config=FollowConfig(max_tokens=self.trace.n), clock=self.k.now,
-                              job=job, spawn=lambda fn: SimJob(self, fn),
-                              source=(lambda: given.pop() if given else None) if late else None, after_first=late)
+            loop = FollowLoop(
+                SimLeadLink(self, self.rtt_s),
+                self.vocab.prompt,
+                drafter=None if late else drafter,
+                config=FollowConfig(max_tokens=self.trace.n),
+                clock=self.k.now,
+                job=job,
+                spawn=lambda fn: SimJob(self, fn),
+                source=(lambda: given.pop() if given else None) if late else None,
+                after_first=late,
+            )
         else:
-            loop = build_loop(SimTransport(self), drafter, self.vocab.prompt, self.cfg.edge_config(self.trace.n), clock=self.k.now)
+            loop = build_loop(
+                SimTransport(self), drafter, self.vocab.prompt, self.cfg.edge_config(self.trace.n), clock=self.k.now
+            )
         res = loop.run(t0)
         return res.stats, res.tokens
 
@@ -288,8 +352,16 @@ class SimEdge:
         return stats, tokens
 
 
-def simulate(trace: PromptTrace, device: DeviceProfile, net: WanProfile, cfg: SimConfig,
-             sizer: FrameSizer | None = None, *, cost: CloudCost | None = None, start: float = 0.0) -> SimResult:
+def simulate(
+    trace: PromptTrace,
+    device: DeviceProfile,
+    net: WanProfile,
+    cfg: SimConfig,
+    sizer: FrameSizer | None = None,
+    *,
+    cost: CloudCost | None = None,
+    start: float = 0.0,
+) -> SimResult:
     """Replay one prompt's trace: one edge, one cloud accelerator (priced by `cost`, default the device
     profile's t_v(K)), the network `net`, the live configuration `cfg`. `start`: when the request comes,
     in seconds since the link came up (on a varying link, which phase it meets)."""
@@ -302,4 +374,3 @@ def simulate(trace: PromptTrace, device: DeviceProfile, net: WanProfile, cfg: Si
     if edge.result is None:
         raise RuntimeError(f"simulated edge stalled at {kernel.t:.3f} s ({cfg.label}, trace {trace.id})")
     return edge.result
-

@@ -44,22 +44,44 @@ class FrameSizer:
 
     def hello(self, prompt: Iterable[int], max_tokens: int, cloud_only: bool) -> int:
         wf = self.wf
-        return self._enc(wf.Hello(model_id="vocab:151936:0123456789abcdef", max_tokens=max_tokens, prompt=tuple(prompt),
-                                  temperature=0.0, rule="greedy", mode=wf.Mode.CLOUD_ONLY if cloud_only else wf.Mode.SPECULATIVE))
+        return self._enc(
+            wf.Hello(
+                model_id="vocab:151936:0123456789abcdef",
+                max_tokens=max_tokens,
+                prompt=tuple(prompt),
+                temperature=0.0,
+                rule="greedy",
+                mode=wf.Mode.CLOUD_ONLY if cloud_only else wf.Mode.SPECULATIVE,
+            )
+        )
 
     def welcome(self, committed: int) -> int:
-        return self._enc(self.wf.Welcome(session=SIM_SESSION_ID, committed=committed, max_draft_tokens=64, secret=bytes(32)))
+        return self._enc(
+            self.wf.Welcome(session=SIM_SESSION_ID, committed=committed, max_draft_tokens=64, secret=bytes(32))
+        )
 
     def draft(self, seq: int, base: int, tokens: tuple[int, ...], parents: tuple[int, ...] | None = None) -> int:
         q = (self._q_row,) * len(tokens) if self.q_topn else None
         return self._enc(self.wf.Draft(session=SIM_SESSION_ID, seq=seq, base=base, tokens=tokens, q=q, parents=parents))
 
-    def verdict(self, seq: int, accepted: int, next_token: int, verify_us: int, committed: int, dropped: bool,
-                finished: bool) -> int:
-        return self._enc(self.wf.Verdict(seq=seq, accepted=accepted, next_token=max(0, next_token), verify_us=verify_us,
-                                         committed=committed, dropped=dropped, finished=finished))
+    def verdict(
+        self, seq: int, accepted: int, next_token: int, verify_us: int, committed: int, dropped: bool, finished: bool
+    ) -> int:
+        return self._enc(
+            self.wf.Verdict(
+                seq=seq,
+                accepted=accepted,
+                next_token=max(0, next_token),
+                verify_us=verify_us,
+                committed=committed,
+                dropped=dropped,
+                finished=finished,
+            )
+        )
 
-    def tokens(self, start: int, toks: tuple[int, ...], finished: bool, step: tuple[int, int, int] | None = None) -> int:
+    def tokens(
+        self, start: int, toks: tuple[int, ...], finished: bool, step: tuple[int, int, int] | None = None
+    ) -> int:
         """A TOKENS frame; `step` = (drafted, accepted, verify_us) for a cloud-led step."""
         extra = {} if step is None else dict(zip(("drafted", "accepted", "verify_us"), step))
         return self._enc(self.wf.Tokens(start=start, tokens=toks, finished=finished, **extra))

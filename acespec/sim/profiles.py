@@ -40,7 +40,9 @@ class DeviceProfile:
     verify_table_s: tuple[float, ...] = ()  # measured t_v(K) for K = 0, 1, ...; overrides c0 + c1 K where given
     cloud_overhead_s: float = 0.0  # cloud: per-pass work besides the model (framing, scheduling), seconds
     edge_overhead_s: float = 0.0005  # edge: per-verdict bookkeeping (decode, apply, controller), seconds
-    draft_table_s: tuple[float, ...] = ()  # measured drafter call evaluating n = 1, 2, ... tokens at once (overrides the rates)
+    draft_table_s: tuple[
+        float, ...
+    ] = ()  # measured drafter call evaluating n = 1, 2, ... tokens at once (overrides the rates)
     draft_choose_s: float = 0.0  # edge: picking a token (and ranking candidates) from one vocabulary-sized row
     verify_row_s: float = 0.0  # cloud: turning one target row into probabilities and judging it
     notes: tuple[str, ...] = field(default=(), compare=False)  # assumptions, one line each
@@ -79,7 +81,9 @@ class DeviceProfile:
         if n <= 0:
             return 0.0
         t = self.draft_table_s
-        pick = len(sizes) * self.draft_choose_s  # a token chosen per sequence (a prompt prefill chooses none: a few ms off)
+        pick = (
+            len(sizes) * self.draft_choose_s
+        )  # a token chosen per sequence (a prompt prefill chooses none: a few ms off)
         if n <= len(t):
             return t[n - 1] + pick
         if t:
@@ -96,8 +100,10 @@ class DeviceProfile:
 
     def describe(self) -> str:
         tv = ", ".join(f"{1e3 * self.verify_s(k):.1f}" for k in (0, 1, 4, 8))
-        s = (f"{self.name}: draft {1e3 * self.draft_s_per_token:.1f} ms/token (prefill {1e3 * self.draft_prefill_s_per_token:.2f} ms/token), "
-             f"verify t_v(0,1,4,8) = {tv} ms, target prefill {1e3 * self.target_prefill_s_per_token:.3f} ms/token")
+        s = (
+            f"{self.name}: draft {1e3 * self.draft_s_per_token:.1f} ms/token (prefill {1e3 * self.draft_prefill_s_per_token:.2f} ms/token), "
+            f"verify t_v(0,1,4,8) = {tv} ms, target prefill {1e3 * self.target_prefill_s_per_token:.3f} ms/token"
+        )
         return s
 
     @classmethod
@@ -129,8 +135,9 @@ class DeviceProfile:
         d, t = cost["models"]["drafter"], cost["models"]["target"]
         sizes = [int(n) for n in cost["sizes"]]
         if sizes != list(range(1, len(sizes) + 1)):
-            raise ValueError(f"the cost file must measure every size from 1 (it has {sizes}); run `acespec bench cost "
-                             "--sizes 1-N`")
+            raise ValueError(
+                f"the cost file must measure every size from 1 (it has {sizes}); run `acespec bench cost --sizes 1-N`"
+            )
         draft_tab = tuple(_isotonic([float(x) for x in d["seconds"]]))
         verify_tab = tuple(_isotonic([float(x) for x in t["seconds"]]))
         pre = cost.get("prefill", {})
@@ -161,8 +168,10 @@ class DeviceProfile:
             draft_table_s=draft_tab,
             draft_choose_s=float(rows.get("draft_choose_s", 0.0)),
             verify_row_s=float(rows.get("verify_row_s", 0.0)),
-            notes=(f"measured on this machine by `acespec bench cost --cores {cost.get('cores', '?')}`: drafter and "
-                   "target calls of n tokens, prompt prefill rates",),
+            notes=(
+                f"measured on this machine by `acespec bench cost --cores {cost.get('cores', '?')}`: drafter and "
+                "target calls of n tokens, prompt prefill rates",
+            ),
         )
 
 
@@ -245,7 +254,11 @@ def measured_cloud(base: DeviceProfile, path: str, shape: str, *, name: str | No
     vs = [float(m["verify_s"][str(k)]) for k in ks]
     table = _isotonic([float(np.interp(k, ks, vs)) for k in range(ks[-1] + 1)])
     note = f"cloud: measured on {d.get('device', '?')} with {d.get('engine', '?')}, {shape} shape, {d.get('when', '')}"
-    return base.replace(name=name or f"{base.name}@{d.get('device', 'measured')}", verify_c0_s=table[0],
-                        verify_c1_s=max(0.0, (table[-1] - table[0]) / max(1, len(table) - 1)), verify_table_s=tuple(table),
-                        cloud_overhead_s=0.0, notes=base.notes + (note,))
-
+    return base.replace(
+        name=name or f"{base.name}@{d.get('device', 'measured')}",
+        verify_c0_s=table[0],
+        verify_c1_s=max(0.0, (table[-1] - table[0]) / max(1, len(table) - 1)),
+        verify_table_s=tuple(table),
+        cloud_overhead_s=0.0,
+        notes=base.notes + (note,),
+    )

@@ -80,8 +80,9 @@ class ReplayTokenizer(Tokenizer):
 
 
 class ReplayModel(Model):
-    def __init__(self, vocab: TraceVocab, role: str, *, n_slots: int = 64,
-                 on_eval: Callable[[list[int]], None] | None = None) -> None:
+    def __init__(
+        self, vocab: TraceVocab, role: str, *, n_slots: int = 64, on_eval: Callable[[list[int]], None] | None = None
+    ) -> None:
         super().__init__()
         if role not in ("draft", "target"):
             raise ValueError(f"role must be draft or target, got {role!r}")

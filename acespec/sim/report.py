@@ -18,7 +18,15 @@ from acespec.sim.link import FrameSizer
 from acespec.sim.profiles import DeviceProfile
 from acespec.sim.trace import PromptTrace
 
-__all__ = ["aggregate", "run_grid", "format_table", "format_assumptions", "parse_live", "validation_rows", "format_validation"]
+__all__ = [
+    "aggregate",
+    "run_grid",
+    "format_table",
+    "format_assumptions",
+    "parse_live",
+    "validation_rows",
+    "format_validation",
+]
 
 
 def aggregate(results: Sequence[SimResult]) -> dict:
@@ -58,8 +66,16 @@ def _starts(net: WanProfile) -> list[float]:
     return [2.0 * net.switch_s * i / PHASE_STARTS for i in range(PHASE_STARTS)]
 
 
-def run_grid(traces: Sequence[PromptTrace], devices: Sequence[DeviceProfile], rtts: Sequence[float],
-             modes: Sequence[str], *, k: int = 4, window: int = 2, net: WanProfile | None = None) -> dict:
+def run_grid(
+    traces: Sequence[PromptTrace],
+    devices: Sequence[DeviceProfile],
+    rtts: Sequence[float],
+    modes: Sequence[str],
+    *,
+    k: int = 4,
+    window: int = 2,
+    net: WanProfile | None = None,
+) -> dict:
     """Every (device, RTT, mode) over every trace. Returns {"rows": [...], "sensitivity": {...}}."""
     if not traces:
         raise ValueError("no traces to replay")
@@ -88,7 +104,11 @@ def run_grid(traces: Sequence[PromptTrace], devices: Sequence[DeviceProfile], rt
         for mode in modes:
             a = next(r["tok_s"] for r in rows if r["profile"] == dev.name and r["rtt_ms"] == lo and r["mode"] == mode)
             b = next(r["tok_s"] for r in rows if r["profile"] == dev.name and r["rtt_ms"] == hi and r["mode"] == mode)
-            sens.setdefault(dev.name, {})[mode] = {"rtt_lo_ms": lo, "rtt_hi_ms": hi, "ratio": round(b / a, 3) if a else None}
+            sens.setdefault(dev.name, {})[mode] = {
+                "rtt_lo_ms": lo,
+                "rtt_hi_ms": hi,
+                "ratio": round(b / a, 3) if a else None,
+            }
     return {"rows": rows, "sensitivity": sens}
 
 
@@ -97,7 +117,9 @@ def _ceilings(by_mode: dict, runs: dict, rtt_s: float) -> None:
     device and RTT, as the live benchmarks calibrate on theirs: the simulator prints the same share."""
     cal = calibrate((r.stats for _, res in runs.values() for r in res), rtt_s=rtt_s)
     for mode, (edge_mode, res) in runs.items():
-        top, share, _ = against_ceiling([r.stats for r in res], edge_mode, cal) if cal and edge_mode in MODES else (0, 0, 0)
+        top, share, _ = (
+            against_ceiling([r.stats for r in res], edge_mode, cal) if cal and edge_mode in MODES else (0, 0, 0)
+        )
         by_mode[mode]["ceiling_tok_s"] = round(top, 3) if top else None
         by_mode[mode]["of_ceiling"] = round(share, 3) if share else None
 
@@ -107,9 +129,23 @@ def _f(v, fmt: str) -> str:
 
 
 def format_table(result: dict) -> str:
-    cols = [("profile", 14), ("rtt", 5), ("mode", 30), ("tok/s", 7), ("x sync", 6), ("x cloud", 7), ("ttft s", 6),
-            ("pass/tok", 8), ("up B/tok", 8), ("dn B/tok", 8), ("accept", 6), ("K", 4), ("hit", 5), ("ceil", 7),
-            ("steady/ceil", 11)]
+    cols = [
+        ("profile", 14),
+        ("rtt", 5),
+        ("mode", 30),
+        ("tok/s", 7),
+        ("x sync", 6),
+        ("x cloud", 7),
+        ("ttft s", 6),
+        ("pass/tok", 8),
+        ("up B/tok", 8),
+        ("dn B/tok", 8),
+        ("accept", 6),
+        ("K", 4),
+        ("hit", 5),
+        ("ceil", 7),
+        ("steady/ceil", 11),
+    ]
     head = " ".join(f"{c:>{w}}" if i > 2 else f"{c:<{w}}" for i, (c, w) in enumerate(cols))
     lines = [head, "-" * len(head)]
     prev = None
@@ -118,17 +154,31 @@ def format_table(result: dict) -> str:
         if prev is not None and key != prev:
             lines.append("")
         prev = key
-        vals = [r["profile"], f"{r['rtt_ms']:g}", r["mode"], _f(r["tok_s"], ".1f"), _f(r.get("x_sync"), ".2f"),
-                _f(r.get("x_cloud_only"), ".2f"), _f(r["ttft_s"], ".3f"), _f(r["passes_per_token"], ".3f"),
-                _f(r["up_bytes_per_token"], ".1f"), _f(r["down_bytes_per_token"], ".1f"), _f(r["acceptance_rate"], ".2f"),
-                _f(r["mean_k"], ".1f"), _f(r["cache_hit_rate"], ".2f"), _f(r.get("ceiling_tok_s"), ".1f"),
-                _f(r.get("of_ceiling"), ".2f")]
+        vals = [
+            r["profile"],
+            f"{r['rtt_ms']:g}",
+            r["mode"],
+            _f(r["tok_s"], ".1f"),
+            _f(r.get("x_sync"), ".2f"),
+            _f(r.get("x_cloud_only"), ".2f"),
+            _f(r["ttft_s"], ".3f"),
+            _f(r["passes_per_token"], ".3f"),
+            _f(r["up_bytes_per_token"], ".1f"),
+            _f(r["down_bytes_per_token"], ".1f"),
+            _f(r["acceptance_rate"], ".2f"),
+            _f(r["mean_k"], ".1f"),
+            _f(r["cache_hit_rate"], ".2f"),
+            _f(r.get("ceiling_tok_s"), ".1f"),
+            _f(r.get("of_ceiling"), ".2f"),
+        ]
         lines.append(" ".join(f"{v:>{w}}" if i > 2 else f"{v:<{w}}" for i, (v, (_, w)) in enumerate(zip(vals, cols))))
     for prof, modes in result["sensitivity"].items():
         any_m = next(iter(modes.values()))
         lines.append("")
-        lines.append(f"RTT sensitivity, {prof} (tok/s at {any_m['rtt_hi_ms']:g} ms / at {any_m['rtt_lo_ms']:g} ms): "
-                     + ", ".join(f"{m} {_f(v['ratio'], '.2f')}" for m, v in modes.items()))
+        lines.append(
+            f"RTT sensitivity, {prof} (tok/s at {any_m['rtt_hi_ms']:g} ms / at {any_m['rtt_lo_ms']:g} ms): "
+            + ", ".join(f"{m} {_f(v['ratio'], '.2f')}" for m, v in modes.items())
+        )
     return "\n".join(lines)
 
 
@@ -137,8 +187,10 @@ def format_assumptions(devices: Iterable[DeviceProfile], net: WanProfile, k: int
     for d in devices:
         out.append(d.describe())
         out.extend(f"  - {n}" for n in d.notes)
-    out.append(f"network: jitter {net.jitter_ms:g} ms, up {net.up_bps / 1e6:g} Mbit/s, down {net.down_bps / 1e6:g} Mbit/s "
-               f"(0 = unlimited), loss {net.loss_pct:g}%; K = {k}, window = {window}")
+    out.append(
+        f"network: jitter {net.jitter_ms:g} ms, up {net.up_bps / 1e6:g} Mbit/s, down {net.down_bps / 1e6:g} Mbit/s "
+        f"(0 = unlimited), loss {net.loss_pct:g}%; K = {k}, window = {window}"
+    )
     return "\n".join(out)
 
 
@@ -174,9 +226,13 @@ def _live_row(mode: str, rtt: float, m: dict) -> dict:
         tok = m.get("emitted", 0) / m["wall_s"]
     cache = m["cache"] if isinstance(m.get("cache"), dict) else {}
     return {
-        "mode": mode, "rtt_ms": rtt, "tok_s": tok, "ttft_s": m.get("ttft_s"),
+        "mode": mode,
+        "rtt_ms": rtt,
+        "tok_s": tok,
+        "ttft_s": m.get("ttft_s"),
         "passes_per_token": m.get("target_passes_per_token", m.get("passes_per_token")),
-        "up_bytes_per_token": m.get("bytes_up_per_token"), "cache_hit_rate": cache.get("hit_rate"),
+        "up_bytes_per_token": m.get("bytes_up_per_token"),
+        "cache_hit_rate": cache.get("hit_rate"),
     }
 
 
@@ -208,8 +264,10 @@ def max_error(rows: Sequence[dict], key: str = "tok_s") -> float | None:
 
 
 def format_validation(rows: Sequence[dict]) -> str:
-    head = (f"{'mode':<14} {'rtt':>5} {'sim tok/s':>9} {'live tok/s':>10} {'sim/live':>8} {'sim ttft':>8} {'live ttft':>9} "
-            f"{'sim pass/tok':>12} {'live pass/tok':>13} {'sim hit':>7} {'live hit':>8} {'up B/tok sim/live':>17}")
+    head = (
+        f"{'mode':<14} {'rtt':>5} {'sim tok/s':>9} {'live tok/s':>10} {'sim/live':>8} {'sim ttft':>8} {'live ttft':>9} "
+        f"{'sim pass/tok':>12} {'live pass/tok':>13} {'sim hit':>7} {'live hit':>8} {'up B/tok sim/live':>17}"
+    )
     lines = [head, "-" * len(head)]
     for r in rows:
         lines.append(
@@ -217,5 +275,6 @@ def format_validation(rows: Sequence[dict]) -> str:
             f"{_f(r['ratio_tok_s'], '.3f'):>8} {_f(r['sim_ttft_s'], '.3f'):>8} {_f(r['live_ttft_s'], '.3f'):>9} "
             f"{_f(r['sim_passes_per_token'], '.3f'):>12} {_f(r['live_passes_per_token'], '.3f'):>13} "
             f"{_f(r['sim_cache_hit_rate'], '.2f'):>7} {_f(r['live_cache_hit_rate'], '.2f'):>8} "
-            f"{_f(r['ratio_up_bytes_per_token'], '.2f'):>17}")
+            f"{_f(r['ratio_up_bytes_per_token'], '.2f'):>17}"
+        )
     return "\n".join(lines)

@@ -63,9 +63,18 @@ TRACE_VERSION = 1
 TOP_Q = 4  # drafter probabilities kept per position (argmax + 3 alternatives, what the cache considers)
 
 __all__ = [
-    "PromptTrace", "TraceSet", "acceptance_from_logits", "coupled_acceptance", "record_prompt", "measure_timings",
-    "record_traces", "system_load",
-    "dataset_prompts", "humaneval_prompts", "predicted_rounds", "TRACE_VERSION",
+    "PromptTrace",
+    "TraceSet",
+    "acceptance_from_logits",
+    "coupled_acceptance",
+    "record_prompt",
+    "measure_timings",
+    "record_traces",
+    "system_load",
+    "dataset_prompts",
+    "humaneval_prompts",
+    "predicted_rounds",
+    "TRACE_VERSION",
 ]
 
 
@@ -91,7 +100,9 @@ class PromptTrace:
         """Fraction of the recording run's rounds whose accepted count the trace predicts exactly."""
         if not self.engine_rounds:
             return float("nan")
-        pred = predicted_rounds(self.accept, self.n, [d for d, _ in self.engine_rounds], [a for _, a in self.engine_rounds])
+        pred = predicted_rounds(
+            self.accept, self.n, [d for d, _ in self.engine_rounds], [a for _, a in self.engine_rounds]
+        )
         ok = sum(1 for p, (_, a) in zip(pred, self.engine_rounds) if p == a)
         return ok / len(self.engine_rounds)
 
@@ -120,8 +131,14 @@ class TraceSet:
 
     def to_json(self) -> dict:
         return {
-            "format": TRACE_FORMAT, "version": TRACE_VERSION, "drafter": self.drafter, "target": self.target,
-            "rule": self.rule, "temperature": self.temperature, "timings": self.timings, "meta": self.meta,
+            "format": TRACE_FORMAT,
+            "version": TRACE_VERSION,
+            "drafter": self.drafter,
+            "target": self.target,
+            "rule": self.rule,
+            "temperature": self.temperature,
+            "timings": self.timings,
+            "meta": self.meta,
             "prompts": [asdict(p) for p in self.prompts],
         }
 
@@ -144,11 +161,20 @@ class TraceSet:
             p.validate()
         rule, temperature = d.get("rule", "greedy"), float(d.get("temperature", 0.0))
         if rule not in ("greedy", "coupled") or (rule == "coupled") != (temperature > 0):
-            raise ValueError(f"trace rule {rule!r} at temperature {temperature}: expected greedy at 0 or coupled above it")
+            raise ValueError(
+                f"trace rule {rule!r} at temperature {temperature}: expected greedy at 0 or coupled above it"
+            )
         if rule == "coupled" and any(p.seed is None for p in prompts):
             raise ValueError("a coupled trace needs every prompt's seed")
-        return cls(prompts, d.get("drafter", ""), d.get("target", ""), rule, d.get("timings") or {}, d.get("meta") or {},
-                   temperature)
+        return cls(
+            prompts,
+            d.get("drafter", ""),
+            d.get("target", ""),
+            rule,
+            d.get("timings") or {},
+            d.get("meta") or {},
+            temperature,
+        )
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> TraceSet:
@@ -159,7 +185,9 @@ class TraceSet:
             shipped = BUNDLED.joinpath(f.name)
             if not shipped.is_file():
                 known = ", ".join(sorted(x.name for x in BUNDLED.iterdir() if x.name.endswith(".json")))
-                raise ValueError(f"no trace file {path} (bundled traces: {known}); record one with `acespec bench sim --record`")
+                raise ValueError(
+                    f"no trace file {path} (bundled traces: {known}); record one with `acespec bench sim --record`"
+                )
             f = shipped
         try:
             d = json.loads(f.read_text())
@@ -181,8 +209,15 @@ def acceptance_from_logits(y: Sequence[int] | np.ndarray, logits: np.ndarray, to
     return _accept_runs(rank), rank, _top_q(p, top)
 
 
-def coupled_acceptance(y: Sequence[int] | np.ndarray, logits: np.ndarray, *, temperature: float, seed: int, start_pos: int,
-                       top: int = TOP_Q):
+def coupled_acceptance(
+    y: Sequence[int] | np.ndarray,
+    logits: np.ndarray,
+    *,
+    temperature: float,
+    seed: int,
+    start_pos: int,
+    top: int = TOP_Q,
+):
     """(a_j, rank_j, top-q_j) of a coupled drafter: row j (absolute position start_pos + j) gives q_j at
     `temperature`, the drafter picks argmax(log q_j + g(seed, start_pos + j)) as a live edge does, and
     rank_j ranks y[j] by those perturbed scores (0: the drafter's pick is y's token)."""
@@ -223,7 +258,9 @@ def _top_q(p: np.ndarray, top: int) -> list[list[float]]:  # p: [n, V]
     return [[round(float(v), 6) for v in row] for row in tq]
 
 
-def predicted_rounds(accept: Sequence[int], n: int, drafted: Sequence[int], engine_accepted: Sequence[int] | None = None) -> list[int]:
+def predicted_rounds(
+    accept: Sequence[int], n: int, drafted: Sequence[int], engine_accepted: Sequence[int] | None = None
+) -> list[int]:
     """What a sync greedy run accepts round by round, from the trace: min(a_j, K, budget left).
 
     Walks the rounds with `drafted[i]` tokens each; with `engine_accepted` given, advances by the engine's
@@ -256,9 +293,18 @@ class _RecordingPolicy(DepthPolicy):
         self.rounds.append([int(drafted), int(accepted)])
 
 
-def record_prompt(target, drafter, prompt: Sequence[int], *, max_tokens: int, k: int = 4, pid: str = "",
-                  stop_ids: frozenset[int] | None = None, temperature: float = 0.0,
-                  seed: int = 0) -> tuple[PromptTrace, dict]:
+def record_prompt(
+    target,
+    drafter,
+    prompt: Sequence[int],
+    *,
+    max_tokens: int,
+    k: int = 4,
+    pid: str = "",
+    stop_ids: frozenset[int] | None = None,
+    temperature: float = 0.0,
+    seed: int = 0,
+) -> tuple[PromptTrace, dict]:
     """Record one prompt: the engine's output y (greedy, or coupled at `temperature` > 0 with `seed`), then
     one teacher-forced drafter pass over prompt + y.
 
@@ -269,8 +315,14 @@ def record_prompt(target, drafter, prompt: Sequence[int], *, max_tokens: int, k:
     prompt = [int(t) for t in prompt]
     policy = _RecordingPolicy(k)
     t0 = time.perf_counter()
-    cfg = SpecConfig(rule="coupled" if coupled else "greedy", k=k, max_tokens=max_tokens, stop_ids=stop_ids,
-                     temperature=temperature, seed=seed)
+    cfg = SpecConfig(
+        rule="coupled" if coupled else "greedy",
+        k=k,
+        max_tokens=max_tokens,
+        stop_ids=stop_ids,
+        temperature=temperature,
+        seed=seed,
+    )
     res = generate(target, prompt, cfg, draft=drafter, policy=policy)
     gen_s = time.perf_counter() - t0
     y = [int(t) for t in res.tokens]
@@ -286,8 +338,16 @@ def record_prompt(target, drafter, prompt: Sequence[int], *, max_tokens: int, k:
         accept, rank, top_q = acceptance_from_logits(y, logits)
     eos = target.tokenizer.eos_ids if stop_ids is None else stop_ids
     tr = PromptTrace(
-        id=pid, prompt_len=len(prompt), tokens=y, accept=accept, rank=rank, top_q=top_q,
-        finished=bool(y) and y[-1] in eos, engine_k=k, engine_rounds=policy.rounds, prompt_tokens=prompt,
+        id=pid,
+        prompt_len=len(prompt),
+        tokens=y,
+        accept=accept,
+        rank=rank,
+        top_q=top_q,
+        finished=bool(y) and y[-1] in eos,
+        engine_k=k,
+        engine_rounds=policy.rounds,
+        prompt_tokens=prompt,
         seed=seed if coupled else None,
     )
     tr.validate()
@@ -321,8 +381,9 @@ def _times(fn: Callable[[], None], reps: int) -> list[float]:
     return ts
 
 
-def measure_timings(target, drafter, context: Sequence[int], *, k_max: int = 8, reps: int = 3,
-                    contention: bool = True) -> dict:
+def measure_timings(
+    target, drafter, context: Sequence[int], *, k_max: int = 8, reps: int = 3, contention: bool = True
+) -> dict:
     """This machine's timings through the real code paths, at a realistic context (a prompt + its output).
 
     verify_s[K] (K = 0..k_max): `TargetVerifier.verify` of K draft tokens (what the cloud does per block,
@@ -393,8 +454,9 @@ def measure_timings(target, drafter, context: Sequence[int], *, k_max: int = 8, 
     return out
 
 
-def _measure_contention(draft_block: Callable[[], None], verify4: Callable[[], None], t_draft_block: float,
-                        t_verify4: float) -> dict:
+def _measure_contention(
+    draft_block: Callable[[], None], verify4: Callable[[], None], t_draft_block: float, t_verify4: float
+) -> dict:
     """Slowdown of each side while the other runs continuously in a background thread."""
 
     def busy(fn: Callable[[], None], stop: threading.Event) -> None:
@@ -444,9 +506,19 @@ def dataset_prompts(dataset: str, n: int) -> list[tuple[str, str]]:
     raise ValueError(f"unknown trace dataset {dataset!r}; choose humaneval or sharegpt")
 
 
-def record_traces(target, drafter, prompts: Sequence[tuple[str, list[int]]], *, max_tokens: int, k: int = 4,
-                  timings: bool = True, progress: Callable[[str], None] | None = None,
-                  stop_ids: frozenset[int] | None = None, temperature: float = 0.0, seed: int = 0) -> TraceSet:
+def record_traces(
+    target,
+    drafter,
+    prompts: Sequence[tuple[str, list[int]]],
+    *,
+    max_tokens: int,
+    k: int = 4,
+    timings: bool = True,
+    progress: Callable[[str], None] | None = None,
+    stop_ids: frozenset[int] | None = None,
+    temperature: float = 0.0,
+    seed: int = 0,
+) -> TraceSet:
     """Record every prompt (id, token ids), then measure this machine's timings at the first one's context.
 
     At `temperature` > 0 the i-th prompt is recorded coupled at seed `seed` + i, the seed `bench tenants`
@@ -454,13 +526,24 @@ def record_traces(target, drafter, prompts: Sequence[tuple[str, list[int]]], *, 
     say = progress or (lambda s: None)
     traces, extra = [], []
     for i, (pid, ids) in enumerate(prompts):
-        tr, t = record_prompt(target, drafter, ids, max_tokens=max_tokens, k=k, pid=pid, stop_ids=stop_ids,
-                              temperature=temperature, seed=seed + i)
+        tr, t = record_prompt(
+            target,
+            drafter,
+            ids,
+            max_tokens=max_tokens,
+            k=k,
+            pid=pid,
+            stop_ids=stop_ids,
+            temperature=temperature,
+            seed=seed + i,
+        )
         traces.append(tr)
         extra.append(t)
         acc = float(np.mean([min(a, k) for a in tr.accept])) if tr.n else 0.0
-        say(f"{pid}: prompt {tr.prompt_len} tokens, output {tr.n}, mean min(a_j,{k}) {acc:.2f}, "
-            f"engine agreement {tr.engine_agreement():.3f} ({len(tr.engine_rounds)} rounds, {t['generate_s']:.1f} s)")
+        say(
+            f"{pid}: prompt {tr.prompt_len} tokens, output {tr.n}, mean min(a_j,{k}) {acc:.2f}, "
+            f"engine agreement {tr.engine_agreement():.3f} ({len(tr.engine_rounds)} rounds, {t['generate_s']:.1f} s)"
+        )
     tim: dict = {}
     if timings and traces:
         first = traces[0]
@@ -469,16 +552,32 @@ def record_traces(target, drafter, prompts: Sequence[tuple[str, list[int]]], *, 
         tim = {"load_avg_before": system_load()}
         tim.update(measure_timings(target, drafter, ctx))
         tim["load_avg_after"] = system_load()
-        tim["draft_prefill_s_per_token_teacher_forced"] = float(np.median([e["draft_prefill_s_per_token"] for e in extra]))
+        tim["draft_prefill_s_per_token_teacher_forced"] = float(
+            np.median([e["draft_prefill_s_per_token"] for e in extra])
+        )
         tim["measure_s"] = round(time.perf_counter() - t0, 2)
-        say(f"timings: draft {1e3 * tim['draft_s_per_token']:.1f} ms/token, verify K=0..8 "
-            + ", ".join(f"{1e3 * v:.0f}" for v in tim["verify_s"]) + " ms, "
-            f"contention draft x{tim.get('contention_draft', 1):.2f} verify x{tim.get('contention_verify', 1):.2f}")
+        say(
+            f"timings: draft {1e3 * tim['draft_s_per_token']:.1f} ms/token, verify K=0..8 "
+            + ", ".join(f"{1e3 * v:.0f}" for v in tim["verify_s"])
+            + " ms, "
+            f"contention draft x{tim.get('contention_draft', 1):.2f} verify x{tim.get('contention_verify', 1):.2f}"
+        )
     meta = {
-        "created": time.strftime("%Y-%m-%dT%H:%M:%S"), "host": platform.node(), "cpus": os.cpu_count(),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "host": platform.node(),
+        "cpus": os.cpu_count(),
         "load_avg": system_load(),
-        "threads": str(acespec_env.threads()), "max_tokens": max_tokens, "k": k,
+        "threads": str(acespec_env.threads()),
+        "max_tokens": max_tokens,
+        "k": k,
         "engine_agreement": [round(t.engine_agreement(), 4) for t in traces],
     }
-    return TraceSet(traces, getattr(drafter, "name", ""), getattr(target, "name", ""),
-                    "coupled" if temperature > 0 else "greedy", tim, meta, temperature)
+    return TraceSet(
+        traces,
+        getattr(drafter, "name", ""),
+        getattr(target, "name", ""),
+        "coupled" if temperature > 0 else "greedy",
+        tim,
+        meta,
+        temperature,
+    )

@@ -14,7 +14,18 @@ from acespec.verify.sampling import SamplingParams, probs_from_logits, sample, s
 from acespec.verify import relaxed
 
 __all__ = [
-    "RULES", "RuleInfo", "RuleSpec", "RuleSpecError", "register", "template_verify", "verify_block",
-    "SamplingParams", "probs_from_logits", "sample", "softmax", "coupled_sample", "gumbel_noise",
+    "RULES",
+    "RuleInfo",
+    "RuleSpec",
+    "RuleSpecError",
+    "register",
+    "template_verify",
+    "verify_block",
+    "SamplingParams",
+    "probs_from_logits",
+    "sample",
+    "softmax",
+    "coupled_sample",
+    "gumbel_noise",
     "relaxed",  # a module: importing it registers the relaxed rules
 ]

@@ -184,7 +184,9 @@ def typical_recovered(x, q, p, **_):  # p: [n, V] -> [n, V]
 # Defaults are what Medusa's `medusa_generate` runs with: posterior_threshold (eps) = 0.09 and
 # posterior_alpha (delta) = 0.3 = sqrt(eps). (Medusa's helper `evaluate_posterior` has the two swapped
 # as its own keyword defaults, 0.3 / 0.09, but the generation loop always passes 0.09 / 0.3.)
-@register("typical", needs_q=False, defaults={"eps": 0.09, "delta": 0.3}, bounds={"eps": (0.0, 1.0), "delta": (0.0, math.inf)})
+@register(
+    "typical", needs_q=False, defaults={"eps": 0.09, "delta": 0.3}, bounds={"eps": (0.0, 1.0), "delta": (0.0, math.inf)}
+)
 def typical(draft, q, p, rng, *, eps: float, delta: float, **_):
     """Typical acceptance (Cai et al. 2024, Medusa).
 
@@ -236,7 +238,9 @@ def cactus_targets(x, q, p, *, delta: float, **_):  # x: int[n]; p: [n, V] -> ([
     return H, H
 
 
-@register("cactus", needs_q=True, defaults={"delta": 0.35}, bounds={"delta": (0.0, math.inf)})  # default: the brief's relaxed setting
+@register(
+    "cactus", needs_q=True, defaults={"delta": 0.35}, bounds={"delta": (0.0, math.inf)}
+)  # default: the brief's relaxed setting
 def cactus(draft, q, p, rng, *, delta: float, **_):
     """CACTUS: accept iff u < min(1, h/q(x)); residual norm(max(0, H - q)); bonus p.
 
@@ -266,7 +270,9 @@ def mentored_targets(x, q, p, *, alpha: float, **_):  # p: [n, V] -> ([n, V], [n
     return pi_rej, p
 
 
-@register("mentored", needs_q=True, defaults={"alpha": 0.3}, bounds={"alpha": (0.0, math.inf)})  # default: p(x) counts as p(x)/0.7
+@register(
+    "mentored", needs_q=True, defaults={"alpha": 0.3}, bounds={"alpha": (0.0, math.inf)}
+)  # default: p(x) counts as p(x)/0.7
 def mentored(draft, q, p, rng, *, alpha: float, **_):
     """Mentored acceptance: accept x w.p. min(1, min(p(x)/(1-alpha), 1)/q(x)); residual norm(max(0,
     p - q)); bonus p. alpha = 0 is `strict`; acceptance rises with alpha (for alpha < 1)."""

@@ -60,7 +60,9 @@ class RuleInfo:
     defaults: dict[str, float] = field(default_factory=dict)  # parameter defaults (a relaxed setting)
     lossless: bool = False  # lossless at every parameter value
     doc: str = ""
-    bounds: dict[str, tuple[float, float]] = field(default_factory=dict)  # parameter -> (low, high), inclusive; unlisted: any finite value
+    bounds: dict[str, tuple[float, float]] = field(
+        default_factory=dict
+    )  # parameter -> (low, high), inclusive; unlisted: any finite value
 
 
 RULES: dict[str, RuleInfo] = {}
@@ -77,7 +79,9 @@ def register(
     def deco(fn: RuleFn) -> RuleFn:
         if name in RULES:
             raise ValueError(f"rule {name!r} registered twice")
-        RULES[name] = RuleInfo(name, fn, needs_q, dict(defaults or {}), lossless, (fn.__doc__ or "").strip(), dict(bounds or {}))
+        RULES[name] = RuleInfo(
+            name, fn, needs_q, dict(defaults or {}), lossless, (fn.__doc__ or "").strip(), dict(bounds or {})
+        )
         return fn
 
     return deco
@@ -119,10 +123,14 @@ class RuleSpec:
                 # a spec often comes from the wire (HELLO.rule): nan, inf or a value outside the rule's
                 # range would make the rule accept anything, or nothing, without saying so
                 if not math.isfinite(value):
-                    raise RuleSpecError(f"rule parameter {key!r} in {text!r} must be a finite number, got {val.strip()!r}")
+                    raise RuleSpecError(
+                        f"rule parameter {key!r} in {text!r} must be a finite number, got {val.strip()!r}"
+                    )
                 low, high = info.bounds.get(key, (-math.inf, math.inf))
                 if not low <= value <= high:
-                    raise RuleSpecError(f"rule parameter {key!r} in {text!r} must be in [{low:g}, {high:g}], got {value:g}")
+                    raise RuleSpecError(
+                        f"rule parameter {key!r} in {text!r} must be in [{low:g}, {high:g}], got {value:g}"
+                    )
                 params[key] = value
         return cls(name, tuple(sorted(params.items())))
 

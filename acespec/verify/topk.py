@@ -41,11 +41,13 @@ def topk_exactness(rule: RuleSpec, sp: SamplingParams, k: int) -> str:
         if sp.top_p < 1.0:
             raise TopKRuleError(
                 f"top_p {sp.top_p:g} needs the whole target row to find the nucleus, and this engine returns only the "
-                f"top {k} tokens per position: use top_k <= {k} (exact) or top_p = 1")
+                f"top {k} tokens per position: use top_k <= {k} (exact) or top_p = 1"
+            )
         return "exact" if rule.name == "greedy" else "bounded"
     raise TopKRuleError(
         f"rule {rule} at temperature {sp.temperature:g} needs the target's full distribution, and this engine returns "
-        f"only the top {k} tokens per position: use temperature 0, top_k <= {k}, or the coupled rule")
+        f"only the top {k} tokens per position: use temperature 0, top_k <= {k}, or the coupled rule"
+    )
 
 
 def dense_logits(entries: Mapping[int, float], vocab: int) -> np.ndarray:  # -> [vocab]
@@ -83,5 +85,7 @@ def tail_mass_bound(logprobs: np.ndarray, vocab: int, temperature: float, *, flo
         out = n * math.exp((math.log(each) - shift) * inv_t) if each > 0 else 0.0
     else:
         full, rest = divmod(u, a)
-        out = full * math.exp((math.log(a) - shift) * inv_t) + (math.exp((math.log(rest) - shift) * inv_t) if rest > 0 else 0.0)
+        out = full * math.exp((math.log(a) - shift) * inv_t) + (
+            math.exp((math.log(rest) - shift) * inv_t) if rest > 0 else 0.0
+        )
     return out / (known + out)

@@ -48,4 +48,14 @@ from .framing import FrameDecoder, committed_digest, decode_uvarint, encode_uvar
 from .stream import read_frame, recv_frame, send_frame, write_frame
 
 # everything frames.py, codec.py and framing.py export, plus the error types and the stream helpers
-__all__ = ["ErrorCode", "WireError", *_frames.__all__, *_codec.__all__, *_framing.__all__, "read_frame", "write_frame", "recv_frame", "send_frame"]
+__all__ = [
+    "ErrorCode",
+    "WireError",
+    *_frames.__all__,
+    *_codec.__all__,
+    *_framing.__all__,
+    "read_frame",
+    "write_frame",
+    "recv_frame",
+    "send_frame",
+]

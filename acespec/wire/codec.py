@@ -284,8 +284,12 @@ class _Reader:
 
 # The flag bits as plain ints: IntFlag arithmetic costs microseconds a frame on the hot path.
 _D_Q, _D_TREE = int(DraftFlag.HAS_Q), int(DraftFlag.HAS_TREE)
-_V_DROPPED, _V_P, _V_PATH, _V_FINISHED = (int(VerdictFlag.DROPPED), int(VerdictFlag.HAS_P), int(VerdictFlag.HAS_PATH),
-                                          int(VerdictFlag.FINISHED))
+_V_DROPPED, _V_P, _V_PATH, _V_FINISHED = (
+    int(VerdictFlag.DROPPED),
+    int(VerdictFlag.HAS_P),
+    int(VerdictFlag.HAS_PATH),
+    int(VerdictFlag.FINISHED),
+)
 _T_FINISHED, _T_STEP = int(TokensFlag.FINISHED), int(TokensFlag.HAS_STEP)
 
 
@@ -345,9 +349,7 @@ def _dec_welcome(r: _Reader) -> Welcome:
 
 def _check_parent(parent: int, i: int) -> None:
     if parent > i:
-        raise WireError(
-            BAD_FRAME, f"DRAFT.parents[{i}] = {parent}: must be 0 (the base) or j + 1 for a token j < {i}"
-        )
+        raise WireError(BAD_FRAME, f"DRAFT.parents[{i}] = {parent}: must be 0 (the base) or j + 1 for a token j < {i}")
 
 
 def _enc_draft(w: _Writer, f: Draft) -> None:
@@ -427,9 +429,7 @@ def _enc_verdict(w: _Writer, f: Verdict) -> None:
 def _dec_verdict(r: _Reader) -> Verdict:
     limits = r.limits
     seq = r.uvarint("VERDICT.seq")
-    flags = r.flags(
-        _V_DROPPED | _V_P | _V_PATH | _V_FINISHED, "VERDICT.flags"
-    )
+    flags = r.flags(_V_DROPPED | _V_P | _V_PATH | _V_FINISHED, "VERDICT.flags")
     accepted = r.count(limits.max_draft_tokens, "VERDICT.accepted")
     next_token = r.token("VERDICT.next_token")
     verify_us = r.uvarint("VERDICT.verify_us")
@@ -549,8 +549,14 @@ def _dec_tokens(r: _Reader) -> Tokens:
     accepted = r.uvarint("TOKENS.accepted")
     if accepted > drafted:
         raise WireError(BAD_FRAME, f"TOKENS.accepted {accepted} is more than drafted {drafted}")
-    return Tokens(start=start, tokens=tokens, finished=finished, drafted=drafted, accepted=accepted,
-                  verify_us=r.uvarint("TOKENS.verify_us"))
+    return Tokens(
+        start=start,
+        tokens=tokens,
+        finished=finished,
+        drafted=drafted,
+        accepted=accepted,
+        verify_us=r.uvarint("TOKENS.verify_us"),
+    )
 
 
 # each encoder takes its own frame type; Any, as one dict cannot say which type goes with which key
@@ -658,5 +664,3 @@ def decode(data: bytes, limits: Limits = DEFAULT_LIMITS) -> Frame:
     if len(data) > end:
         raise WireError(BAD_FRAME, f"{len(data) - end} trailing bytes after the frame")
     return _decode_payload(data, prefix, end, limits)
-
-
