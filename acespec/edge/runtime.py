@@ -152,29 +152,19 @@ def run_edge(
         if drafter is None:
             return _cloud_only(session, prompt, cfg, on_tokens, t0, on_round, should_stop)
         if cfg.mode == "cloud-led":
-            link = TcpLeadLink(session, send_q=rule.info.needs_q)
-            follow = FollowConfig(
-                max_tokens=cfg.max_tokens, max_lead=min(FollowConfig.max_lead, session.max_draft_tokens)
+            return _follow(
+                session,
+                prompt,
+                cfg,
+                rule,
+                t0,
+                "cloud-led",
+                drafter=drafter,
+                job=prefill,
+                on_tokens=on_tokens,
+                on_round=on_round,
+                should_stop=should_stop,
             )
-            try:
-                res = FollowLoop(
-                    link,
-                    prompt,
-                    drafter=drafter,
-                    config=follow,
-                    on_tokens=on_tokens,
-                    on_round=on_round,
-                    should_stop=should_stop,
-                    job=prefill,
-                    spawn=ThreadJob,
-                ).run(t0)
-            except StreamError as e:
-                raise EdgeError(f"cloud-led stream: {e}") from None
-            res.stats.bytes_up, res.stats.bytes_down = session.total_bytes()
-            _link_stats(res.stats, session)
-            rtt = link.rtt_s()
-            res.stats.cache["rtt_ms_mean"] = None if rtt is None else round(1e3 * rtt, 3)
-            return res
         if cfg.k + 1 > session.max_draft_tokens:
             # a block is K tokens and (pipelined) the guessed bonus before them: keep it within what the
             # cloud said it takes (WELCOME.max_draft_tokens), or the DRAFT would be refused as over limit
@@ -232,32 +222,41 @@ def _auto(
     )
     session = CloudSession(cfg.connect, hello)
     try:
-        link = TcpLeadLink(session, send_q=rule.info.needs_q)
-        follow = FollowConfig(max_tokens=cfg.max_tokens, max_lead=min(FollowConfig.max_lead, session.max_draft_tokens))
-        try:
-            res = FollowLoop(
-                link,
-                prompt,
-                drafter=None,
-                source=late,
-                after_first=True,
-                config=follow,
-                on_tokens=on_tokens,
-                on_round=on_round,
-                should_stop=should_stop,
-                spawn=ThreadJob,
-            ).run(t0)
-        except StreamError as e:
-            raise EdgeError(f"auto stream: {e}") from None
-        res.stats.bytes_up, res.stats.bytes_down = session.total_bytes()
-        _link_stats(res.stats, session)
-        rtt = link.rtt_s()
-        res.stats.cache["rtt_ms_mean"] = None if rtt is None else round(1e3 * rtt, 3)
-        return res
+        return _follow(
+            session,
+            prompt,
+            cfg,
+            rule,
+            t0,
+            "auto",
+            drafter=None,
+            source=late,
+            after_first=True,
+            on_tokens=on_tokens,
+            on_round=on_round,
+            should_stop=should_stop,
+        )
     finally:
         session.close()
         if on_session_closed is not None:
             on_session_closed(session)
+
+
+def _follow(
+    session: CloudSession, prompt, cfg: EdgeConfig, rule: RuleSpec, t0: float, mode: str, **loop_kw
+) -> LoopResult:
+    """A streaming session's follow loop (cloud-led and auto), and the link's figures in its stats."""
+    link = TcpLeadLink(session, send_q=rule.info.needs_q)
+    follow = FollowConfig(max_tokens=cfg.max_tokens, max_lead=min(FollowConfig.max_lead, session.max_draft_tokens))
+    try:
+        res = FollowLoop(link, prompt, config=follow, spawn=ThreadJob, **loop_kw).run(t0)
+    except StreamError as e:
+        raise EdgeError(f"{mode} stream: {e}") from None
+    res.stats.bytes_up, res.stats.bytes_down = session.total_bytes()
+    _link_stats(res.stats, session)
+    rtt = link.rtt_s()
+    res.stats.cache["rtt_ms_mean"] = None if rtt is None else round(1e3 * rtt, 3)
+    return res
 
 
 def build_loop(
