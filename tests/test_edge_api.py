@@ -345,19 +345,25 @@ def _wait(cond, timeout=10.0):
         time.sleep(0.02)
 
 
+def _long_stream_under_way(c: openai.OpenAI):
+    """A 3000-token stream that has delivered its first three tokens (the caller closes it)."""
+    stream = c.chat.completions.create(model="acespec", messages=[{"role": "user", "content": "long"}],
+                                       max_tokens=3000, temperature=0, stream=True)
+    got = 0
+    for chunk in stream:
+        got += bool(chunk.choices and chunk.choices[0].delta.content)
+        if got >= 3:
+            break
+    return stream
+
+
 def test_clients_that_leave_free_their_place_and_cancel_their_cloud_session():
     # an edge-led default: those modes cannot run without a drafter, so requests queue for one
     with CloudServerThread(SlowToy(vocab=V, seed=1), ServerConfig(port=0)) as slow:
         api = start_edge(slow.port, drafters=1, max_waiting=1, default_mode="sync")
         try:
             c = openai.OpenAI(base_url=api.url + "/v1", api_key="x", max_retries=0, timeout=30)
-            stream = c.chat.completions.create(model="acespec", messages=[{"role": "user", "content": "long"}],
-                                               max_tokens=3000, temperature=0, stream=True)
-            got = 0
-            for chunk in stream:
-                got += bool(chunk.choices and chunk.choices[0].delta.content)
-                if got >= 3:
-                    break
+            stream = _long_stream_under_way(c)
             assert len(slow.server.sessions) == 1
             # a second client waits in line for the only drafter, and gives up after a second
             body = json.dumps({"model": "acespec", "messages": [{"role": "user", "content": "hi"}]}).encode()
@@ -400,13 +406,7 @@ def test_in_auto_mode_no_request_waits_for_the_busy_drafter():
         api = start_edge(slow.port, drafters=1, max_waiting=1)
         try:
             c = openai.OpenAI(base_url=api.url + "/v1", api_key="x", max_retries=0, timeout=30)
-            stream = c.chat.completions.create(model="acespec", messages=[{"role": "user", "content": "long"}],
-                                               max_tokens=3000, temperature=0, stream=True)
-            got = 0
-            for chunk in stream:
-                got += bool(chunk.choices and chunk.choices[0].delta.content)
-                if got >= 3:
-                    break
+            stream = _long_stream_under_way(c)
             _wait(lambda: metrics(api)["acespec:drafters_busy"] == 1)  # the first stream borrowed the drafter
             text, _, usage = chat(c, **CASES["greedy"], max_tokens=5)
             assert text == reference(PROMPT, **CASES["greedy"], max_tokens=5) and usage.drafted_tokens == 0
