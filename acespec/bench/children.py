@@ -72,6 +72,17 @@ def stop_all(procs: list[subprocess.Popen], grace_s: float = 10.0) -> None:
         except subprocess.TimeoutExpired:
             _signal_group(p, signal.SIGKILL)
             p.wait(30)
+        _kill_stragglers(p)
+
+
+def _kill_stragglers(p: subprocess.Popen) -> None:
+    """Once a group's leader (a `spawn`ed child) has exited, whatever it started in its group and left
+    behind goes too: a leader that exits on SIGTERM does not wait for its own children, and on a loaded
+    machine they can outlive the run that started them."""
+    try:
+        os.killpg(p.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):  # no such group left: nothing stayed behind
+        pass
 
 
 class ChildProcesses:
