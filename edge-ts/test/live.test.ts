@@ -91,11 +91,18 @@ describe("the Node edge against a live cloud with the default models", { skip, t
   });
 
   for (const mode of ["auto", "sync", "pipelined"]) { // (cloud-led is auto on the wire)
-    it(`writes cloud-only's greedy text in ${mode} mode, with drafts accepted`, async () => {
+    it(`writes cloud-only's greedy text in ${mode} mode, with drafts ${mode === "auto" ? "sent" : "accepted"}`, async () => {
       const r = await nodeEdge(model, cloud.port, ["--mode", mode, "--max-tokens", String(TOKENS)]);
       assert.deepEqual(r.tokens, reference.tokens);
       assert.equal(r.text, reference.text);
-      assert.ok(r.drafted > 0 && r.accepted > 0, `drafted ${r.drafted}, accepted ${r.accepted}`);
+      if (mode === "auto") {
+        // the cloud never waits for an auto edge's drafts, so how many it verifies depends on the machine's
+        // load (on a busy one, none may pay): what the edge owes is drafting and uploading them
+        const stats = (r as unknown as { stats: { drafts_sent: number; draft_tokens: number } }).stats;
+        assert.ok(stats.drafts_sent > 0 && stats.draft_tokens > 0, `drafts sent ${stats.drafts_sent}`);
+      } else {
+        assert.ok(r.drafted > 0 && r.accepted > 0, `drafted ${r.drafted}, accepted ${r.accepted}`);
+      }
       assert.ok(r.target_passes > 0 && r.tok_s > 0);
     });
   }
