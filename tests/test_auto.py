@@ -39,6 +39,15 @@ def cloud():
         yield srv
 
 
+@pytest.fixture(scope="module")
+def waiting_cloud():
+    """A cloud with a pass budget: each step after the first waits (up to 0.2 s) for the edge's draft,
+    so the tests that check drafts were used do not depend on how fast a loaded machine drafts."""
+    cfg = ServerConfig(port=0, max_sessions=8, lead_pass_budget=0.9, lead_max_wait_s=0.2)
+    with CloudServerThread(PassCostToy(vocab=V, seed=1, pass_s=0.002), cfg) as srv:
+        yield srv
+
+
 def run(port: int, mode: str, drafter=None, source=None, on_tokens=None, **kw):
     cfg = EdgeConfig(mode=mode, connect=ConnectConfig(port=port), max_tokens=kw.pop("max_tokens", 96), **kw)
     fp = drafter_model().tokenizer.fingerprint
@@ -46,9 +55,9 @@ def run(port: int, mode: str, drafter=None, source=None, on_tokens=None, **kw):
 
 
 @pytest.mark.parametrize("rule,temperature", [("greedy", 0.0), ("coupled", 0.9)])
-def test_auto_gives_cloud_only_text_with_drafts_used(cloud, rule, temperature):
+def test_auto_gives_cloud_only_text_with_drafts_used(cloud, waiting_cloud, rule, temperature):
     ref = run(cloud.port, "cloud-only", rule=rule, temperature=temperature, seed=3)
-    res = run(cloud.port, "auto", drafter_model(), rule=rule, temperature=temperature, seed=3)
+    res = run(waiting_cloud.port, "auto", drafter_model(), rule=rule, temperature=temperature, seed=3)
     assert res.tokens == ref.tokens and len(res.tokens) == 96 and res.finished
     assert res.stats.drafted > 0 and res.stats.accepted > 0
     assert res.stats.rounds < res.stats.emitted  # fewer target passes than tokens
@@ -75,7 +84,7 @@ def test_auto_without_any_drafter_streams_cloud_only_text(cloud):
     assert res.stats.cache["drafter_joined_at"] is None
 
 
-def test_a_drafter_that_becomes_free_mid_stream_joins_it_and_the_text_stays_exact(cloud):
+def test_a_drafter_that_becomes_free_mid_stream_joins_it_and_the_text_stays_exact(cloud, waiting_cloud):
     streamed: list[int] = []
     m = drafter_model()
 
@@ -83,7 +92,7 @@ def test_a_drafter_that_becomes_free_mid_stream_joins_it_and_the_text_stays_exac
         return m if len(streamed) >= 20 else None
 
     ref = run(cloud.port, "cloud-only", max_tokens=160)
-    res = run(cloud.port, "auto", None, source=source, on_tokens=streamed.extend, max_tokens=160)
+    res = run(waiting_cloud.port, "auto", None, source=source, on_tokens=streamed.extend, max_tokens=160)
     assert res.tokens == ref.tokens
     assert res.stats.cache["drafter_joined_at"] >= 20 and res.stats.drafted > 0
 
