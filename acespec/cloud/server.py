@@ -40,6 +40,7 @@ import numpy as np
 
 from acespec import wire
 from acespec.cloud.auth import Gatekeeper
+from acespec.cloud.conn import GOING_AWAY, FrameIO, ProtocolError, peer_addr
 from acespec.cloud.engine import (
     EngineBusy,
     EngineRefused,
@@ -49,6 +50,7 @@ from acespec.cloud.engine import (
     VerifyEngine,
     make_engine,
 )
+from acespec.cloud.server_config import ServerConfig
 from acespec.cloud.websocket import ConnReader, ConnWriter, WsListener
 from acespec.control.lead import LeadConfig, LeadMemory
 from acespec.engine.lead import LeadState
@@ -59,58 +61,8 @@ from acespec.verify.sampling import dense_row
 
 log = logging.getLogger("acespec.cloud")
 
-# What a draining or stopped replica tells a live edge (the drain, a step that meets the stopped
-# engine, a verdict writer past its last verdict): reconnect, and carry your text to whoever answers.
-_GOING_AWAY = wire.encode(wire.Close(reason=wire.CloseReason.GOING_AWAY))
-
-
-@dataclass
-class ServerConfig:
-    host: str = "127.0.0.1"  # listen address
-    port: int = 7070  # listen port (0 = any free port)
-    token: bytes | None = (
-        None  # one auth token (the tenant "default"); with no token and no tenants, anyone may connect
-    )
-    tenants: dict[str, bytes] | None = (
-        None  # tenant name -> its auth token; a session belongs to the tenant that opened it
-    )
-    auth_failures_per_min: int = (
-        10  # failed auths (token, session secret) one address may make per minute; then BAD_AUTH at once
-    )
-    max_sessions: int = 8  # live sessions at once; more get BUSY
-    max_new_tokens: int = 4096  # cap on a session's max_tokens
-    idle_timeout_s: float = 300.0  # a session with no traffic for this long is dropped
-    resume_grace_s: float = 120.0  # a disconnected session waits this long for RESUME (its slot is held meanwhile)
-    handshake_timeout_s: float = 10.0  # a connection must send HELLO/RESUME (and take its WELCOME) within this
-    frame_timeout_s: float = 30.0  # after the handshake, a frame once started must be complete within this
-    max_connections: int = 256  # open connections at once, all addresses; more get BUSY and are closed
-    max_connections_per_addr: int = 32  # open connections at once from one peer address
-    limits: wire.Limits = field(default_factory=wire.Limits)  # frame limits we accept
-    tls: ssl.SSLContext | None = None  # TLS server context (acespec.tls.server_context); None = plain TCP
-    ws_port: int | None = (
-        None  # also take WebSocket connections on this port (websocket.py; 0 = any free port, wss with tls)
-    )
-    engine: str = "batched"  # verify engine for a bare target model: batched | serial (see engine.py)
-    lead_k_max: int = 16  # cloud-led: most draft tokens one step verifies
-    lead_pass_budget: float = (
-        math.inf
-    )  # cloud-led: target passes per token a session may cost (inf: never wait for a draft)
-    lead_max_wait_s: float = (
-        0.5  # cloud-led with a budget: longest a step waits for a draft that keeps it within budget
-    )
-    gc_full_s: float = 0.0  # see _keep_gc: one full garbage collection this often; 0 = leave the process's collector be
-    # (`acespec serve`, whose process is the server, uses 300; a server embedded in other code leaves it alone)
-
-
-def _peer_addr(writer: ConnWriter) -> str:
-    peer = writer.get_extra_info("peername")
-    return str(peer[0]) if isinstance(peer, tuple) and peer else "?"
-
-
-class ProtocolError(Exception):
-    def __init__(self, code: wire.ErrorCode, message: str) -> None:
-        super().__init__(message)
-        self.code = code
+# ServerConfig and ProtocolError live in server_config.py and conn.py; most code imports them from here
+__all__ = ["CloudServer", "CloudServerThread", "ProtocolError", "ServerConfig", "Session"]
 
 
 @dataclass
@@ -141,6 +93,7 @@ class CloudServer:
         self.engine = target if isinstance(target, VerifyEngine) else make_engine(self.cfg.engine, target)
         self.target = self.engine.target
         self.sessions: dict[int, Session] = {}
+        self._io = FrameIO(self.cfg)  # reads frames under the deadlines, refuses, counts the ERRORs sent
         self._gate = Gatekeeper(self.cfg.tenants, self.cfg.token, self.cfg.auth_failures_per_min)
         self._server: asyncio.base_events.Server | None = None
         self._sweeper: asyncio.Task | None = None
@@ -152,7 +105,6 @@ class CloudServer:
         self._stopping = False
         self.draining = False  # stop() has begun: /ready fails from this moment (cloud/metrics.py)
         self._loop: asyncio.AbstractEventLoop | None = None
-        self.errors_sent: dict[str, int] = {}  # ErrorCode name -> count, for tests, logs and metrics
         self.handshakes = {"opened": 0, "resumed": 0}  # sessions opened by HELLO, reattached by RESUME
         self.port = self.cfg.port
         self._ws: WsListener | None = None  # cfg.ws_port: the WebSocket listener
@@ -162,6 +114,11 @@ class CloudServer:
         self.lead_memory: OrderedDict[tuple, LeadMemory] = OrderedDict()
         self.lead_holds = 0  # cloud-led steps that waited for a draft (a pass budget; never without one)
         self.lead_held_s = 0.0  # and the seconds they waited in all
+
+    @property
+    def errors_sent(self) -> dict[str, int]:
+        """ERROR frames sent, by ErrorCode name (tests, logs, metrics)."""
+        return self._io.errors_sent
 
     # -- lifecycle --------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -208,7 +165,7 @@ class CloudServer:
                 continue
             try:
                 if not w.is_closing():
-                    w.write(_GOING_AWAY)
+                    w.write(GOING_AWAY)
             except (ConnectionError, OSError, RuntimeError, AttributeError):
                 # AttributeError: asyncio's TLS transport, written to after a failed handshake tore its
                 # TLS layer down, fails inside sslproto (seen under load); the peer is gone either way
@@ -299,12 +256,12 @@ class CloudServer:
     # -- one connection ---------------------------------------------------------------------------
     async def _on_connect(self, reader: ConnReader, writer: ConnWriter) -> None:
         task = asyncio.current_task()
-        addr = _peer_addr(writer)
+        addr = peer_addr(writer)
         if (
             len(self._conns) >= self.cfg.max_connections
             or self._per_addr.get(addr, 0) >= self.cfg.max_connections_per_addr
         ):
-            await self._refuse(writer, wire.ErrorCode.BUSY, "too many open connections; retry later")
+            await self._io.refuse(writer, wire.ErrorCode.BUSY, "too many open connections; retry later")
             writer.close()
             return
         if task:
@@ -314,7 +271,7 @@ class CloudServer:
         decoder = wire.FrameDecoder(self.cfg.limits)
         try:
             first = await asyncio.wait_for(
-                self._next_frame(reader, decoder, deadline=False), self.cfg.handshake_timeout_s
+                self._io.next_frame(reader, decoder, deadline=False), self.cfg.handshake_timeout_s
             )
             if first is None:
                 return
@@ -326,11 +283,11 @@ class CloudServer:
             else:
                 await self._serve_drafts(session, reader, writer, decoder)
         except wire.WireError as e:
-            await self._refuse(writer, e.code, str(e))
+            await self._io.refuse(writer, e.code, str(e))
         except ProtocolError as e:
-            await self._refuse(writer, e.code, str(e))
+            await self._io.refuse(writer, e.code, str(e))
         except TimeoutError:
-            await self._refuse(writer, wire.ErrorCode.BAD_REQUEST, "no HELLO or RESUME within the handshake timeout")
+            await self._io.refuse(writer, wire.ErrorCode.BAD_REQUEST, "no HELLO or RESUME within the handshake timeout")
         except (ConnectionError, asyncio.IncompleteReadError, ssl.SSLError):
             pass  # the edge went away (or broke its TLS, e.g. data after our close_notify); its session waits for RESUME
         except EngineStopped as e:
@@ -338,10 +295,10 @@ class CloudServer:
             # ended): not a server bug. Before WELCOME, BUSY sends the edge to another replica; after
             # it, GOING_AWAY makes it reconnect and carry its text to whichever cloud answers
             if session is None:
-                await self._refuse(writer, wire.ErrorCode.BUSY, f"this replica is stopping: {e}")
+                await self._io.refuse(writer, wire.ErrorCode.BUSY, f"this replica is stopping: {e}")
             else:
                 try:
-                    writer.write(_GOING_AWAY)
+                    writer.write(GOING_AWAY)
                     await writer.drain()
                 except (ConnectionError, OSError):
                     pass
@@ -349,7 +306,7 @@ class CloudServer:
             raise
         except Exception as e:  # a bug must not take the server down
             log.exception("internal error")
-            await self._refuse(writer, wire.ErrorCode.INTERNAL, f"internal error: {type(e).__name__}")
+            await self._io.refuse(writer, wire.ErrorCode.INTERNAL, f"internal error: {type(e).__name__}")
         finally:
             if session is not None and session.owner is task:  # not if a RESUME took the session over
                 self._detach(session)
@@ -374,43 +331,6 @@ class CloudServer:
         if self.sessions.get(session.sid) is session:
             self.engine.park(session.handle)  # its KV may go to another session meanwhile
 
-    async def _next_frame(
-        self, reader: ConnReader, decoder: wire.FrameDecoder, *, deadline: bool = True
-    ) -> list | None:
-        """The next non-empty batch of whole frames, or None on a clean end of stream.
-
-        With `deadline`, a frame that has begun to arrive must be complete within `frame_timeout_s`: a
-        peer that sends half a frame and stalls is dropped then, not at the idle sweep. Silence between
-        frames is the idle sweep's business."""
-        while True:
-            if deadline and decoder.pending:
-                try:
-                    data = await asyncio.wait_for(reader.read(65536), self.cfg.frame_timeout_s)
-                except TimeoutError:
-                    raise ProtocolError(
-                        wire.ErrorCode.BAD_FRAME,
-                        f"a frame was begun and not completed within {self.cfg.frame_timeout_s:g} s",
-                    ) from None
-            else:
-                data = await reader.read(65536)
-            if not data:
-                if decoder.pending:
-                    raise wire.WireError(wire.ErrorCode.BAD_FRAME, "connection closed in the middle of a frame")
-                return None
-            frames = decoder.feed(data)
-            if frames:
-                return frames
-
-    async def _refuse(self, writer: ConnWriter, code: wire.ErrorCode, message: str) -> None:
-        self.errors_sent[code.name] = self.errors_sent.get(code.name, 0) + 1
-        log.info("refusing connection: %s %s", code.name, message)
-        try:
-            writer.write(wire.encode(wire.Error(code=code, message=message)))
-            writer.write(wire.encode(wire.Close(reason=wire.CloseReason.ERROR)))
-            await asyncio.wait_for(writer.drain(), 2.0)
-        except (TimeoutError, ConnectionError, OSError):
-            pass
-
     async def _handshake(self, frames: list, writer: ConnWriter) -> Session:
         """Open or resume the session, send WELCOME, and only then count the session as held by this
         connection: a connection that dies before its WELCOME is out leaves no session behind (a new
@@ -419,7 +339,7 @@ class CloudServer:
         first = frames[0]
         if len(frames) > 1:
             raise ProtocolError(wire.ErrorCode.BAD_REQUEST, "frames sent before WELCOME")
-        addr = _peer_addr(writer)
+        addr = peer_addr(writer)
         if isinstance(first, (wire.Hello, wire.Resume)) and self._gate.blocked(addr):
             raise ProtocolError(
                 wire.ErrorCode.BAD_AUTH, "too many failed authentications from this address; retry later"
@@ -631,7 +551,7 @@ class CloudServer:
             verdicts.put_nowait(None)
         try:
             while True:
-                frames = await self._next_frame(reader, decoder)
+                frames = await self._io.next_frame(reader, decoder)
                 if frames is None:
                     return
                 for f in frames:
@@ -693,7 +613,7 @@ class CloudServer:
         while True:
             item = await verdicts.get()
             if item is None:  # the server is stopping: every verdict owed has gone out
-                writer.write(_GOING_AWAY)
+                writer.write(GOING_AWAY)
                 await writer.drain()
                 writer.close()
                 return
@@ -703,7 +623,7 @@ class CloudServer:
             except Exception as e:  # the engine could not verify (it is stopping, or a model error): say so
                 log.warning("session %d: block %d failed: %s", s.sid, seq, e)
                 code = wire.ErrorCode.BUSY if isinstance(e, EngineStopped) else wire.ErrorCode.INTERNAL
-                await self._refuse(writer, code, f"verify failed: {type(e).__name__}")
+                await self._io.refuse(writer, code, f"verify failed: {type(e).__name__}")
                 writer.close()
                 return
             if s.writer is not writer:
@@ -733,7 +653,7 @@ class CloudServer:
 
         async def read_side() -> None:
             while True:
-                frames = await self._next_frame(reader, decoder)
+                frames = await self._io.next_frame(reader, decoder)
                 if frames is None:
                     closed.set()
                     return
