@@ -33,10 +33,9 @@ import time
 from collections import OrderedDict
 from typing import Any
 
-import numpy as np
-
 from acespec import wire
 from acespec.cloud.conn import GOING_AWAY, FrameIO, ProtocolError, peer_addr
+from acespec.cloud.edge_led import DraftVerifier, check_draft
 from acespec.cloud.engine import (
     EngineStopped,
     VerifyEngine,
@@ -47,7 +46,6 @@ from acespec.cloud.sessions import Session, SessionTable
 from acespec.cloud.websocket import ConnReader, ConnWriter, WsListener
 from acespec.control.lead import LeadMemory
 from acespec.models.base import Model
-from acespec.verify.sampling import dense_row
 
 log = logging.getLogger("acespec.cloud")
 
@@ -68,8 +66,9 @@ class CloudServer:
         self._gc_task: asyncio.Task | None = None  # gc_full_s > 0: the periodic full collection (_keep_gc)
         self._conns: dict[asyncio.Task, ConnWriter] = {}  # live connections
         self._per_addr: dict[str, int] = {}  # peer address -> open connections
-        self._verdict_queues: dict[asyncio.Task, asyncio.Queue] = {}  # speculative connections -> their verdict queue
-        self._stopping = False
+        self._stopping = False  # stop() is draining the connections (after draining is set)
+        # edge-led sessions: DRAFT -> VERDICT (edge_led.py)
+        self._edge_led = DraftVerifier(self.engine, self._io, self._sessions.end, lambda: self._stopping)
         self.draining = False  # stop() has begun: /ready fails from this moment (cloud/metrics.py)
         self._loop: asyncio.AbstractEventLoop | None = None
         self.port = self.cfg.port
@@ -142,9 +141,7 @@ class CloudServer:
         # that does not end.
         self._stopping = True
         for task, w in list(self._conns.items()):
-            q = self._verdict_queues.get(task)
-            if q is not None:
-                q.put_nowait(None)
+            if self._edge_led.drain(task):
                 continue
             try:
                 if not w.is_closing():
@@ -264,7 +261,7 @@ class CloudServer:
                     await self._finished_at_once(session, writer)
                 await self._stream_tokens(session, reader, writer, decoder)
             else:
-                await self._serve_drafts(session, reader, writer, decoder)
+                await self._edge_led.serve(session, reader, writer, decoder)
         except wire.WireError as e:
             await self._io.refuse(writer, e.code, str(e))
         except ProtocolError as e:
@@ -305,113 +302,6 @@ class CloudServer:
                 self._per_addr[addr] = left
             else:
                 self._per_addr.pop(addr, None)
-
-    # -- speculative mode -------------------------------------------------------------------------
-    async def _serve_drafts(self, s: Session, reader, writer, decoder: wire.FrameDecoder) -> None:
-        """Read blocks and hand each to the engine at once: a pipelined edge has several in flight, and
-        the engine takes a session's next block into the very next tick only if it already has it.
-        The verdicts go back in order from a writer task."""
-        V = self.target.vocab_size
-        verdicts: asyncio.Queue = asyncio.Queue()
-        out = asyncio.create_task(self._write_verdicts(s, verdicts, writer))
-        me = asyncio.current_task()
-        assert me is not None  # a connection handler runs as a task
-        self._verdict_queues[me] = verdicts
-        if self._stopping:
-            verdicts.put_nowait(None)
-        try:
-            while True:
-                frames = await self._io.next_frame(reader, decoder)
-                if frames is None:
-                    return
-                for f in frames:
-                    if s.owner is not me:
-                        return  # a RESUME on a new connection took the session over
-                    if out.done():
-                        out.result()  # the writer failed: surface its error here
-                        return
-                    s.last_active = time.monotonic()
-                    if isinstance(f, wire.Draft):
-                        if self._stopping:
-                            continue  # draining: the edge will be told GOING_AWAY after the verdicts it is owed
-                        self._check_draft(s, f)
-                        if f.parents is not None:
-                            # verifying a tree as a chain would ignore its shape: refuse it until trees are verified
-                            raise ProtocolError(
-                                wire.ErrorCode.BAD_REQUEST,
-                                "this server verifies chains only: DRAFT with HAS_TREE refused",
-                            )
-                        q = None
-                        if f.q is not None:
-                            q = (
-                                np.stack([dense_row([i for i, _ in row], [p for _, p in row], V) for row in f.q])
-                                if f.q
-                                else None
-                            )
-                        elif s.verifier.rule.info.needs_q and f.tokens:
-                            raise ProtocolError(
-                                wire.ErrorCode.BAD_REQUEST, f"rule {s.verifier.rule} needs q rows with each DRAFT"
-                            )
-                        # submitted now, in arrival order (the engine sees the blocks in the order they came)
-                        verdicts.put_nowait((f.seq, self.engine.submit_verify(s.handle, f.seq, f.base, f.tokens, q)))
-                    elif isinstance(f, wire.Ping):
-                        writer.write(wire.encode(wire.Pong(nonce=f.nonce, sent_us=f.sent_us)))
-                    elif isinstance(f, wire.Close):
-                        self._sessions.end(s)
-                        return
-                    elif isinstance(f, wire.Pong):
-                        pass
-                    else:
-                        raise ProtocolError(
-                            wire.ErrorCode.BAD_REQUEST,
-                            f"unexpected {type(f).__name__.upper()} in a speculative session",
-                        )
-                await writer.drain()
-        finally:
-            self._verdict_queues.pop(me, None)
-            out.cancel()
-            await asyncio.gather(out, return_exceptions=True)
-            # blocks still queued when the connection ends go unanswered (the session closed, or moved to
-            # a new connection); their verifies run on, and one that fails (the session closed under it)
-            # has no one to tell: retrieve its error so it is not reported as lost
-            while not verdicts.empty():
-                item = verdicts.get_nowait()
-                if item is not None:
-                    item[1].add_done_callback(lambda f: f.cancelled() or f.exception())
-
-    async def _write_verdicts(self, s: Session, verdicts: asyncio.Queue, writer: ConnWriter) -> None:
-        while True:
-            item = await verdicts.get()
-            if item is None:  # the server is stopping: every verdict owed has gone out
-                writer.write(GOING_AWAY)
-                await writer.drain()
-                writer.close()
-                return
-            seq, job = item
-            try:
-                v = await job
-            except Exception as e:  # the engine could not verify (it is stopping, or a model error): say so
-                log.warning("session %d: block %d failed: %s", s.sid, seq, e)
-                code = wire.ErrorCode.BUSY if isinstance(e, EngineStopped) else wire.ErrorCode.INTERNAL
-                await self._io.refuse(writer, code, f"verify failed: {type(e).__name__}")
-                writer.close()
-                return
-            if s.writer is not writer:
-                return  # the session moved to another connection: this one's verdicts are void
-            writer.write(
-                wire.encode(
-                    wire.Verdict(
-                        seq=seq,
-                        accepted=v.accepted,
-                        next_token=max(v.next_token, 0),
-                        verify_us=v.verify_us,
-                        committed=v.committed,
-                        dropped=v.dropped,
-                        finished=v.finished,
-                    )
-                )
-            )
-            await writer.drain()
 
     # -- cloud-only and cloud-led modes --------------------------------------------------------
     async def _stream_tokens(self, s: Session, reader, writer, decoder: wire.FrameDecoder) -> None:
@@ -537,21 +427,9 @@ class CloudServer:
         writer.write(wire.encode(wire.Tokens(start=s.verifier.committed, tokens=(), finished=True, **step)))
         await writer.drain()
 
-    def _check_draft(self, s: Session, f: wire.Draft) -> None:
-        """What any DRAFT must be, in either mode: for this connection's session, ids in the target's vocabulary."""
-        V = self.target.vocab_size
-        if f.session != s.sid:
-            raise ProtocolError(
-                wire.ErrorCode.UNKNOWN_SESSION, f"DRAFT names session {f.session}, this connection holds {s.sid}"
-            )
-        if any(t >= V for t in f.tokens):
-            raise ProtocolError(wire.ErrorCode.OVER_LIMIT, "draft token id outside the target vocabulary")
-        if f.q is not None and any(t >= V for row in f.q for t, _ in row):
-            raise ProtocolError(wire.ErrorCode.OVER_LIMIT, "q row token id outside the target vocabulary")
-
     def _take_draft(self, s: Session, f: wire.Draft) -> None:
         """Put a cloud-led DRAFT on the session's board, after the checks a DRAFT gets in edge-led mode."""
-        self._check_draft(s, f)
+        check_draft(s, f, self.target.vocab_size)
         rule = s.verifier.rule
         if f.q is None and rule.info.needs_q and rule.name != "strict":
             raise ProtocolError(wire.ErrorCode.BAD_REQUEST, f"rule {rule} needs q rows with each DRAFT")
