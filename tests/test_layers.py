@@ -67,7 +67,6 @@ KNOWN_INNER: dict[str, str] = {
     "acespec.cloud.cli": "command line",
     # being edited on the lead's branch at the same time: its imports move up after the merge
     "acespec.bench.api": "the lead's branch",
-    "acespec.cloud.server": "the lead's branch",
     # runs on a lent GPU machine that has torch but maybe not numpy's array-API helpers
     # (scripts/gpu-check.sh): its own imports there are guarded by try/except on purpose
     "acespec.bench.gpu_profile": "bare GPU machine",

@@ -6,16 +6,22 @@ streams TOKENS in cloud-only mode, or in cloud-led mode, where it decodes withou
 verifies, before each step, the priced part of any edge DRAFT that agrees with the stream
 (`engine/board.py`, `control/lead.py`). PING is answered with PONG at any time.
 
+This module is the connection lifecycle: `CloudServer` listens (TCP, and WebSocket with
+`ServerConfig.ws_port`), limits connections per address and in total, hands each connection to the
+part that serves its mode, expires idle sessions, and drains on `stop()`. The parts, each with its
+own module:
+
+- `sessions.py`: the session table, and the HELLO / RESUME handshake (auth, limits, the session
+  secret; a session outlives its connection for `resume_grace_s` so an edge can RESUME);
+- `edge_led.py`: speculative sessions, DRAFT -> VERDICT;
+- `streaming.py`: cloud-only and cloud-led sessions, TOKENS, and the hold for a draft under a pass budget;
+- `conn.py`: what they share on a connection: reading frames under the deadlines, refusing;
+- `server_config.py`: `ServerConfig` (exported here too, with `ProtocolError`).
+
 Robustness rules: any malformed frame, wrong auth token, unknown session or over-limit request is
 answered with an ERROR frame (and a CLOSE) and that connection is closed; the server and every other
-session carry on. A session outlives its connection for `resume_grace_s` so an edge can RESUME;
-idle sessions expire.
-
-Trust (docs/design-notes.md, "Trust model"): a HELLO's token names its tenant; WELCOME gives the
-session a random id and a 32-byte secret, and only a RESUME with that secret, the same tenant's token
-and a digest of the same committed tokens reattaches it (anything else is UNKNOWN_SESSION; a wrong
-secret for a live session counts as a failed auth against the peer address). Every read after the handshake has a deadline once a
-frame has begun; connections are limited per address and in total; TLS with `ServerConfig.tls`.
+session carry on. Every read after the handshake has a deadline once a frame has begun; connections
+are limited per address and in total; TLS with `ServerConfig.tls`.
 
 The server owns the protocol only. Every session's target work goes through a verify engine
 (`engine.py`): by default the continuous-batching engine (`batched.py`), which keeps one KV sequence
@@ -26,8 +32,10 @@ is the old one-session-at-a-time behaviour, kept as a baseline.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import ssl
+import threading
 import time
 from collections import OrderedDict
 from typing import Any
@@ -35,11 +43,7 @@ from typing import Any
 from acespec import wire
 from acespec.cloud.conn import GOING_AWAY, FrameIO, ProtocolError, peer_addr
 from acespec.cloud.edge_led import DraftVerifier
-from acespec.cloud.engine import (
-    EngineStopped,
-    VerifyEngine,
-    make_engine,
-)
+from acespec.cloud.engine import EngineStopped, VerifyEngine, make_engine
 from acespec.cloud.server_config import ServerConfig
 from acespec.cloud.sessions import Session, SessionTable
 from acespec.cloud.streaming import TokenStreamer
@@ -54,6 +58,8 @@ __all__ = ["CloudServer", "CloudServerThread", "ProtocolError", "ServerConfig", 
 
 
 class CloudServer:
+    """Listens, takes connections, and hands each to the part that serves its session's mode."""
+
     def __init__(self, target: Model | VerifyEngine, config: ServerConfig | None = None) -> None:
         self.cfg = config or ServerConfig()
         self.engine = target if isinstance(target, VerifyEngine) else make_engine(self.cfg.engine, target)
@@ -93,6 +99,11 @@ class CloudServer:
         """Cloud-led pricing learned by earlier sessions, per (tenant, rule, temperature)."""
         return self._sessions.lead_memory
 
+    @lead_memory.setter
+    def lead_memory(self, memory: OrderedDict[tuple, LeadMemory]) -> None:
+        # `bench tenants` starts a cell's server from the memory its earlier cells left
+        self._sessions.lead_memory = memory
+
     @property
     def lead_holds(self) -> int:
         """Cloud-led steps that waited for a draft (only with a pass budget)."""
@@ -109,7 +120,7 @@ class CloudServer:
         return self._io.errors_sent
 
     def _end(self, s: Session) -> None:
-        """Forget a session now (what CLOSE and idle expiry do)."""
+        """Forget a session now (what CLOSE and idle expiry do; tests call it to lose one on purpose)."""
         self._sessions.end(s)
 
     # -- lifecycle --------------------------------------------------------------------------------
@@ -140,8 +151,6 @@ class CloudServer:
             self._sweeper.cancel()
         if self._gc_task is not None:
             self._gc_task.cancel()
-            import gc
-
             gc.unfreeze()  # what was frozen is the collector's again
         # Drain: blocks already received are still verified and their verdicts sent, then every edge
         # is told we are going away (CLOSE(GOING_AWAY): it reconnects, and if the cloud that answers
@@ -186,8 +195,6 @@ class CloudServer:
 
     def loop_alive(self, timeout: float) -> bool:
         """True when the event loop runs a callback within `timeout` seconds (GET /health)."""
-        import threading
-
         loop = self._loop
         if loop is None or loop.is_closed():
             return False
@@ -211,8 +218,6 @@ class CloudServer:
         objects that survived a second are frozen (moved where the collector no longer scans them), and
         once every `gc_full_s` everything is unfrozen, collected in full (the cycles of sessions that
         ended meanwhile go) and frozen again."""
-        import gc
-
         last_full = time.monotonic()
         # young collections less often: a verdict's short-lived objects die by reference count anyway
         gc.set_threshold(max(gc.get_threshold()[0], 20000), 50, 50)
@@ -318,8 +323,6 @@ class CloudServerThread:
     """Runs a `CloudServer` on its own event loop in a background thread (tests, demo, benchmarks)."""
 
     def __init__(self, target: Model | VerifyEngine, config: ServerConfig | None = None) -> None:
-        import threading
-
         self.server = CloudServer(target, config)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True, name="acespec-cloud")
