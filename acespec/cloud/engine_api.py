@@ -1,7 +1,7 @@
 """The verify engine: what owns the target model, its KV memory and the scheduling of every session's work.
 
-The cloud server (`server.py`) speaks the protocol: sessions, auth, frames, resume. Everything that
-touches the target goes through one `VerifyEngine`:
+The cloud server (`server.py`, `sessions.py`, `edge_led.py`, `streaming.py`) speaks the protocol: sessions,
+auth, frames, resume. Everything that touches the target goes through one `VerifyEngine`:
 
     s = await engine.open(spec)                       # a new session (EngineBusy: no room, retry later)
     v = await engine.verify(s, seq, base, tokens, q)  # one draft block -> its Verdict

@@ -1,6 +1,6 @@
 """The edge side of a cloud-led session: follow the cloud's token stream and draft ahead of it.
 
-The cloud decodes without waiting (`cloud/server.py`, cloud-led mode) and streams each step's tokens.
+The cloud decodes without waiting (`cloud/streaming.py`, cloud-led mode) and streams each step's tokens.
 The edge keeps a *chain*: its drafter's guess of the tokens after everything it has seen streamed. It
 drafts the chain ahead, a few tokens at a time, and uploads it as a DRAFT keyed by the committed
 length it follows (`base`). When a step's tokens arrive:
