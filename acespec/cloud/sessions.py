@@ -176,7 +176,7 @@ class SessionTable:
             raise ProtocolError(wire.ErrorCode.OVER_LIMIT, "prompt token id outside the target vocabulary")
         if self._draining():  # a HELLO that was already on its way when stop() began: send it elsewhere
             raise ProtocolError(wire.ErrorCode.BUSY, "this replica is draining; open the session on another")
-        if len(self.sessions) + self.opening > self.cfg.max_sessions:  # _opening counts this one
+        if len(self.sessions) + self.opening > self.cfg.max_sessions:  # opening counts this one
             raise ProtocolError(wire.ErrorCode.BUSY, f"the server holds {self.cfg.max_sessions} sessions; retry later")
         spec = SessionSpec(
             tuple(h.prompt),
