@@ -35,3 +35,17 @@ def test_bench_apps_refuses_a_bad_list_with_a_clear_error():
     p = subprocess.run([sys.executable, "-m", "acespec.cli", "bench", "apps", *TOY, "--chats", "one"],
                        capture_output=True, text=True, timeout=60)
     assert p.returncode != 0 and "--chats must be a comma-separated list of integers" in p.stderr
+
+
+def test_with_repeats_a_requests_speed_is_the_median_of_its_runs():
+    from acespec.bench.apps import summarize
+
+    def row(mode, prompt, tok_s, rep):
+        return {"rtt_ms": 0, "set": "humaneval", "chats": 1, "mode": mode, "prompt": prompt, "turn": 0,
+                "repeat": rep, "tok_s": tok_s, "ttft_s": 1.0, "text": "t", "tokens": 8, "target_passes": 8}
+
+    # cloud-only's runs of prompt a: 10, 12, 30 (one run whose prefill was fast) -> median 12
+    rows = [row("cloud-only", "a", v, i) for i, v in enumerate((10.0, 12.0, 30.0))]
+    rows += [row("auto", "a", v, i) for i, v in enumerate((12.0, 11.0, 13.0))]  # median 12
+    m = summarize(rows, ["auto"])["0|humaneval|1"]["auto"]
+    assert m["speed_median"] == m["speed_worst"] == 1.0 and m["requests"] == 3

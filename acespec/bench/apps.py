@@ -12,6 +12,9 @@ official `openai` client then streams chat completions through the edge, as an a
 - with `--chats N`, N conversations run at once, each on its own prompt (a prompt group);
 - each conversation has `--turns` turns: the next turn sends the whole conversation, the model's own
   answer included, and one more user message;
+- with `--repeats R`, each prompt runs R times in every mode (who goes first rotating each time), and a
+  request's speed is the median of its runs: on a machine whose prefill time varies by a third from run
+  to run, one run compares the runs more than the modes;
 - the cloud keeps no closed session's prompt KV for the next (`--no-prefix-reuse`), as in the demo, or
   the first mode to run a prompt would pay its prefill and the others not; `--prefix-reuse` measures
   conversations as a cloud serves them, each prompt first run once, untimed, for every mode alike.
@@ -61,6 +64,13 @@ def add_parser(bench_subparsers: argparse._SubParsersAction) -> argparse.Argumen
     p.add_argument("--n-prompts", type=pos_int, default=4, help="prompts per set (default 4)")
     p.add_argument("--chats", default="1,4", help="conversations at once, a list (default 1,4)")
     p.add_argument("--turns", type=pos_int, default=2, help="turns per conversation (default 2)")
+    p.add_argument(
+        "--repeats",
+        type=pos_int,
+        default=1,
+        help="runs of each prompt in each mode (default 1); a prompt's speed is its runs' median, so a "
+        "machine whose prefill varies from run to run compares modes, not runs",
+    )
     p.add_argument("--rtts", default="0,100,250", help="round-trip times in ms, a list (default 0,100,250)")
     p.add_argument("--max-tokens", type=pos_int, default=64)
     p.add_argument("--rule", default="greedy", help="verification rule (default greedy)")
@@ -272,19 +282,21 @@ def cmd_bench_apps(args: argparse.Namespace) -> int:
                 for n in chats:
                     groups = [prompts[s][i : i + n] for i in range(0, len(prompts[s]), n)]
                     for g, group in enumerate(groups):
-                        order = all_modes[g % len(all_modes) :] + all_modes[: g % len(all_modes)]
                         if args.prefix_reuse:  # every mode then finds each prompt's KV cached, not only the later ones
                             for _, text in group:
                                 chat_once(client, [{"role": "user", "content": text}], "cloud-only", warm)
-                        for mode in order:
-                            got = run_group(client, group, mode, args)
-                            rows += [r | {"rtt_ms": rtt, "set": s, "chats": n} for r in got]
-                            print(
-                                f"  rtt {rtt} ms, {s}, {n} chat(s), group {g}, {mode}: "
-                                + ", ".join(f"{r['tok_s']:.1f} tok/s" for r in got),
-                                file=sys.stderr,
-                                flush=True,
-                            )
+                        for rep in range(args.repeats):
+                            first = g + rep  # who goes first rotates over groups and over repeats
+                            order = all_modes[first % len(all_modes) :] + all_modes[: first % len(all_modes)]
+                            for mode in order:
+                                got = run_group(client, group, mode, args)
+                                rows += [r | {"rtt_ms": rtt, "set": s, "chats": n, "repeat": rep} for r in got]
+                                print(
+                                    f"  rtt {rtt} ms, {s}, {n} chat(s), group {g}, run {rep + 1}, {mode}: "
+                                    + ", ".join(f"{r['tok_s']:.1f} tok/s" for r in got),
+                                    file=sys.stderr,
+                                    flush=True,
+                                )
         finally:
             kids.stop_all()
     result = {
@@ -334,6 +346,14 @@ def _pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, max(0, round(q * (len(xs) - 1))))] if xs else float("nan")
 
 
+def _speeds(rows: list[dict]) -> dict[tuple, float]:
+    """Each request's (prompt, turn) speed in tokens/s: the median of its runs (`--repeats`)."""
+    runs: dict[tuple, list[float]] = {}
+    for r in rows:
+        runs.setdefault((r["prompt"], r["turn"]), []).append(r["tok_s"])
+    return {k: statistics.median(v) for k, v in runs.items()}
+
+
 def summarize(rows: list[dict], modes: list[str]) -> dict:
     """Per (rtt, set, chats) cell and mode: the figures the module docstring lists."""
     cells: dict[tuple, dict] = {}
@@ -342,16 +362,13 @@ def summarize(rows: list[dict], modes: list[str]) -> dict:
     out = {}
     for (rtt, s, n), by in sorted(cells.items()):
         base = {(r["prompt"], r["turn"]): r for r in by.get("cloud-only", [])}
+        base_speed = _speeds(by.get("cloud-only", []))
         cell = {}
         for mode in ["cloud-only", *modes]:
             rs = by.get(mode, [])
             if not rs:
                 continue
-            ratios = [
-                r["tok_s"] / base[k]["tok_s"]
-                for r in rs
-                if (k := (r["prompt"], r["turn"])) in base and base[k]["tok_s"] > 0
-            ]
+            ratios = [v / base_speed[k] for k, v in _speeds(rs).items() if base_speed.get(k, 0) > 0]
             ttft = [r["ttft_s"] for r in rs]
             t1 = [r["ttft_s"] for r in rs if r["turn"] == 0]
             t2 = [r["ttft_s"] for r in rs if r["turn"] == 1]
@@ -378,7 +395,8 @@ def format_table(result: dict) -> str:
     budget = "" if math.isinf(cfg["lead_pass_budget"]) else f", cloud pass budget {cfg['lead_pass_budget']:g}"
     lines = [
         f"=== acespec bench apps: cores {cfg['cores']}, rule {cfg['rule']}, T {cfg['temperature']:g}, "
-        f"{cfg['max_tokens']} tokens, {cfg['turns']} turn(s){budget}; against cloud-only in the same run ==="
+        f"{cfg['max_tokens']} tokens, {cfg['turns']} turn(s), {cfg.get('repeats', 1)} run(s) each{budget}; "
+        "against cloud-only in the same run ==="
     ]
     head = (
         f"{'mode':<11}{'speed p50':>10}{'worst':>8}{'TTFT p50':>10}{'p99':>8}{'TTFT/c-o':>10}"
@@ -396,7 +414,7 @@ def format_table(result: dict) -> str:
                 f"{'yes' if m['same_text'] else 'NO':>10}"
             )
     lines.append(
-        "\nspeed: completion tokens / request wall time, as a ratio to the same request in cloud-only "
-        "(median, worst); turn2 TTFT: the first turn's median TTFT over the second's"
+        "\nspeed: completion tokens / request wall time (a request's median over its runs), as a ratio to "
+        "the same request in cloud-only (median, worst over requests); turn2 TTFT: the first turn's median TTFT over the second's"
     )
     return "\n".join(lines)
