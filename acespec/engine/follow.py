@@ -29,8 +29,12 @@ add stays idle (and so does the uplink).
 The user's tokens never wait on the drafter's long calls: the prompt's prefill (a laptop drafter
 takes seconds over a long prompt, where a GPU cloud streams from its first 50 ms), and catching up
 on what the stream committed while the drafter rested, run as a `DrafterJob` beside the loop, which
-goes on handing the stream's tokens over and leaves the drafter alone until the job is done. Only
-the short draft calls (`chunk` tokens) run in the loop.
+goes on handing the stream's tokens over and leaves the drafter alone until the job is done
+(`engine/handoff.py`). Only the short draft calls (`chunk` tokens) run in the loop.
+
+The loop's state comes in parts, each a small class below: the stream (`_Stream`), the chain
+(`_Chain`), its branches (`_Branches`), the uploads (`_Uploads`, with the uplink's backoff,
+`engine/backoff.py`), and the drafter's hand-off (`DrafterHandoff`).
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from acespec.draft.chain import ChainDrafter
+from acespec.engine.backoff import UplinkBackoff
 from acespec.engine.handoff import DrafterHandoff, DrafterJob, Spawn
 from acespec.engine.loop import ORIGIN_DRAFT, ORIGIN_TARGET, LoopResult, Round
 from acespec.engine.records import Disconnected
@@ -134,51 +139,6 @@ class LeadDepth:
         a = min(max(self.accept, 1e-3), 0.999)
         worth = math.ceil(math.log(0.1) / math.log(a))  # a^worth <= 0.1: deeper tokens rarely survive
         return max(1, min(self.cfg.max_lead, transit + worth))
-
-
-@dataclass
-class UplinkBackoff:
-    """Whether to draft and upload now. While the cloud verifies none of this edge's drafts, step after
-    step (its pricer finds them not worth a pass, or they are wrong), every upload only costs the cloud
-    a frame to decode and the edge its drafter: after `idle_after` such steps the edge sends one short
-    draft per `gap` steps, the gap doubling up to `gap_max`, and goes back to drafting freely the first
-    step the cloud verifies one (the cloud's occasional probe of a draft is what brings it back).
-
-    Only a step that says something about the drafts counts: one that broke the chain, one our
-    uploaded chain reached in time and the cloud passed over, or any step while the drafter is slower
-    than the stream (a chain that falls behind never gets ahead again). Steps while a faster drafter's
-    chain is still catching up after a miss, or its upload is on the way, say nothing: on a fast
-    target (18 ms a step) at 100 ms RTT that catch-up alone is about 16 steps, and counting it rested a
-    drafter whose drafts the cloud was taking (`acespec bench sim --profile edge-npu+h200`: 1.04x
-    cloud-only instead of 1.27x).
-    Shared by the edge (`FollowLoop`) and the benchmarks' replay edges."""
-
-    idle_after: int = 16
-    gap_max: int = 64
-    ignored: int = 0  # steps in a row, since a draft went up, with none verified
-    gap: int = 0  # steps between uploads while backing off (0: upload freely)
-    since: int = 0  # steps since the last upload
-    sent_any: bool = False
-
-    def step(self, drafted: int, telling: bool = True) -> None:
-        """One step of the stream; `drafted`: draft tokens of ours it verified; `telling`: whether the
-        step broke our chain, passed over a draft of ours that had reached the cloud in time, or came
-        while the drafter is slower than the stream."""
-        self.since += 1
-        if drafted:
-            self.ignored, self.gap = 0, 0
-        elif self.sent_any and telling:
-            self.ignored += 1
-            if self.ignored >= self.idle_after and not self.gap:
-                self.gap, self.since = self.idle_after, 0
-
-    def may_send(self) -> bool:
-        return not self.gap or self.since >= self.gap
-
-    def sent(self) -> None:
-        if self.gap:  # an upload the backoff let through: the next one waits twice as long, unless it is used
-            self.gap = min(2 * self.gap, self.gap_max)
-        self.sent_any, self.since = True, 0
 
 
 @dataclass
