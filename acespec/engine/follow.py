@@ -143,9 +143,11 @@ class LeadDepth:
 
 @dataclass
 class _Branch:
+    """One pre-drafted miss: an alternative to a chain token and what the drafter wrote after it."""
+
     alt: int  # the token it assumes the stream takes instead of the chain's
     tokens: list[int]  # what the drafter wrote after it
-    alts: list[tuple[int, float, float]]  # their alternatives (as `chain_alt`), should it become the chain
+    alts: list[tuple[int, float, float]]  # their alternatives (as `_Chain.alt`), should it become the chain
     slot: int  # the drafter KV sequence holding it
 
 
@@ -259,6 +261,7 @@ class _Uploads:
         return self.backoff.may_send() and (self.sent_gen != gen or end >= self.sent_end + resend)
 
     def record(self, gen: int, end: int, at: float) -> None:
+        """A chain of generation `gen`, ending at `end`, went up at `at`."""
         self.sent_gen, self.sent_end = gen, end
         self.up_gen, self.up_at = gen, at
         self.sent += 1
@@ -306,8 +309,8 @@ class FollowLoop:
         sharing one box's cores). Until then, and with neither, the loop just follows the stream."""
         # fixed for the run: what the caller gave
         self.link = link  # steps down, drafts up
-        self.cfg = config
-        self.clock = clock
+        self.cfg = config  # depths, chunk sizes, the backoff's and the branches' settings
+        self.clock = clock  # the loop's time (virtual in the simulator)
         self.on_tokens = on_tokens  # each step's new tokens, as the user gets them
         self.on_round = on_round  # each step, as a `Round`
         self.should_stop = should_stop  # polled once a turn: the caller may end the run early
@@ -318,7 +321,7 @@ class FollowLoop:
         self.uploads = _Uploads(UplinkBackoff(config.idle_after, config.idle_gap_max))
         self.handoff = DrafterHandoff(None, job, spawn, source, after_first)
         self.depth = LeadDepth(config)  # the stream's rate and the cloud's acceptance: how long a chain to keep
-        self.stats = RunStats()
+        self.stats = RunStats()  # the run's record, as every loop reports it
         if drafter is not None:
             self._bind(drafter)
 
