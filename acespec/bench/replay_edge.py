@@ -20,7 +20,8 @@ import time
 from dataclasses import dataclass, field
 
 from acespec import wire
-from acespec.engine.follow import FollowConfig, UplinkBackoff
+from acespec.engine.backoff import UplinkBackoff
+from acespec.engine.follow import FollowConfig
 from acespec.engine.stats import RunStats
 
 LEAD = 12  # cloud-led: tokens the replayed chain runs ahead of the stream

@@ -33,7 +33,8 @@ from acespec.draft.cache import CacheConfig, StateCache
 from acespec.draft.chain import ChainDrafter
 from acespec.draft.prediction import PredictedDrafter, Prediction
 from acespec.edge.client import CloudSession, ConnectConfig, EdgeError, TcpLeadLink, TcpTransport, link_failure
-from acespec.engine.follow import FollowConfig, FollowLoop, StreamError, ThreadJob
+from acespec.engine.follow import FollowConfig, FollowLoop, StreamError
+from acespec.engine.handoff import ThreadJob
 from acespec.engine.loop import ORIGIN_TARGET, LoopConfig, LoopResult, Round, SpecLoop
 from acespec.engine.stats import RunStats
 from acespec.engine.transport import Clock, Transport

@@ -29,23 +29,27 @@ add stays idle (and so does the uplink).
 The user's tokens never wait on the drafter's long calls: the prompt's prefill (a laptop drafter
 takes seconds over a long prompt, where a GPU cloud streams from its first 50 ms), and catching up
 on what the stream committed while the drafter rested, run as a `DrafterJob` beside the loop, which
-goes on handing the stream's tokens over and leaves the drafter alone until the job is done. Only
-the short draft calls (`chunk` tokens) run in the loop.
+goes on handing the stream's tokens over and leaves the drafter alone until the job is done
+(`engine/handoff.py`). Only the short draft calls (`chunk` tokens) run in the loop.
+
+The loop's state comes in parts, each a small class below: the stream (`_Stream`), the chain
+(`_Chain`), its branches (`_Branches`), the uploads (`_Uploads`, with the uplink's backoff,
+`engine/backoff.py`), and the drafter's hand-off (`DrafterHandoff`).
 """
 
 from __future__ import annotations
 
-import functools
 import math
-import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from acespec.draft.chain import ChainDrafter
+from acespec.engine.backoff import UplinkBackoff
+from acespec.engine.handoff import DrafterHandoff, DrafterJob, Spawn
 from acespec.engine.loop import ORIGIN_DRAFT, ORIGIN_TARGET, LoopResult, Round
 from acespec.engine.records import Disconnected
 from acespec.engine.stats import RunStats
@@ -138,90 +142,12 @@ class LeadDepth:
 
 
 @dataclass
-class UplinkBackoff:
-    """Whether to draft and upload now. While the cloud verifies none of this edge's drafts, step after
-    step (its pricer finds them not worth a pass, or they are wrong), every upload only costs the cloud
-    a frame to decode and the edge its drafter: after `idle_after` such steps the edge sends one short
-    draft per `gap` steps, the gap doubling up to `gap_max`, and goes back to drafting freely the first
-    step the cloud verifies one (the cloud's occasional probe of a draft is what brings it back).
-
-    Only a step that says something about the drafts counts: one that broke the chain, one our
-    uploaded chain reached in time and the cloud passed over, or any step while the drafter is slower
-    than the stream (a chain that falls behind never gets ahead again). Steps while a faster drafter's
-    chain is still catching up after a miss, or its upload is on the way, say nothing: on a fast
-    target (18 ms a step) at 100 ms RTT that catch-up alone is about 16 steps, and counting it rested a
-    drafter whose drafts the cloud was taking (`acespec bench sim --profile edge-npu+h200`: 1.04x
-    cloud-only instead of 1.27x).
-    Shared by the edge (`FollowLoop`) and the benchmarks' replay edges."""
-
-    idle_after: int = 16
-    gap_max: int = 64
-    ignored: int = 0  # steps in a row, since a draft went up, with none verified
-    gap: int = 0  # steps between uploads while backing off (0: upload freely)
-    since: int = 0  # steps since the last upload
-    sent_any: bool = False
-
-    def step(self, drafted: int, telling: bool = True) -> None:
-        """One step of the stream; `drafted`: draft tokens of ours it verified; `telling`: whether the
-        step broke our chain, passed over a draft of ours that had reached the cloud in time, or came
-        while the drafter is slower than the stream."""
-        self.since += 1
-        if drafted:
-            self.ignored, self.gap = 0, 0
-        elif self.sent_any and telling:
-            self.ignored += 1
-            if self.ignored >= self.idle_after and not self.gap:
-                self.gap, self.since = self.idle_after, 0
-
-    def may_send(self) -> bool:
-        return not self.gap or self.since >= self.gap
-
-    def sent(self) -> None:
-        if self.gap:  # an upload the backoff let through: the next one waits twice as long, unless it is used
-            self.gap = min(2 * self.gap, self.gap_max)
-        self.sent_any, self.since = True, 0
-
-
-class DrafterJob(ABC):
-    """Drafter work running beside the follow loop (the prompt's prefill, a catch-up)."""
-
-    @abstractmethod
-    def done(self) -> bool: ...
-
-    @abstractmethod
-    def wait(self) -> None:
-        """Block until it is done; re-raise what it raised."""
-
-
-class ThreadJob(DrafterJob):
-    """A job on a thread of its own: llama.cpp releases the GIL while it computes."""
-
-    def __init__(self, fn: Callable[[], None], name: str = "acespec-drafter-job") -> None:
-        self._error: BaseException | None = None
-
-        def body() -> None:
-            try:
-                fn()
-            except BaseException as e:  # re-raised by wait(), in the loop's thread
-                self._error = e
-
-        self._thread = threading.Thread(target=body, name=name, daemon=True)
-        self._thread.start()
-
-    def done(self) -> bool:
-        return not self._thread.is_alive()
-
-    def wait(self) -> None:
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
-
-
-@dataclass
 class _Branch:
+    """One pre-drafted miss: an alternative to a chain token and what the drafter wrote after it."""
+
     alt: int  # the token it assumes the stream takes instead of the chain's
     tokens: list[int]  # what the drafter wrote after it
-    alts: list[tuple[int, float, float]]  # their alternatives (as `chain_alt`), should it become the chain
+    alts: list[tuple[int, float, float]]  # their alternatives (as `_Chain.alt`), should it become the chain
     slot: int  # the drafter KV sequence holding it
 
 
@@ -234,7 +160,128 @@ def _alternatives(blk) -> list[tuple[int, float, float]]:
     return out
 
 
+# -- the loop's state, in parts -------------------------------------------------------------------------
+# Each part groups the fields that change together; the loop's steps say which part they touch. Only the
+# loop's thread reads or writes any of them (a job beside the loop touches the drafter alone: `handoff`).
+
+
+@dataclass
+class _Stream:
+    """What the cloud has committed, as the edge received it."""
+
+    prompt: list[int]  # the prompt's tokens
+    committed: list[int]  # the prompt, then every token streamed since
+    t0: float = 0.0  # when the run started (the loop's clock): the user's token times count from here
+    last_arrival: float | None = None  # when the previous step arrived: the gaps give the stream's rate
+
+    def generated(self) -> int:
+        """Tokens streamed so far."""
+        return len(self.committed) - len(self.prompt)
+
+
+@dataclass
+class _Chain:
+    """The drafter's guess of the tokens after the committed ones."""
+
+    tokens: list[int] = field(default_factory=list)  # the guess; tokens[0] follows the last committed token
+    q: list[np.ndarray] = field(default_factory=list)  # [V] per token, for rules that need q
+    alt: list[tuple[int, float, float]] = field(default_factory=list)  # per token, while branching:
+    #                                                    (the drafter's second choice, its q, q of the token)
+    gen: int = 0  # the chain's generation: a break starts a new one (uploads are keyed by it)
+    breaks: int = 0  # breaks so far (stats)
+
+    def pop(self) -> None:
+        """The stream took the head: the drafter's KV already holds it, the rest stays good."""
+        del self.tokens[0]
+        if self.q:
+            del self.q[0]
+        if self.alt:
+            del self.alt[0]
+
+    def restart(self) -> None:
+        """The stream took another token: the guess is void, and drafting starts over after it."""
+        self.breaks += 1
+        self.gen += 1
+        self.tokens.clear()
+        self.q.clear()
+        self.alt.clear()
+
+    def adopt(self, b: _Branch) -> None:
+        """The stream took branch `b`'s alternative: its continuation is the guess now (same generation:
+        the cloud holds the tree it came in)."""
+        self.tokens, self.alt, self.q = list(b.tokens), list(b.alts), []
+
+
+@dataclass
+class _Branches:
+    """Pre-drafted misses: at chain positions where one is likely, the drafter's second choice and a
+    continuation after it, each in a drafter KV slot of its own."""
+
+    enabled: bool = False  # whether this run drafts branches (branch_len > 0, spare KV slots, no q rows)
+    main: int = 0  # the drafter KV slot that holds the chain
+    free: list[int] = field(default_factory=list)  # KV slots no branch holds, for the next branch
+    at: dict[int, _Branch] = field(default_factory=dict)  # absolute position of its alternative -> branch
+    nomore: int = -1  # chain end (absolute) at which no position was left worth a branch
+    drafted: int = 0  # branches drafted (stats)
+    taken: int = 0  # branches the stream took (stats)
+
+    def void(self, pos: int) -> None:
+        """The stream went the chain's way at `pos`: the branch there can never be taken."""
+        self.free.append(self.at.pop(pos).slot)
+
+    def drop(self, keep: int | None = None) -> None:
+        """Free every branch's slot but the one at `keep`'s."""
+        for pos in [p for p in self.at if p != keep]:
+            self.free.append(self.at.pop(pos).slot)
+
+    def adopt(self, pos: int) -> _Branch:
+        """The stream took the branch at `pos`: its slot holds the chain now, every other slot is free."""
+        b = self.at[pos]
+        self.drop(keep=pos)
+        del self.at[pos]
+        self.free.append(self.main)
+        self.main = b.slot
+        self.taken += 1
+        return b
+
+
+@dataclass
+class _Uploads:
+    """What went up to the cloud, and whether more may go."""
+
+    backoff: UplinkBackoff  # rests the drafter and the uplink while the cloud verifies none of our drafts
+    sent_gen: int = -1  # the chain generation of the last upload (-1: upload again at the next chance)
+    sent_end: int = 0  # where the last upload's chain ended (base + length); a branch taken moves it
+    up_gen: int = -1  # the chain generation the cloud holds (the last upload's; -1: none, as after a resume)
+    up_at: float = 0.0  # when that upload went up (the loop's clock)
+    sent: int = 0  # drafts sent (stats)
+
+    def due(self, gen: int, end: int, resend: int) -> bool:
+        """Whether to upload a chain of generation `gen` ending at `end`: a new one, or one grown by `resend`."""
+        return self.backoff.may_send() and (self.sent_gen != gen or end >= self.sent_end + resend)
+
+    def record(self, gen: int, end: int, at: float) -> None:
+        """A chain of generation `gen`, ending at `end`, went up at `at`."""
+        self.sent_gen, self.sent_end = gen, end
+        self.up_gen, self.up_at = gen, at
+        self.sent += 1
+        self.backoff.sent()
+
+    def held(self, gen: int, start: int, arrived: float, rtt: float) -> bool:
+        """Whether the cloud held our chain (generation `gen`) for a step from `start` that arrived at
+        `arrived`: it went up a round trip before the step came back, and reached past `start`."""
+        return self.up_gen == gen and start < self.sent_end and self.up_at <= arrived - rtt
+
+    def forget(self) -> None:
+        """A new session's board is empty: upload again."""
+        self.sent_gen = self.up_gen = -1
+
+
 class FollowLoop:
+    """The edge's cloud-led loop. Its state: the `stream` (committed tokens), the `chain` and its
+    `branches`, the `uploads`, and the drafter's `handoff` (which job, if any, holds it); `depth` prices
+    the chain's length; `stats` is the run's record."""
+
     def __init__(
         self,
         link: LeadLink,
@@ -247,7 +294,7 @@ class FollowLoop:
         should_stop: Callable[[], bool] | None = None,
         clock: Clock = time.perf_counter,
         job: DrafterJob | None = None,
-        spawn: Callable[[Callable[[], None]], DrafterJob] | None = None,
+        spawn: Spawn | None = None,
         source: Callable[[], ChainDrafter | None] | None = None,
         after_first: bool = False,
     ) -> None:
@@ -260,93 +307,82 @@ class FollowLoop:
         everything committed so far. `after_first`: ask only once the stream's first token is here, so
         the drafter's prefill never competes with the cloud's for a first token (an edge and a cloud
         sharing one box's cores). Until then, and with neither, the loop just follows the stream."""
-        self.link = link
-        self.prompt = [int(t) for t in prompt]
-        self.cfg = config
-        self.on_tokens = on_tokens
-        self.on_round = on_round
-        self.should_stop = should_stop
-        self.clock = clock
-        self.depth = LeadDepth(config)
-        self.uplink = UplinkBackoff(config.idle_after, config.idle_gap_max)
-        self.stats = RunStats()
-        self.committed = list(self.prompt)
-        self.chain: list[int] = []  # the drafter's guess after `committed`
-        self.chain_q: list[np.ndarray] = []  # [V] per chain token, rules that need q
-        self.chain_alt: list[tuple[int, float, float]] = []  # per chain token: (second choice, its q, q of the token)
-        self.branches: dict[int, _Branch] = {}  # absolute position of its alternative -> branch
-        self._nomore = -1  # chain end (absolute) at which no position was left worth a branch
-        self.branches_drafted = 0
-        self.branches_taken = 0
-        self._gen = 0  # the chain's generation: a break starts a new one
-        self._sent_gen = -1  # generation of the last upload
-        self._sent_end = 0  # where the last upload's chain ended (base + length)
-        self._up_gen = -1  # the chain generation the cloud holds (the last upload's)
-        self._up_at = 0.0  # when it went up (the loop's clock)
-        self.drafts_sent = 0
-        self.chain_breaks = 0
-        self._job = job  # while it runs, the loop leaves the drafter alone
-        self._spawn = spawn
-        self.catch_ups = 0
-        self._source = source
-        self._after_first = after_first
-        self.drafter_joined_at: int | None = None  # tokens streamed when a late drafter joined
-        self.drafter: ChainDrafter | None = None
-        self.needs_q, self.branching, self._main = False, False, 0
-        self._free: list[int] = []  # KV slots for branches
+        # fixed for the run: what the caller gave
+        self.link = link  # steps down, drafts up
+        self.cfg = config  # depths, chunk sizes, the backoff's and the branches' settings
+        self.clock = clock  # the loop's time (virtual in the simulator)
+        self.on_tokens = on_tokens  # each step's new tokens, as the user gets them
+        self.on_round = on_round  # each step, as a `Round`
+        self.should_stop = should_stop  # polled once a turn: the caller may end the run early
+        # the state, in parts
+        self.stream = _Stream(prompt=[int(t) for t in prompt], committed=[int(t) for t in prompt])
+        self.chain = _Chain()
+        self.branches = _Branches()
+        self.uploads = _Uploads(UplinkBackoff(config.idle_after, config.idle_gap_max))
+        self.handoff = DrafterHandoff(None, job, spawn, source, after_first)
+        self.depth = LeadDepth(config)  # the stream's rate and the cloud's acceptance: how long a chain to keep
+        self.stats = RunStats()  # the run's record, as every loop reports it
         if drafter is not None:
             self._bind(drafter)
 
+    # the figures other code reads off a loop
+    @property
+    def drafts_sent(self) -> int:
+        return self.uploads.sent
+
+    @property
+    def drafter_joined_at(self) -> int | None:
+        return self.handoff.joined_at
+
+    @property
+    def needs_q(self) -> bool:
+        return self.handoff.needs_q
+
+    @needs_q.setter
+    def needs_q(self, value: bool) -> None:  # a test sends token-only drafts with a drafter that keeps q
+        self.handoff.needs_q = value
+
     def _bind(self, drafter: ChainDrafter) -> None:
         """Take `drafter` for the rest of the run: its rule's needs and the KV slots its branches may use."""
-        self.drafter = drafter
-        self.needs_q = drafter.rule.info.needs_q
+        self.handoff.bind(drafter)
         model = drafter.model
-        self._main = model.slot
-        self._free = [s for s in range(model.n_slots) if s != model.slot][
-            : self.cfg.max_branches
-        ]  # KV slots for branches
-        self.branching = self.cfg.branch_len > 0 and bool(self._free) and not self.needs_q
-
-    def _bound(self) -> ChainDrafter:
-        """The drafter: the loop drafts only once one is bound (`_want` is 0 until then)."""
-        assert self.drafter is not None, "the loop drafts only with a bound drafter"
-        return self.drafter
+        self.branches.main = model.slot
+        self.branches.free = [s for s in range(model.n_slots) if s != model.slot][: self.cfg.max_branches]
+        self.branches.enabled = self.cfg.branch_len > 0 and bool(self.branches.free) and not self.handoff.needs_q
 
     def _join(self) -> bool:
         """A late drafter, if the source has one now: bound, and its prefill started beside the loop."""
-        if self._source is None or (self._after_first and self.stats.emitted == 0):
-            return False
-        drafter = self._source()
+        drafter = self.handoff.late(self.stats.emitted)
         if drafter is None:
             return False
-        self._source = None
         self._bind(drafter)
-        self.drafter_joined_at = self.stats.emitted
-        ctx = list(self.committed)
-        if self._spawn is not None:
-            self._job = self._spawn(lambda: drafter.prefill(ctx))
+        self.handoff.prefill_late(self.stream.committed, self.stats.emitted)
         return True
+
+    def _rtt(self) -> float:
+        """The link's round trip, or the configured prior until the link has measured one."""
+        rtt = self.link.rtt_s()
+        return self.cfg.prior_rtt_s if rtt is None else rtt
 
     def run(self, t0: float | None = None) -> LoopResult:
         t0 = self.clock() if t0 is None else t0
-        self._t0 = t0
-        self._last_arrival: float | None = None
+        self.stream.t0, self.stream.last_arrival = t0, None
         try:
             return self._follow(t0)
         finally:
-            if self._job is not None:  # the drafter must be idle before its owner uses it again
-                job, self._job = self._job, None
-                job.wait()
+            self.handoff.settle()
 
     def _follow(self, t0: float) -> LoopResult:
+        """Turn after turn: take what the stream sent (stream, chain, branches), then one piece of drafter
+        work (handoff, chain or branches), then upload the chain if it is new or has grown (uploads)."""
+        stream, chain, cfg = self.stream, self.chain, self.cfg
         finished = False
         while not finished:
             if self.should_stop is not None and self.should_stop():
                 break
             busy = self._want() > 0 or self._can_branch()
-            waiting = self._job is not None or (self._source is not None and self.stats.emitted > 0)
-            got = self.link.recv(0 if busy else self.cfg.poll_s if waiting else None)
+            waiting = self.handoff.waiting(self.stats.emitted)
+            got = self.link.recv(0 if busy else cfg.poll_s if waiting else None)
             while got is not None:
                 if isinstance(got, Disconnected):
                     self._resume()
@@ -358,166 +394,142 @@ class FollowLoop:
             want = self._want()
             if (
                 want > 0
-                and self._spawn is not None
-                and not self.chain
-                and not self.branches
-                and self._bound().missing(self.committed) > self.cfg.catch_up_after
+                and not chain.tokens
+                and not self.branches.at
+                and self.handoff.should_catch_up(stream.committed, cfg.catch_up_after)
             ):
-                drafter, ctx = self._bound(), list(self.committed)
-                self._job = self._spawn(functools.partial(drafter.prefill, ctx))  # this catch-up's own context
-                self.catch_ups += 1
+                self.handoff.catch_up(stream.committed)
             elif want > 0:  # a few tokens between looks at the stream; what costs nothing (a prediction) at once
-                ahead = self._bound().free_ahead(self.committed + self.chain)
-                self._draft(max(min(want, self.cfg.chunk), min(want, ahead)))
+                ahead = self.handoff.bound().free_ahead(stream.committed + chain.tokens)
+                self._draft(max(min(want, cfg.chunk), min(want, ahead)))
             elif self._can_branch():
                 self._draft_branch()
-            if (
-                self.chain
-                and self.uplink.may_send()
-                and (
-                    self._sent_gen != self._gen
-                    or len(self.committed) + len(self.chain) >= self._sent_end + self.cfg.resend
-                )
-            ):
+            if chain.tokens and self.uploads.due(chain.gen, len(stream.committed) + len(chain.tokens), cfg.resend):
                 self._upload()
         self.stats.wall_s = self.clock() - t0
         self.stats.cache.update(
             {
-                "drafts_sent": self.drafts_sent,
-                "chain_breaks": self.chain_breaks,
-                "branches_drafted": self.branches_drafted,
-                "branches_taken": self.branches_taken,
-                "catch_ups": self.catch_ups,
-                "drafter_joined_at": self.drafter_joined_at,
+                "drafts_sent": self.uploads.sent,
+                "chain_breaks": chain.breaks,
+                "branches_drafted": self.branches.drafted,
+                "branches_taken": self.branches.taken,
+                "catch_ups": self.handoff.catch_ups,
+                "drafter_joined_at": self.handoff.joined_at,
             }
         )
-        return LoopResult(self.committed[len(self.prompt) :], self.stats, finished)
+        return LoopResult(stream.committed[len(stream.prompt) :], self.stats, finished)
 
     # -- drafting ------------------------------------------------------------------------------------
     def _want(self) -> int:
         """Tokens to draft now: up to the lead depth, never past the generation budget (a chain that
         long is of no use, and polling for it would spin)."""
-        if self.drafter is None:
+        if self.handoff.drafter is None:
             self._join()
             return 0
-        if not self.uplink.may_send():
+        if not self.uploads.backoff.may_send():
             return 0  # the cloud has been verifying none of our drafts: the drafter rests (UplinkBackoff)
-        if not self._drafter_free():
+        if not self.handoff.free():
             return 0
-        left = self.cfg.max_tokens - (len(self.committed) - len(self.prompt))
-        return min(self.depth.target(self.link.rtt_s()), left) - len(self.chain)
-
-    def _drafter_free(self) -> bool:
-        """Whether the loop may use the drafter: no job is running (a finished one's error surfaces here)."""
-        if self._job is None:
-            return True
-        if not self._job.done():
-            return False
-        job, self._job = self._job, None
-        job.wait()
-        return True
+        left = self.cfg.max_tokens - self.stream.generated()
+        return min(self.depth.target(self.link.rtt_s()), left) - len(self.chain.tokens)
 
     def _draft(self, n: int) -> None:
-        blk = self._bound().draft(
-            self.committed + self.chain, n, keep_q=self.needs_q, keep_top=2 if self.branching else 0
+        """Extend the chain by `n` tokens (chain)."""
+        chain, needs_q, branching = self.chain, self.handoff.needs_q, self.branches.enabled
+        blk = self.handoff.bound().draft(
+            self.stream.committed + chain.tokens, n, keep_q=needs_q, keep_top=2 if branching else 0
         )
-        self.chain.extend(blk.tokens)
-        if self.needs_q and blk.q is not None:
-            self.chain_q.extend(blk.q)
-        if self.branching:
-            self.chain_alt.extend(_alternatives(blk))
+        chain.tokens.extend(blk.tokens)
+        if needs_q and blk.q is not None:
+            chain.q.extend(blk.q)
+        if branching:
+            chain.alt.extend(_alternatives(blk))
         self.stats.draft_s += blk.seconds
         self.stats.draft_tokens += len(blk.tokens)
 
     def _can_branch(self) -> bool:
+        br = self.branches
         return (
-            self.branching
-            and bool(self._free)
-            and bool(self.chain)
-            and self._nomore < len(self.committed) + len(self.chain)
-            and self.uplink.may_send()
-            and self._job is None
+            br.enabled
+            and bool(br.free)
+            and bool(self.chain.tokens)
+            and br.nomore < len(self.stream.committed) + len(self.chain.tokens)
+            and self.uploads.backoff.may_send()
+            and self.handoff.idle()
         )
 
     def _draft_branch(self) -> None:
-        """Pre-draft the likeliest nameable miss: at chain position j, weight = reach(j) x q(second
-        choice at j); the branch is that token and `branch_len` more after it, in the spare KV slot.
-        Positions the cloud will have passed when the tree reaches it (a round trip of the stream's
-        tokens) are skipped: a branch there could never be taken."""
-        rtt = self.link.rtt_s()
-        skip = min(len(self.chain_alt) - 1, math.ceil(self.depth.rate * (self.cfg.prior_rtt_s if rtt is None else rtt)))
-        base = len(self.committed)
+        """Pre-draft the likeliest nameable miss (branches): at chain position j, weight = reach(j) x
+        q(second choice at j); the branch is that token and `branch_len` more after it, in a spare KV
+        slot. Positions the cloud will have passed when the tree reaches it (a round trip of the
+        stream's tokens) are skipped: a branch there could never be taken."""
+        chain, br, committed = self.chain, self.branches, self.stream.committed
+        skip = min(len(chain.alt) - 1, math.ceil(self.depth.rate * self._rtt()))
+        base = len(committed)
         reach, best, bw = 1.0, None, 0.0
-        for j, (alt, q_alt, q_tok) in enumerate(self.chain_alt):
+        for j, (alt, q_alt, q_tok) in enumerate(chain.alt):
             w = reach * q_alt
-            if j >= skip and alt >= 0 and w > bw and base + j not in self.branches:
+            if j >= skip and alt >= 0 and w > bw and base + j not in br.at:
                 best, bw = j, w
             if j >= skip:
                 reach *= q_tok
         if best is None:
-            self._nomore = base + len(self.chain)  # nothing left worth a branch until the chain grows or moves
+            br.nomore = base + len(chain.tokens)  # nothing left worth a branch until the chain grows or moves
             return
-        alt = self.chain_alt[best][0]
-        drafter = self._bound()
-        model, slot = drafter.model, self._free.pop()
-        model.fork(slot, min(base + best, model.held(self._main)))
+        alt = chain.alt[best][0]
+        drafter = self.handoff.bound()
+        model, slot = drafter.model, br.free.pop()
+        model.fork(slot, min(base + best, model.held(br.main)))
         model.activate(slot)
         try:
-            blk = drafter.draft(self.committed + self.chain[:best] + [alt], self.cfg.branch_len, keep_top=2)
+            blk = drafter.draft(committed + chain.tokens[:best] + [alt], self.cfg.branch_len, keep_top=2)
         finally:
-            model.activate(self._main)
-        self.branches[base + best] = _Branch(alt, list(blk.tokens), _alternatives(blk), slot)
-        self.branches_drafted += 1
+            model.activate(br.main)
+        br.at[base + best] = _Branch(alt, list(blk.tokens), _alternatives(blk), slot)
+        br.drafted += 1
         self.stats.draft_s += blk.seconds
         self.stats.draft_tokens += len(blk.tokens)
-        self._sent_gen = -1  # the tree goes up with the next upload
-
-    def _drop_branches(self, keep: int | None = None) -> None:
-        for pos in [p for p in self.branches if p != keep]:
-            self._free.append(self.branches.pop(pos).slot)
+        self.uploads.sent_gen = -1  # the tree goes up with the next upload
 
     def _upload(self) -> None:
-        n = min(len(self.chain), self.cfg.max_lead)
-        q = np.stack(self.chain_q[:n]) if self.needs_q and self.chain_q else None
-        tokens, parents = self.chain[:n], None
-        for pos, b in sorted(self.branches.items()):
-            j = pos - len(self.committed)  # the alternative extends chain token j - 1 (the base when j = 0)
+        """Send the chain (up to `max_lead` tokens) and the branches off it as one DRAFT (uploads)."""
+        chain, base = self.chain, len(self.stream.committed)
+        n = min(len(chain.tokens), self.cfg.max_lead)
+        q = np.stack(chain.q[:n]) if self.handoff.needs_q and chain.q else None
+        tokens, parents = chain.tokens[:n], None
+        for pos, b in sorted(self.branches.at.items()):
+            j = pos - base  # the alternative extends chain token j - 1 (the base when j = 0)
             if j >= n:
                 continue
             if parents is None:
                 parents = list(range(n))
             parents += [j] + list(range(len(tokens) + 1, len(tokens) + 1 + len(b.tokens)))
             tokens = tokens + [b.alt] + b.tokens
-        self.link.send_draft(len(self.committed), tokens, q, parents)
-        self._sent_gen, self._sent_end = self._gen, len(self.committed) + n
-        self._up_gen, self._up_at = self._gen, self.clock()
-        self.drafts_sent += 1
-        self.uplink.sent()
+        self.link.send_draft(base, tokens, q, parents)
+        self.uploads.record(chain.gen, base + n, self.clock())
 
     # -- the stream --------------------------------------------------------------------------------
     def _apply(self, c: StepChunk) -> bool:
-        have = len(self.committed)
+        """One step of the stream: its new tokens go to the chain (`_take`) and to the user; what the
+        step says about our drafts goes to the backoff, the depth and the stats."""
+        stream = self.stream
+        have = len(stream.committed)
         if c.start > have:
             raise StreamError(f"the cloud streamed from {c.start}, the edge holds {have}")
         new = list(c.tokens[have - c.start :])
-        now = self.clock() - self._t0  # when the user gets them: a drafter call may have held them past arrival
-        gap = None if self._last_arrival is None else c.arrived - self._last_arrival
-        self._last_arrival = c.arrived
+        now = self.clock() - stream.t0  # when the user gets them: a drafter call may have held them past arrival
+        gap = None if stream.last_arrival is None else c.arrived - stream.last_arrival
+        stream.last_arrival = c.arrived
         if not new:
             return c.finished
-        rtt = self.link.rtt_s()
         # the cloud held our chain for this step if it went up a round trip before the step came back
-        held = (
-            self._up_gen == self._gen
-            and c.start < self._sent_end
-            and self._up_at <= c.arrived - (self.cfg.prior_rtt_s if rtt is None else rtt)
-        )
+        held = self.uploads.held(self.chain.gen, c.start, c.arrived, self._rtt())
         slow = self.stats.draft_s > 0 and self.stats.draft_tokens / self.stats.draft_s <= self.depth.rate
-        breaks = self.chain_breaks
+        breaks = self.chain.breaks
         for t in new:
             self._take(t)
         self.stats.observe_block(c.drafted, c.accepted)
-        self.uplink.step(c.drafted, telling=held or slow or self.chain_breaks > breaks)
+        self.uploads.backoff.step(c.drafted, telling=held or slow or self.chain.breaks > breaks)
         self.stats.k_chosen.append(c.drafted)
         self.stats.observe_tokens(len(new), now)
         self.stats.observe_pass(c.drafted, c.verify_s)
@@ -542,37 +554,27 @@ class FollowLoop:
 
     def _take(self, t: int) -> None:
         """One committed token: pop it off the chain, or take the branch it names, or start over."""
-        pos = len(self.committed)
-        b = self.branches.get(pos)
-        if self.chain and self.chain[0] == t:
-            del self.chain[0]
-            if self.chain_q:
-                del self.chain_q[0]
-            if self.chain_alt:
-                del self.chain_alt[0]
+        chain, br = self.chain, self.branches
+        pos = len(self.stream.committed)
+        b = br.at.get(pos)
+        if chain.tokens and chain.tokens[0] == t:
+            chain.pop()
             if b is not None:  # the stream went the chain's way: that branch is void
-                self._free.append(self.branches.pop(pos).slot)
+                br.void(pos)
         elif b is not None and b.alt == t:
             # the miss a branch pre-drafted: its KV sequence becomes the main one, the cloud holds the tree
-            self._drop_branches(keep=pos)
-            del self.branches[pos]
-            self._free.append(self._main)
-            self._main = b.slot
-            self._bound().model.activate(b.slot)
-            self.chain, self.chain_alt, self.chain_q = list(b.tokens), list(b.alts), []
-            self.branches_taken += 1
-            self._sent_end = pos + 1 + len(self.chain)
-        elif self.chain:
-            self.chain_breaks += 1
-            self._gen += 1
-            self.chain.clear()
-            self.chain_q.clear()
-            self.chain_alt.clear()
-            self._drop_branches()
-        self.committed.append(t)
+            br.adopt(pos)
+            self.handoff.bound().model.activate(b.slot)
+            chain.adopt(b)
+            self.uploads.sent_end = pos + 1 + len(chain.tokens)
+        elif chain.tokens:
+            chain.restart()
+            br.drop()
+        self.stream.committed.append(t)
 
     def _resume(self) -> None:
-        agreed = self.link.resume(self.committed)
-        if agreed != len(self.committed):
-            raise StreamError(f"the cloud resumed at {agreed}, the edge holds {len(self.committed)}")
-        self._sent_gen = self._up_gen = -1  # a new session's board is empty: upload again
+        committed = self.stream.committed
+        agreed = self.link.resume(committed)
+        if agreed != len(committed):
+            raise StreamError(f"the cloud resumed at {agreed}, the edge holds {len(committed)}")
+        self.uploads.forget()

@@ -24,7 +24,8 @@ import numpy as np
 from acespec.draft.cache import DRAFTER_SLOTS
 from acespec.draft.chain import ChainDrafter
 from acespec.edge.runtime import MODES, EdgeConfig, build_loop
-from acespec.engine.follow import DrafterJob, FollowConfig, FollowLoop, LeadLink, StepChunk
+from acespec.engine.follow import FollowConfig, FollowLoop, LeadLink, StepChunk
+from acespec.engine.handoff import DrafterJob
 from acespec.engine.lead import LeadState
 from acespec.engine.loop import SpecLoop
 from acespec.engine.records import Block, LinkSample
