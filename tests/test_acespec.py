@@ -427,6 +427,9 @@ def test_demo_runs_end_to_end_and_leaves_no_process_behind():
     shares = [float(x) for x in line.split()[4:]]
     assert len(shares) == 4 and all(x >= 0 for x in shares), line  # 0: a stream that came in one frame
     assert "ceiling calibration (this run's own)" in p.stdout
+    # the headline's two sides ran twice each, taking turns, and the table says it kept the fastest
+    assert "runs: AceSpec and cloud-only ran 2 times each" in p.stdout
+    assert p.stderr.count("running cloud-only for comparison") == 2
     assert "edges at once" in p.stdout and "errors" not in p.stdout  # the cloud's side, from replayed edges
     time.sleep(0.2)
     assert _children_with_tag(tag) == []

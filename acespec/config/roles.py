@@ -338,6 +338,7 @@ class DemoRole:
     target: str = DEFAULT_TARGET  # target model
     k: int = 4  # starting draft depth
     quick: bool = False  # AceSpec only (no comparison runs)
+    repeats: int = 2  # runs of AceSpec and of cloud-only, taking turns (A C .. C A); the table shows each one's fastest
     cores: Literal["split", "shared"] = CORES_DEFAULT  # split: the edge gets one core, the cloud the rest; shared: all
     json: str | None = None  # also write the table as JSON to this file
     sampling: SamplingConfig = field(default_factory=lambda: SamplingConfig(rule="coupled", max_tokens=96))
@@ -347,6 +348,7 @@ class DemoRole:
     def __post_init__(self) -> None:
         check("profile", self.profile in PROFILES, self.profile, f"be one of {', '.join(sorted(PROFILES))}")
         at_least("k", self.k, 1)
+        at_least("repeats", self.repeats, 1)
         if self.sampling.seed is None:
             raise ConfigError("seed", "{key} must be an integer >= 0, not unset")
 
