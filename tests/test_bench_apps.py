@@ -49,3 +49,16 @@ def test_with_repeats_a_requests_speed_is_the_median_of_its_runs():
     rows += [row("auto", "a", v, i) for i, v in enumerate((12.0, 11.0, 13.0))]  # median 12
     m = summarize(rows, ["auto"])["0|humaneval|1"]["auto"]
     assert m["speed_median"] == m["speed_worst"] == 1.0 and m["requests"] == 3
+
+
+def test_with_prefix_reuse_the_second_turn_is_compared_with_the_prompts_first_uncached_visit():
+    from acespec.bench.apps import summarize
+
+    def row(turn, ttft):
+        return {"rtt_ms": 0, "set": "sharegpt", "chats": 1, "mode": "auto", "prompt": "a", "turn": turn,
+                "repeat": 0, "tok_s": 5.0, "ttft_s": ttft, "text": "t", "tokens": 8, "target_passes": 8}
+
+    rows = [row(0, 0.2), row(1, 1.0)]  # the timed first turn found its prompt cached by the visit
+    assert summarize(rows, ["auto"])["0|sharegpt|1"]["auto"]["turn2_ttft_speedup"] == 0.2
+    cold = [{"rtt_ms": 0, "set": "sharegpt", "chats": 1, "prompt": "a", "ttft_s": 8.0}]
+    assert summarize(rows, ["auto"], cold)["0|sharegpt|1"]["auto"]["turn2_ttft_speedup"] == 8.0
