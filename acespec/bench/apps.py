@@ -63,6 +63,12 @@ def add_parser(bench_subparsers: argparse._SubParsersAction) -> argparse.Argumen
     )
     p.add_argument("--sets", default="humaneval,sharegpt", help="prompt sets (default humaneval,sharegpt)")
     p.add_argument("--n-prompts", type=pos_int, default=4, help="prompts per set (default 4)")
+    p.add_argument(
+        "--min-chars",
+        type=pos_int,
+        default=32,
+        help="ShareGPT: only prompts at least this long (default 32); e.g. 1500 for long conversations",
+    )
     p.add_argument("--chats", default="1,4", help="conversations at once, a list (default 1,4)")
     p.add_argument("--turns", type=pos_int, default=2, help="turns per conversation (default 2)")
     p.add_argument(
@@ -185,8 +191,11 @@ def run_group(client, prompts: list[tuple[str, str]], mode: str, args: argparse.
 
 
 # ------------------------------------------------------------------------------------------ the bench
-def _prompts(sets: list[str], n: int) -> dict[str, list[tuple[str, str]]]:
-    return {s: [(it.id, it.text) for it in load_items(s, n)] for s in sets}
+def _prompts(sets: list[str], n: int, min_chars: int = 32) -> dict[str, list[tuple[str, str]]]:
+    return {
+        s: [(it.id, it.text) for it in load_items(s, n, **({"min_chars": min_chars} if s == "sharegpt" else {}))]
+        for s in sets
+    }
 
 
 def _start_stack(args: argparse.Namespace, rtt: int, kids) -> int:
@@ -266,7 +275,7 @@ def cmd_bench_apps(args: argparse.Namespace) -> int:
     chats, rtts = _ints(args.chats, "chats"), _ints(args.rtts, "rtts")
     if not modes or not sets or 0 in chats:
         raise ValueError("--modes and --sets must name at least one each, and --chats must be >= 1")
-    prompts = _prompts(sets, args.n_prompts)
+    prompts = _prompts(sets, args.n_prompts, args.min_chars)
     all_modes = ["cloud-only", *modes]
     rows: list[dict] = []
     cold: list[dict] = []  # with --prefix-reuse: each prompt's first, untimed visit (nothing cached): its TTFT
