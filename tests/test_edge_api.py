@@ -436,7 +436,9 @@ def test_real_pair_through_the_api_equals_generate(real_draft, real_target):
     real_draft.reset()
     waits = ServerConfig(port=0, max_sessions=2, lead_pass_budget=0.5, lead_max_wait_s=120.0)
     with CloudServerThread(real_target, waits) as cloud:
-        defaults = EdgeConfig(rule="greedy", max_tokens=n, connect=ConnectConfig(port=cloud.port))
+        # the cloud runs in this process, on the drafter's cores: the contention guard would rest the
+        # drafter (tests/test_contention.py), and this test is about the drafts' text
+        defaults = EdgeConfig(rule="greedy", max_tokens=n, connect=ConnectConfig(port=cloud.port), contention_guard=False)
         api = EdgeApiThread(EdgeService([real_draft], ServeConfig(port=0, defaults=defaults))).start()
         try:
             c = openai.OpenAI(base_url=api.url + "/v1", api_key="x", max_retries=0, timeout=120)

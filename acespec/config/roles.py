@@ -119,6 +119,7 @@ class EdgeOptions:
     cache_budget_mb: float = 32.0  # state-cache memory budget, MB
     branches: bool = False  # also send pre-drafted outcomes as branch blocks (needs --cache)
     acespec: bool = False  # the full system: pipelined, --cache --branches --auto-window, --policy controller
+    contention_guard: bool = True  # auto: rest the drafter while its work slows the cloud's steps (shared cores)
     token_file: str | None = None  # file holding this tenant's auth token
     tls: bool = False  # TLS with the system's trusted CAs (implied by --tls-ca)
     tls_ca: str | None = None  # TLS: check the cloud's certificate against this CA (PEM)

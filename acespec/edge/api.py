@@ -55,6 +55,7 @@ from acespec.edge.service import (
     edge_error_to_api,
     new_seed,
 )
+from acespec.engine.contention import ContentionGuard, CoreLoad
 from acespec.engine.loop import Round
 from acespec.models.base import Model, ModelError
 from acespec.verify import RuleSpec, RuleSpecError
@@ -160,6 +161,8 @@ class EdgeService:
         self.slots = min(d.n_slots for d in drafters)
         self.pool = DrafterPool(drafters, cfg.max_waiting)
         self.first_tokens = FirstTokens()  # auto streams lend no drafter while another waits for its first token
+        # whether drafting slows the cloud (shared cores), learned once for every auto request
+        self.contention = ContentionGuard(load=CoreLoad(), threads=getattr(drafters[0], "n_threads", 1))
         self.metrics = EdgeMetrics(len(drafters), self.pool)
         self.started = int(time.time())
 

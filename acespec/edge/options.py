@@ -42,6 +42,7 @@ def edge_config(opts: EdgeOptions, *, mode: str | None = None) -> EdgeConfig:
         cache=o.cache,
         cache_budget_mb=o.cache_budget_mb,
         branches=o.branches,
+        contention_guard=o.contention_guard,
         connect=connect_config(o),
         **o.sampling.hello_fields(),
     )

@@ -15,6 +15,8 @@ Modes:
   cloud's for the first token, as it does when edge and cloud share a box's cores), and a drafter
   may be handed over late or never (`drafter_source`: an edge serving several apps lends its
   drafters to whichever stream gets one first; the others stream as cloud-only until one is free).
+  Nor can the drafter slow the cloud: where the two share cores, its work would slow the cloud's
+  steps, and a `ContentionGuard` rests it while it does (`engine/contention.py`).
   What the cloud spends on the edge's drafts is the cloud operator's to bound
   (`acespec serve --lead-pass-budget`).
 """
@@ -27,12 +29,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from acespec import env as acespec_env
 from acespec import wire
 from acespec.control.depth import DEFAULT_PASS_BUDGET, DepthPolicy, make_policy
 from acespec.draft.cache import CacheConfig, StateCache
 from acespec.draft.chain import ChainDrafter
 from acespec.draft.prediction import PredictedDrafter, Prediction
 from acespec.edge.client import CloudSession, ConnectConfig, EdgeError, TcpLeadLink, TcpTransport, link_failure
+from acespec.engine.contention import ContentionGuard, CoreLoad
 from acespec.engine.follow import FollowConfig, FollowLoop, StreamError
 from acespec.engine.handoff import ThreadJob
 from acespec.engine.loop import ORIGIN_TARGET, LoopConfig, LoopResult, Round, SpecLoop
@@ -66,6 +70,7 @@ class EdgeConfig:
     branches: bool = False  # also send cached outcomes as branch blocks (needs cache; q-free rules)
     connect: ConnectConfig = field(default_factory=ConnectConfig)  # where the cloud is
     prediction: tuple[int, ...] = ()  # predicted output tokens (OpenAI's Predicted Outputs): drafts where they line up
+    contention_guard: bool = True  # auto: rest the drafter while its work slows the cloud's steps (shared cores)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -86,6 +91,7 @@ def run_edge(
     should_stop: Callable[[], bool] | None = None,
     on_session_closed: Callable[[CloudSession], None] | None = None,
     drafter_source: Callable[[], Model | None] | None = None,
+    guard: ContentionGuard | None = None,
 ) -> LoopResult:
     """One generation through the cloud. `model_id` is the drafter's tokenizer fingerprint.
 
@@ -95,7 +101,9 @@ def run_edge(
     `on_round` sees every applied verdict (tokens, their origins, K, latencies); `should_stop`, polled
     between verdicts, ends the run early and closes the cloud session (the result has finished=False);
     `on_session_closed` gets the session once it is closed, however the run ended, for its byte and
-    reconnect counts."""
+    reconnect counts. `guard`: in auto, what earlier sessions learned of whether drafting slows this
+    cloud (`engine/contention.py`; a server keeps one for all its requests); None starts a fresh one
+    (with `cfg.contention_guard`)."""
     rule = RuleSpec.parse(cfg.rule)
     sp = SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p)
     hello = wire.Hello(
@@ -140,6 +148,7 @@ def run_edge(
             on_round,
             should_stop,
             on_session_closed,
+            guard if guard is not None or not cfg.contention_guard else _fresh_guard(),
         )
     drafter = None
     if cfg.mode != "cloud-only":
@@ -198,6 +207,11 @@ def run_edge(
             on_session_closed(session)
 
 
+def _fresh_guard() -> ContentionGuard:
+    """A contention guard for one run: it watches the cores this process may draft on."""
+    return ContentionGuard(load=CoreLoad(), threads=acespec_env.threads())
+
+
 def _auto(
     drafter_model: Model | None,
     source: Callable[[], Model | None] | None,
@@ -211,6 +225,7 @@ def _auto(
     on_round,
     should_stop,
     on_session_closed,
+    guard: ContentionGuard | None,
 ) -> LoopResult:
     """`auto`: a cloud-led session whose drafter joins after the first token (see the module docstring)."""
     if drafter_model is not None:
@@ -233,6 +248,7 @@ def _auto(
             drafter=None,
             source=late,
             after_first=True,
+            guard=guard,
             on_tokens=on_tokens,
             on_round=on_round,
             should_stop=should_stop,

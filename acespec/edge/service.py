@@ -277,6 +277,7 @@ class Generation:
                 should_stop=self.stop.is_set,
                 on_session_closed=closed.append,
                 drafter_source=source,
+                guard=svc.contention if self.req.cfg.contention_guard else None,
             )
         except BaseException as e:  # handed to the request, which answers with an error
             done.error = e

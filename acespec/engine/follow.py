@@ -49,6 +49,7 @@ import numpy as np
 
 from acespec.draft.chain import ChainDrafter
 from acespec.engine.backoff import UplinkBackoff
+from acespec.engine.contention import ContentionGuard
 from acespec.engine.handoff import DrafterHandoff, DrafterJob, Spawn
 from acespec.engine.loop import ORIGIN_DRAFT, ORIGIN_TARGET, LoopResult, Round
 from acespec.engine.records import Disconnected
@@ -297,6 +298,7 @@ class FollowLoop:
         spawn: Spawn | None = None,
         source: Callable[[], ChainDrafter | None] | None = None,
         after_first: bool = False,
+        guard: ContentionGuard | None = None,
     ) -> None:
         """`job`: drafter work already running (the prompt's prefill, started while the handshake was in
         flight); `spawn`: how to run a catch-up beside the loop (`ThreadJob`; the simulator's on virtual
@@ -306,7 +308,8 @@ class FollowLoop:
         at each turn of the loop, and the first it gives is prefilled beside the loop (a `spawn` job) on
         everything committed so far. `after_first`: ask only once the stream's first token is here, so
         the drafter's prefill never competes with the cloud's for a first token (an edge and a cloud
-        sharing one box's cores). Until then, and with neither, the loop just follows the stream."""
+        sharing one box's cores). Until then, and with neither, the loop just follows the stream.
+        `guard`: rests the drafter while its work slows the cloud's steps (`engine/contention.py`)."""
         # fixed for the run: what the caller gave
         self.link = link  # steps down, drafts up
         self.cfg = config  # depths, chunk sizes, the backoff's and the branches' settings
@@ -321,6 +324,8 @@ class FollowLoop:
         self.uploads = _Uploads(UplinkBackoff(config.idle_after, config.idle_gap_max))
         self.handoff = DrafterHandoff(None, job, spawn, source, after_first)
         self.depth = LeadDepth(config)  # the stream's rate and the cloud's acceptance: how long a chain to keep
+        self.guard = guard  # whether the drafter's work slows the cloud (shared cores): it rests while it does
+        self.worked = [False, False]  # whether the drafter worked since the last step arrived, and before it
         self.stats = RunStats()  # the run's record, as every loop reports it
         if drafter is not None:
             self._bind(drafter)
@@ -357,6 +362,7 @@ class FollowLoop:
             return False
         self._bind(drafter)
         self.handoff.prefill_late(self.stream.committed, self.stats.emitted)
+        self.worked[0] = True
         return True
 
     def _rtt(self) -> float:
@@ -377,6 +383,7 @@ class FollowLoop:
         work (handoff, chain or branches), then upload the chain if it is new or has grown (uploads)."""
         stream, chain, cfg = self.stream, self.chain, self.cfg
         finished = False
+        rests = self.guard.rests if self.guard is not None else 0
         while not finished:
             if self.should_stop is not None and self.should_stop():
                 break
@@ -399,6 +406,7 @@ class FollowLoop:
                 and self.handoff.should_catch_up(stream.committed, cfg.catch_up_after)
             ):
                 self.handoff.catch_up(stream.committed)
+                self.worked[0] = True
             elif want > 0:  # a few tokens between looks at the stream; what costs nothing (a prediction) at once
                 ahead = self.handoff.bound().free_ahead(stream.committed + chain.tokens)
                 self._draft(max(min(want, cfg.chunk), min(want, ahead)))
@@ -415,6 +423,7 @@ class FollowLoop:
                 "branches_taken": self.branches.taken,
                 "catch_ups": self.handoff.catch_ups,
                 "drafter_joined_at": self.handoff.joined_at,
+                "contention_rests": None if self.guard is None else self.guard.rests - rests,
             }
         )
         return LoopResult(stream.committed[len(stream.prompt) :], self.stats, finished)
@@ -423,6 +432,8 @@ class FollowLoop:
     def _want(self) -> int:
         """Tokens to draft now: up to the lead depth, never past the generation budget (a chain that
         long is of no use, and polling for it would spin)."""
+        if self.guard is not None and not self.guard.may_draft():
+            return 0  # drafting slows the cloud's steps (shared cores), or the guard has no baseline yet
         if self.handoff.drafter is None:
             self._join()
             return 0
@@ -446,6 +457,7 @@ class FollowLoop:
             chain.alt.extend(_alternatives(blk))
         self.stats.draft_s += blk.seconds
         self.stats.draft_tokens += len(blk.tokens)
+        self.worked[0] = True
 
     def _can_branch(self) -> bool:
         br = self.branches
@@ -456,6 +468,7 @@ class FollowLoop:
             and br.nomore < len(self.stream.committed) + len(self.chain.tokens)
             and self.uploads.backoff.may_send()
             and self.handoff.idle()
+            and (self.guard is None or self.guard.may_draft())
         )
 
     def _draft_branch(self) -> None:
@@ -487,6 +500,7 @@ class FollowLoop:
             model.activate(br.main)
         br.at[base + best] = _Branch(alt, list(blk.tokens), _alternatives(blk), slot)
         br.drafted += 1
+        self.worked[0] = True
         self.stats.draft_s += blk.seconds
         self.stats.draft_tokens += len(blk.tokens)
         self.uploads.sent_gen = -1  # the tree goes up with the next upload
@@ -534,6 +548,11 @@ class FollowLoop:
         self.stats.observe_tokens(len(new), now)
         self.stats.observe_pass(c.drafted, c.verify_s)
         self.depth.observe(c, gap)
+        if self.guard is not None:  # the step was computed about half a round trip before it arrived: the
+            # drafter counts as at work if it worked in this gap between steps or the one before
+            busy = self.worked[0] or self.worked[1] or self.handoff.running()
+            self.guard.step(c.verify_s, busy, plain=not c.drafted, first=c.start <= len(stream.prompt))
+            self.worked = [False, self.worked[0]]
         if self.on_tokens:
             self.on_tokens(new)
         if self.on_round:

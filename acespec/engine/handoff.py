@@ -125,6 +125,10 @@ class DrafterHandoff:
         late drafter the source may offer (once the first token is here)."""
         return self.job is not None or (self.source is not None and emitted > 0)
 
+    def running(self) -> bool:
+        """Whether a job is computing on the drafter now (a finished one not yet waited on is not)."""
+        return self.job is not None and not self.job.done()
+
     def idle(self) -> bool:
         """Whether no job holds the drafter (a finished one not yet waited on still holds it)."""
         return self.job is None
