@@ -388,7 +388,8 @@ class FollowLoop:
             if self.should_stop is not None and self.should_stop():
                 break
             busy = self._want() > 0 or self._can_branch()
-            waiting = self.handoff.waiting(self.stats.emitted)
+            resting = self.guard is not None and not self.guard.may_draft()  # it changes only at a step
+            waiting = not resting and self.handoff.waiting(self.stats.emitted)
             got = self.link.recv(0 if busy else cfg.poll_s if waiting else None)
             while got is not None:
                 if isinstance(got, Disconnected):
