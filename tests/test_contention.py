@@ -5,6 +5,7 @@ the cloud's steps, as it does where the two share cores.
   drafter, each rest twice the last; a window within the margin ends the doubling; a cloud with no step
   times turns it off; busy cores rest the drafter before it starts work.
 - `CoreLoad` reads the cores' load from a real `/proc/stat` and sees a process spinning on our cores.
+- Over real sockets, a session the drafter would rest through streams as a cloud-only one.
 - In a follow loop against a cloud whose steps cost five times as much while the drafter works, the
   guard cuts the drafter's work to a fraction, and the text is the cloud's either way; against a cloud
   the drafter does not slow, it never rests.
@@ -20,15 +21,20 @@ from pathlib import Path
 
 import pytest
 
+from acespec.cloud.server import CloudServerThread, ServerConfig
 from acespec.control.lead import LeadConfig
 from acespec.draft.chain import ChainDrafter
+from acespec.edge.client import ConnectConfig
+from acespec.edge.runtime import EdgeConfig, run_edge
 from acespec.engine.contention import ContentionConfig, ContentionGuard, CoreLoad
 from acespec.engine.follow import FollowConfig, FollowLoop, StepChunk
 from acespec.engine.lead import LocalLeadLink
 from acespec.engine.records import Disconnected
 from acespec.engine.verifier import TargetVerifier
+from acespec.models.toy import ToyModel
 from acespec.verify import RuleSpec, SamplingParams
 
+from paced_toy import PassCostToy
 from test_lossless import GOOD_DRAFT, PROMPT, TARGET
 
 STEP = 0.08  # a plain step's time, as the cloud reports it
@@ -209,3 +215,33 @@ def test_a_drafter_that_does_not_slow_the_cloud_never_rests():
     assert guarded.tokens == free.tokens
     assert guarded.stats.cache["contention_rests"] == 0
     assert guarded.stats.draft_tokens >= free.stats.draft_tokens / 2  # only the baseline's steps went undrafted
+
+
+# ------------------------------------------------------------------------------------------ over sockets
+def test_a_session_the_drafter_would_rest_through_streams_as_cloud_only_and_counts_towards_the_rest():
+    """An edge that learned that its drafting slows the cloud (a long rest ahead) opens its next auto
+    session as a cloud-only one: the same text, no drafter ever asked for, and the session's steps
+    shorten the rest; once the rest is shorter than a session, auto is cloud-led again."""
+    V, prompt = 64, (3, 1, 4, 1, 5, 9, 2, 6)
+    with CloudServerThread(PassCostToy(vocab=V, seed=1, pass_s=0.001), ServerConfig(port=0)) as srv:
+        fp = ToyModel(vocab=V, seed=1).tokenizer.fingerprint
+        asked: list[int] = []
+
+        def source():
+            asked.append(1)
+            return None
+
+        def run(mode: str, guard: ContentionGuard | None = None):
+            cfg = EdgeConfig(mode=mode, connect=ConnectConfig(port=srv.port), max_tokens=40)
+            return run_edge(None, prompt, cfg, model_id=fp, drafter_source=source, guard=guard)
+
+        ref = run("cloud-only")
+        g = ContentionGuard(resting=100, rest=200)
+        res = run("auto", g)
+        assert res.tokens == ref.tokens and res.stats.cache["streamed_plain"] is True
+        assert g.resting == 60 and not asked
+        res = run("auto", g)
+        assert res.tokens == ref.tokens and g.resting == 20
+        res = run("auto", g)  # a rest shorter than the session: cloud-led, and the drafter is asked for
+        assert res.tokens == ref.tokens and "streamed_plain" not in res.stats.cache
+        assert asked  # once its rest was over, the drafter was asked for

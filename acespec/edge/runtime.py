@@ -227,7 +227,21 @@ def _auto(
     on_session_closed,
     guard: ContentionGuard | None,
 ) -> LoopResult:
-    """`auto`: a cloud-led session whose drafter joins after the first token (see the module docstring)."""
+    """`auto`: a cloud-led session whose drafter joins after the first token (see the module docstring).
+    Where the contention guard will rest the drafter through the whole session (the edge shares busy
+    cores with the cloud), the session is a cloud-only one: nothing of the cloud-led path runs for
+    drafts that will not come."""
+    if guard is not None and guard.resting >= cfg.max_tokens:
+        session = CloudSession(cfg.connect, dataclasses.replace(hello, mode=wire.Mode.CLOUD_ONLY))
+        try:
+            res = _cloud_only(session, prompt, cfg, on_tokens, t0, on_round, should_stop)
+        finally:
+            session.close()
+            if on_session_closed is not None:
+                on_session_closed(session)
+        guard.skip(len(res.tokens))
+        res.stats.cache.update(drafter_joined_at=None, contention_rests=0, streamed_plain=True)
+        return res
     if drafter_model is not None:
         given: list[Model] = [drafter_model]
         source = lambda: given.pop() if given else None  # noqa: E731 - hands the one drafter over once

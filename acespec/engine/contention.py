@@ -31,8 +31,10 @@ cores), the drafter rests at once, as after a window judged too dear, without th
 
 One guard may serve every session an edge runs against a cloud (`acespec edge serve` keeps one), so
 what one request learned, the next starts from: on shared cores the drafter then rests from a
-request's first token instead of paying the probe again. Only the loop's thread of a session calls it
-at a time per step; the fields are plain numbers, so sessions that interleave at worst blur a verdict.
+request's first token instead of paying the probe again, and a session the drafter would rest
+through is opened as a cloud-only one (`edge/runtime.py`); its steps count towards the rest (`skip`).
+Sessions call it from their own threads; its fields are plain numbers, so sessions that interleave at
+worst blur a verdict.
 """
 
 from __future__ import annotations
@@ -125,6 +127,10 @@ class ContentionGuard:
         if self.off():
             return True
         return self.idle_steps >= self.cfg.baseline_steps and self.resting == 0
+
+    def skip(self, steps: int) -> None:
+        """`steps` went by in a session that streamed plainly because the drafter would rest through it."""
+        self.resting = max(0, self.resting - steps)
 
     def step(self, verify_s: float, busy: bool, plain: bool = True, first: bool = False) -> None:
         """One step of the stream: the cloud's `verify_s` for it, whether the drafter worked while the
