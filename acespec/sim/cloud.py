@@ -24,7 +24,7 @@ from typing import Protocol
 
 from acespec.control.lead import LeadMemory
 from acespec.engine.lead import LeadState
-from acespec.engine.verifier import TargetVerifier, Verdict, VerifyJob
+from acespec.engine.verifier import BlockVerdict, TargetVerifier, VerifyJob
 from acespec.sim.kernel import Kernel, Mailbox
 from acespec.sim.link import FrameSizer, SimLink
 
@@ -113,8 +113,8 @@ class SimCloud:
 
     def _start_pass(self) -> None:
         work: list[
-            tuple[CloudSession, VerifyJob | Verdict | None]
-        ] = []  # None: the session's prompt prefill; a Verdict: dropped
+            tuple[CloudSession, VerifyJob | BlockVerdict | None]
+        ] = []  # None: the session's prompt prefill; a BlockVerdict: dropped
         prefill = 0
         n = len(self.sessions)
         for i in range(n):
@@ -152,7 +152,7 @@ class SimCloud:
         while s.queue:
             b = s.queue.popleft()
             job = s.verifier.prepare(b.seq, b.base, list(b.tokens))
-            if isinstance(job, Verdict):
+            if isinstance(job, BlockVerdict):
                 self._send_verdict(s, job)
                 continue
             return job
@@ -186,7 +186,7 @@ class SimCloud:
         self._start_pass()
 
     @staticmethod
-    def _verify(s: CloudSession, job: VerifyJob, dt: float) -> Verdict:
+    def _verify(s: CloudSession, job: VerifyJob, dt: float) -> BlockVerdict:
         """The verifier's own pass (`TargetVerifier.verify`), on the replay target, taking `dt` of virtual time."""
         ver = s.verifier
         n = ver.target.sync(ver.tokens[:-1])
@@ -194,7 +194,7 @@ class SimCloud:
         v = ver.finish(job, logits, dt)
         return dataclasses.replace(v, verify_us=int(dt * 1e6))
 
-    def _send_verdict(self, s: CloudSession, v: Verdict) -> None:
+    def _send_verdict(self, s: CloudSession, v: BlockVerdict) -> None:
         nbytes = self.sizer.verdict(
             v.seq,
             v.accepted,
