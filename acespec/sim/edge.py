@@ -33,7 +33,7 @@ from acespec.engine.stats import RunStats
 from acespec.engine.transport import Transport
 from acespec.engine.verifier import BlockVerdict, TargetVerifier
 from acespec.net.profile import WanProfile
-from acespec.sim.cloud import CloudCost, CloudSession, SentBlock, SimCloud, Streamed
+from acespec.sim.cloud import CloudCost, SentBlock, SimCloud, SimCloudSession, Streamed
 from acespec.sim.kernel import Kernel, Mailbox, SimThread
 from acespec.sim.link import FrameSizer, SimLink
 from acespec.sim.profiles import DeviceProfile
@@ -259,7 +259,7 @@ class SimEdge:
             max_tokens=trace.n,
             stop_ids=frozenset(),
         )
-        self.session = CloudSession(
+        self.session = SimCloudSession(
             verifier,
             self.down,
             self.inbox,
