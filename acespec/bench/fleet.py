@@ -42,8 +42,8 @@ from acespec.bench import write_result
 from acespec.bench.children import spawn, stop_process
 from acespec.bench.faults import (
     TEMPERATURE,  # the rules whose texts a campaign checks, and their temperatures
+    FaultCampaign,
     FaultsConfig,
-    _Campaign,
     lossless_rules,
 )
 from acespec.edge.client import ConnectConfig
@@ -263,7 +263,7 @@ class _Run:
     def __init__(self, cfg: FleetConfig) -> None:
         self.cfg = cfg
         # the fault campaign's references (the target alone), prompts and drafters, on this config's models
-        self.camp = _Campaign(
+        self.camp = FaultCampaign(
             FaultsConfig(target=cfg.target, draft=cfg.draft, max_tokens=cfg.max_tokens, seed=cfg.seed)
         )
         self.rng = random.Random(cfg.seed)
