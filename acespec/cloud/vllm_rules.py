@@ -84,7 +84,7 @@ def apply_rules(
     place is drawn from the target's row restricted to the filter's support.
 
     `edge_q` (batch index -> one sparse q row per draft token) gives those requests' q when vLLM has no
-    draft probs: the rows a cloud-led edge sent up with its drafts (`_edge_q`). Without either, a
+    draft probs: the rows a cloud-led edge sent up with its drafts (`vllm_plugin._edge_q`). Without either, a
     token-only draft's q is one-hot on its token."""
     import torch  # heavy: the hf extra
 
