@@ -407,7 +407,9 @@ class SpecLoop:
             self.min_conf = float(min_conf)
         return rtt
 
-    def _deliver(self, block: Block, o: int, v: BlockVerdict, emitted: list[int], drafted: int, rtt: float | None) -> None:
+    def _deliver(
+        self, block: Block, o: int, v: BlockVerdict, emitted: list[int], drafted: int, rtt: float | None
+    ) -> None:
         now = self.clock() - self._t0
         self.stats.observe_tokens(len(emitted), now)
         if self.on_tokens:
@@ -477,7 +479,9 @@ class SpecLoop:
         n = len(self.spec)
         return b.base <= n < b.base + len(b.tokens) and b.tokens[: n - b.base] == self.spec[b.base :]
 
-    def _report(self, block: Block, o: int, v: BlockVerdict, emitted: list[int], drafted: int, rtt: float | None) -> None:
+    def _report(
+        self, block: Block, o: int, v: BlockVerdict, emitted: list[int], drafted: int, rtt: float | None
+    ) -> None:
         """Hand the applied verdict to `on_round`. Accepted token i sits at block.tokens[o + i]; the
         cache's part of the block is the `cached` tokens right after the overlap."""
         if self.on_round is None:

@@ -159,7 +159,9 @@ class TargetVerifier:
         self.last_p = p
         return self.commit(job, accepted, int(nxt), seconds + self.clock() - t0, p)
 
-    def commit(self, job: VerifyJob, accepted: int, nxt: int, seconds: float, p: np.ndarray | None = None) -> BlockVerdict:
+    def commit(
+        self, job: VerifyJob, accepted: int, nxt: int, seconds: float, p: np.ndarray | None = None
+    ) -> BlockVerdict:
         """Commit a rule's outcome for `job` (the first `accepted` draft tokens, then `nxt`), cut at
         end-of-sequence or the budget; `p` [k+1, V] only for the eval harness's records."""
         t0 = self.clock()
@@ -193,7 +195,9 @@ class TargetVerifier:
             emitted, finished = emitted[:budget], True
         return emitted, finished
 
-    def commit_decoded(self, emitted: Sequence[int], seconds: float, *, drafted: int = 0, accepted: int = 0) -> BlockVerdict:
+    def commit_decoded(
+        self, emitted: Sequence[int], seconds: float, *, drafted: int = 0, accepted: int = 0
+    ) -> BlockVerdict:
         """Commit tokens an engine decoded by itself (vLLM's own speculative decoding verified the
         edge's drafts: `drafted` of them proposed, `accepted` kept), cut at end-of-sequence or the budget."""
         if not emitted:
