@@ -1,5 +1,5 @@
 """Time the torch operations the rules' row laws are built from, on one CPU piece of the vLLM plugin
-(27 rows x 151,936 float32: acespec/cloud/vllm_plugin.py's CPU_CHUNK), to see which ones dominate.
+(27 rows x 151,936 float32: acespec/cloud/vllm_rules.py's CPU_CHUNK), to see which ones dominate.
 Run from the vLLM profile: .venv-vllm/bin/python scripts/profile-row-ops.py"""
 
 import statistics

@@ -16,7 +16,7 @@ import threading
 import pytest
 
 from acespec.engine.loop import Block, Transport
-from acespec.engine.verifier import TargetVerifier, Verdict
+from acespec.engine.verifier import BlockVerdict, TargetVerifier
 
 # Small context windows keep the KV caches (and load time) small; every real test fits easily.
 REAL_N_CTX = 1024
@@ -68,7 +68,7 @@ class HeldVerdictTransport(Transport):
         self.verifier = verifier
         self.timeout = timeout
         self._up: queue.Queue[Block | None] = queue.Queue()
-        self._down: queue.Queue[Verdict | BaseException] = queue.Queue()
+        self._down: queue.Queue[BlockVerdict | BaseException] = queue.Queue()
         self.sent = 0
         self.polls_refused = 0  # non-blocking recv calls answered with None
         self._thread = threading.Thread(target=self._serve, name="held-verifier", daemon=True)
@@ -88,7 +88,7 @@ class HeldVerdictTransport(Transport):
         self.sent += 1
         self._up.put(block)
 
-    def recv(self, timeout: float | None = None) -> Verdict | None:
+    def recv(self, timeout: float | None = None) -> BlockVerdict | None:
         if timeout is not None:
             self.polls_refused += 1
             return None

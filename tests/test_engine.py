@@ -27,7 +27,7 @@ PROMPT = [1, 2, 3]
 
 
 def _hook(store: list):
-    """verifier_hook that keeps the TargetVerifier and records every Verdict it returns."""
+    """verifier_hook that keeps the TargetVerifier and records every BlockVerdict it returns."""
 
     def hook(verifier: TargetVerifier) -> None:
         store.append(verifier)

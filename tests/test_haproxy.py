@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from acespec import wire
-from acespec.bench.fleet import SERVER_NAME, Balancer, FleetConfig, Replica, haproxy_config, make_certificates, run_fleet
+from acespec.bench.fleet import (SERVER_NAME, Balancer, FleetConfig, ReplicaProcess, haproxy_config, make_certificates,
+                                 run_fleet)
 from acespec.edge.client import CloudSession, ConnectConfig
 from acespec.tls import client_context
 
@@ -27,7 +28,7 @@ TARGET = "toy:vocab=64,seed=1"
 PROMPT = (1, 2, 3)
 
 
-def counters(r: Replica) -> dict[str, float]:
+def counters(r: ReplicaProcess) -> dict[str, float]:
     text = urllib.request.urlopen(f"http://127.0.0.1:{r.http_port}/metrics", timeout=10).read().decode()
     out = {}
     for name, labels, value in re.findall(r'^(acespec:\w+)(\{[^}]*\})? ([0-9.e+]+)$', text, re.M):
@@ -67,7 +68,7 @@ def test_through_the_balancer_a_resume_reaches_only_the_replica_that_issued_it(t
     # each landing on the other replica opens a new session there (the old one waits for its RESUME):
     # room for all of them, so a full replica (its /ready 503) never takes itself out of rotation
     args = ["--target", TARGET, "--auth-failures-per-min", "0", "--max-sessions", "64"]
-    replicas = [Replica(f"r{i}", args, certs[1][i] if certs else None, tmp_path).start() for i in range(2)]
+    replicas = [ReplicaProcess(f"r{i}", args, certs[1][i] if certs else None, tmp_path).start() for i in range(2)]
     lb = None
     try:
         lb = Balancer(replicas, tmp_path)

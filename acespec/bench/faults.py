@@ -43,7 +43,9 @@ HOST = "127.0.0.1"
 
 
 @dataclass
-class Outcome:
+class FaultOutcome:
+    """One scenario under one rule: its generations and what went wrong in them."""
+
     scenario: str
     rule: str
     runs: int = 0
@@ -73,7 +75,10 @@ class FaultsConfig:
     seed: int = 0  # seeds prompts and fault timing
 
 
-class _Campaign:
+class FaultCampaign:
+    """What every scenario needs: the models, the prompts, the undisturbed reference texts, and one
+    checked edge generation (`generate`); `run` plays one scenario. The fleet bench reuses its pieces."""
+
     def __init__(self, cfg: FaultsConfig) -> None:
         self.cfg = cfg
         self.rng = random.Random(cfg.seed)
@@ -114,7 +119,7 @@ class _Campaign:
                 self._refs[key] = list(generate(self._ref_target, prompt, cfg).tokens)
             return self._refs[key]
 
-    def generate(self, port: int, prompt: list[int], rule: str, seed: int, out: Outcome, on_tokens=None) -> None:
+    def generate(self, port: int, prompt: list[int], rule: str, seed: int, out: FaultOutcome, on_tokens=None) -> None:
         """One edge generation; its result checked against the undisturbed text and counted in `out`."""
         ref = self.reference(prompt, rule, seed)
         drafter = self.drafter()
@@ -151,8 +156,8 @@ class _Campaign:
                 out.mismatches += 1
 
     # -- scenarios ----------------------------------------------------------------------------------
-    def run(self, scenario: str, rule: str) -> Outcome:
-        out = Outcome(scenario, rule)
+    def run(self, scenario: str, rule: str) -> FaultOutcome:
+        out = FaultOutcome(scenario, rule)
         t0 = time.perf_counter()
         cloud = CloudServerThread(
             self.target if scenario != "restart" else self._fresh_target(), self.server_config()
@@ -255,7 +260,7 @@ class _Campaign:
 
 def run_faults(cfg: FaultsConfig, log=None) -> dict:
     """Run every scenario for every rule; returns {"outcomes": [...], "runs", "failures", "mismatches"}."""
-    campaign = _Campaign(cfg)
+    campaign = FaultCampaign(cfg)
     outcomes = []
     for scenario in cfg.scenarios:
         for rule in cfg.rules:
@@ -272,7 +277,7 @@ def run_faults(cfg: FaultsConfig, log=None) -> dict:
     }
 
 
-def _line(o: Outcome) -> str:
+def _line(o: FaultOutcome) -> str:
     s = (
         f"{o.scenario:>10} {o.rule:>8}: {o.runs:4d} runs, {o.resets:4d} resets, {o.reconnects:4d} reconnects, "
         f"{o.recoveries:3d} recoveries, {o.failures:3d} failed, {o.mismatches:3d} mismatched, {o.wall_s:7.1f} s"

@@ -42,8 +42,8 @@ from acespec.bench import write_result
 from acespec.bench.children import spawn, stop_process
 from acespec.bench.faults import (
     TEMPERATURE,  # the rules whose texts a campaign checks, and their temperatures
+    FaultCampaign,
     FaultsConfig,
-    _Campaign,
     lossless_rules,
 )
 from acespec.edge.client import ConnectConfig
@@ -100,7 +100,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class Replica:
+class ReplicaProcess:
     """One `acespec serve` process on fixed ports, so that it can come back where it was."""
 
     def __init__(self, name: str, args: list[str], tls: tuple[str, str] | None, log_dir: Path) -> None:
@@ -109,7 +109,7 @@ class Replica:
         self.port, self.http_port = free_port(), free_port()
         self.proc: subprocess.Popen | None = None
 
-    def start(self, timeout: float = 60.0) -> Replica:
+    def start(self, timeout: float = 60.0) -> ReplicaProcess:
         exe = shutil.which("acespec", path=os.path.dirname(sys.executable)) or None
         cmd = [exe] if exe else [sys.executable, "-m", "acespec.cli"]
         tls = ["--tls-cert", self.tls[0], "--tls-key", self.tls[1]] if self.tls else []
@@ -175,7 +175,7 @@ class Replica:
 class Balancer:
     """HAProxy (the `haproxy` program) running `haproxy_config` in the foreground."""
 
-    def __init__(self, replicas: list[Replica], workdir: Path) -> None:
+    def __init__(self, replicas: list[ReplicaProcess], workdir: Path) -> None:
         exe = shutil.which("haproxy")
         if exe is None:
             raise FleetError("HAProxy is not installed: run scripts/setup-system.sh (Debian's haproxy package)")
@@ -263,7 +263,7 @@ class _Run:
     def __init__(self, cfg: FleetConfig) -> None:
         self.cfg = cfg
         # the fault campaign's references (the target alone), prompts and drafters, on this config's models
-        self.camp = _Campaign(
+        self.camp = FaultCampaign(
             FaultsConfig(target=cfg.target, draft=cfg.draft, max_tokens=cfg.max_tokens, seed=cfg.seed)
         )
         self.rng = random.Random(cfg.seed)
@@ -292,7 +292,7 @@ class _Run:
                 "--resume-grace",
                 "60",
             ]
-            replicas = [Replica(f"r{i}", args, certs[i], work) for i in range(cfg.replicas)]
+            replicas = [ReplicaProcess(f"r{i}", args, certs[i], work) for i in range(cfg.replicas)]
             lb = None
             try:
                 threads = [threading.Thread(target=r.start, daemon=True) for r in replicas]

@@ -17,7 +17,7 @@ which engine measured it.
 
 It also times one study cell (`--rules`, default strict,cactus): a speculative step of `--cell-batch`
 sessions x K = `--cell-k` drafts under each rule, i.e. that pass plus the rejection sampling that AceSpec's
-vLLM plugin runs for the rule (`acespec.cloud.vllm_plugin.apply_rules`, the rules' one definition in
+vLLM plugin runs for the rule (`acespec.cloud.vllm_rules.apply_rules`, the rules' one definition in
 torch, on the pass's own logits), each next to the reference strict sampler: vLLM's own
 `rejection_sample` where vLLM is installed, else the plugin's `strict` on the same path (the file says
 which). Drafts are the target's argmax on most rows and random on the rest, so both the accepting and
@@ -133,7 +133,7 @@ def study_cell(
     import torch  # heavy: the hf extra
     from transformers import DynamicCache  # heavy: the hf extra
 
-    from acespec.cloud.vllm_plugin import apply_rules
+    from acespec.cloud.vllm_rules import apply_rules
     from acespec.models.synthetic import random_qwen2
     from acespec.verify import RuleSpec
 

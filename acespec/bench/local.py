@@ -83,7 +83,9 @@ def default_specs(k: int) -> list[BenchSpec]:
 
 
 @dataclass
-class RunRecord:
+class LocalRunRecord:
+    """One prompt under one configuration (a `BenchSpec`), as `summarize` totals it."""
+
     config: str
     prompt_id: str
     prompt_tokens: int
@@ -154,7 +156,7 @@ def run_local_bench(
         for bs in specs:
             one(bs, prompts[0][1][:16], warmup_tokens, keep=False)  # (the controller learns nothing from them)
 
-    records: list[RunRecord] = []
+    records: list[LocalRunRecord] = []
     with tqdm(
         total=len(prompts) * len(specs), desc="bench local", unit="run", file=sys.stderr, disable=not progress
     ) as bar:
@@ -165,7 +167,7 @@ def run_local_bench(
                 res = one(bs, ids, max_tokens)
                 s = res.stats
                 records.append(
-                    RunRecord(
+                    LocalRunRecord(
                         bs.name,
                         pid,
                         len(ids),
@@ -187,7 +189,7 @@ def run_local_bench(
     return summarize(records, specs)
 
 
-def summarize(records: Sequence[RunRecord], specs: Sequence[BenchSpec]) -> dict:
+def summarize(records: Sequence[LocalRunRecord], specs: Sequence[BenchSpec]) -> dict:
     out = []
     base_tps = None
     base_tokens = {r.prompt_id: r.tokens for r in records if r.config == specs[0].name}

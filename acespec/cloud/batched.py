@@ -46,7 +46,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from acespec.cloud.engine_api import EngineBusy, EngineSession, EngineStopped, SessionSpec, VerifyEngine
-from acespec.engine.verifier import Verdict, VerifyJob
+from acespec.engine.verifier import BlockVerdict, VerifyJob
 from acespec.models.base import Model
 
 log = logging.getLogger("acespec.cloud.batched")
@@ -302,7 +302,7 @@ class BatchedEngine(VerifyEngine):
         for (s, _, _, op), r in zip(batch, rows):
             s.ops.popleft()
             self.max_wait_tokens = max(self.max_wait_tokens, self.evaluated - op.mark - (s.own - op.own_mark))
-            # the pass's own time, as `Verdict.verify_us` means: the edge's link timing subtracts it from
+            # the pass's own time, as `BlockVerdict.verify_us` means: the edge's link timing subtracts it from
             # the round trip, and its scheduler expects queued blocks' verdicts one verify apart, so a
             # time that also held this block's wait behind the blocks before it (submitted -> done)
             # counted that wait twice and put every verdict later than it came
@@ -509,7 +509,7 @@ class BatchedEngine(VerifyEngine):
                         s.ops.popleft()
                         _fail(op.fut, e)
                         continue
-                    if isinstance(job, Verdict):  # stale, or the session has finished
+                    if isinstance(job, BlockVerdict):  # stale, or the session has finished
                         s.ops.popleft()
                         self.verdicts += 1
                         _resolve(op.fut, job)

@@ -24,7 +24,7 @@ from acespec.cloud.engine_api import (
     VerifyEngine,
 )
 from acespec.cloud.vllm_engine import VllmConfig, VllmEngine
-from acespec.engine.verifier import Verdict
+from acespec.engine.verifier import BlockVerdict
 from acespec.models.base import Model
 
 __all__ = [
@@ -151,9 +151,9 @@ class NoopEngine(VerifyEngine):
     async def open(self, spec: SessionSpec) -> EngineSession:
         return EngineSession(next(self._ids), self._make_verifier(spec))
 
-    def _now(self, s: EngineSession, seq: int, base: int, tokens: Sequence[int], q) -> Verdict:
+    def _now(self, s: EngineSession, seq: int, base: int, tokens: Sequence[int], q) -> BlockVerdict:
         job = s.verifier.prepare(seq, base, tokens, q)
-        if isinstance(job, Verdict):
+        if isinstance(job, BlockVerdict):
             return job
         self.verdicts += 1
         # the outcome of any rule on rows one-hot on the draft (and on token 0 after it): all accepted

@@ -4,7 +4,7 @@ The cloud server (`server.py`, `sessions.py`, `edge_led.py`, `streaming.py`) spe
 auth, frames, resume. Everything that touches the target goes through one `VerifyEngine`:
 
     s = await engine.open(spec)                       # a new session (EngineBusy: no room, retry later)
-    v = await engine.verify(s, seq, base, tokens, q)  # one draft block -> its Verdict
+    v = await engine.verify(s, seq, base, tokens, q)  # one draft block -> its BlockVerdict
     v = await engine.step(s)                          # cloud-only: one plain target step
     await engine.rollback(s, n)                       # RESUME: forget committed tokens past n
     engine.park(s)                                    # the edge went away: its KV may be reclaimed
@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from acespec.engine.board import DraftBoard
-from acespec.engine.verifier import TargetVerifier, Verdict
+from acespec.engine.verifier import BlockVerdict, TargetVerifier
 from acespec.models.base import Model
 from acespec.verify import RuleSpec, SamplingParams
 
@@ -85,19 +85,19 @@ class VerifyEngine(ABC):
     @abstractmethod
     async def verify(
         self, s: EngineSession, seq: int, base: int, tokens: Sequence[int], q: np.ndarray | None
-    ) -> Verdict:
+    ) -> BlockVerdict:
         """Verify one draft block (see `TargetVerifier.verify`)."""
 
     def submit_verify(
         self, s: EngineSession, seq: int, base: int, tokens: Sequence[int], q: np.ndarray | None
-    ) -> asyncio.Future[Verdict]:
+    ) -> asyncio.Future[BlockVerdict]:
         """`verify`, started now, as a future: the server submits each block the moment it arrives (in
         arrival order) and awaits the verdicts in order elsewhere. An engine that queues work itself
         returns its own future and spares a task per block (a front end's cost at thousands of edges)."""
         return asyncio.ensure_future(self.verify(s, seq, base, tokens, q))
 
     @abstractmethod
-    async def step(self, s: EngineSession) -> Verdict:
+    async def step(self, s: EngineSession) -> BlockVerdict:
         """One plain target step at whatever is committed (cloud-only streaming)."""
 
     @abstractmethod
@@ -122,7 +122,7 @@ class VerifyEngine(ABC):
         """The session's board changed (a DRAFT arrived): make its drafts visible to the engine's loop."""
         raise NotImplementedError
 
-    async def lead_step(self, s: EngineSession, board: DraftBoard) -> Verdict:
+    async def lead_step(self, s: EngineSession, board: DraftBoard) -> BlockVerdict:
         """The tokens the engine's own loop has committed since the last call (at least one)."""
         raise NotImplementedError
 

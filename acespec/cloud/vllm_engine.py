@@ -51,7 +51,7 @@ import numpy as np
 from acespec.cloud.engine_api import EngineRefused, EngineSession, EngineStopped, SessionSpec, VerifyEngine
 from acespec.cloud.vllm_board import CONFIG_KEY, BoardShape, SharedBoard
 from acespec.cloud.vllm_plugin import RULE_ARG
-from acespec.engine.verifier import Verdict
+from acespec.engine.verifier import BlockVerdict
 from acespec.models.base import ModelError, Tokenizer
 from acespec.models.hf import TOKENIZER_FILES, HFTokenizer, _IdTokenizer
 from acespec.verify.topk import TopKRuleError, dense_logits, tail_mass_bound, topk_exactness
@@ -291,11 +291,11 @@ class VllmEngine(VerifyEngine):
             self._drop_stream(s)
             s.verifier.rollback(n)
 
-    async def verify(self, s, seq, base, tokens, q) -> Verdict:
+    async def verify(self, s, seq, base, tokens, q) -> BlockVerdict:
         async with self._turn(s):
             v = s.verifier
             job = v.prepare(seq, base, tokens, q)
-            if isinstance(job, Verdict):
+            if isinstance(job, BlockVerdict):
                 self.verdicts += 1
                 return job
             t0 = time.perf_counter()
@@ -303,11 +303,11 @@ class VllmEngine(VerifyEngine):
             self.verdicts += 1
             return v.finish(job, rows, time.perf_counter() - t0)
 
-    async def step(self, s) -> Verdict:
+    async def step(self, s) -> BlockVerdict:
         async with self._turn(s):
             v = s.verifier
             job = v.prepare(0, v.committed, [])
-            if isinstance(job, Verdict):
+            if isinstance(job, BlockVerdict):
                 self.verdicts += 1
                 return job
             t0 = time.perf_counter()
@@ -327,7 +327,7 @@ class VllmEngine(VerifyEngine):
         if s.slot is not None and self._board is not None:
             self._board.publish(s.slot, board.drafts)
 
-    async def lead_step(self, s, board) -> Verdict:
+    async def lead_step(self, s, board) -> BlockVerdict:
         async with self._turn(s):
             v = s.verifier
             t0 = time.perf_counter()

@@ -44,10 +44,10 @@ from acespec.edge.metrics import EdgeMetrics
 from acespec.edge.service import (
     MAX_STOP,
     ApiError,
+    ApiGeneration,
     Done,
     DrafterPool,
     FirstTokens,
-    Generation,
     GenRequest,
     ServeConfig,
     TextAssembler,
@@ -480,7 +480,7 @@ def create_app(svc: EdgeService) -> FastAPI:
         return await _serve(request, body, svc.request(body, svc.completion_prompt(body)), chat=False)
 
     async def _serve(request: Request, body: _Body, req: GenRequest, *, chat: bool):
-        gen = Generation(svc, req)
+        gen = ApiGeneration(svc, req)
         ans = _Answer(svc, req, chat)
         try:
             await _unless_gone(request, gen.start())  # a full queue raises 503 here
@@ -519,7 +519,7 @@ def create_app(svc: EdgeService) -> FastAPI:
         m.request_ended(ans.finish_reason(), len(req.prompt))
         return JSONResponse(ans.whole("".join(t for t, _ in pieces)))
 
-    async def _stream(gen: Generation, ans: _Answer, first, include_usage: bool):
+    async def _stream(gen: ApiGeneration, ans: _Answer, first, include_usage: bool):
         ended = False
         try:
             if ans.chat:

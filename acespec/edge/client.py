@@ -42,7 +42,7 @@ from acespec import wire
 from acespec.engine.follow import LeadLink, StepChunk
 from acespec.engine.records import Block, Disconnected, LinkSample
 from acespec.engine.transport import Transport
-from acespec.engine.verifier import Verdict
+from acespec.engine.verifier import BlockVerdict
 
 
 class EdgeError(RuntimeError):
@@ -503,7 +503,7 @@ class TcpTransport(Transport):
             t, f = item
             if isinstance(f, wire.Verdict):
                 self._arrived(t, f)
-                return Verdict(
+                return BlockVerdict(
                     f.seq,
                     f.accepted,
                     f.next_token if not f.dropped else -1,

@@ -215,7 +215,7 @@ class Done:
     session: CloudSession | None = None
 
 
-class Generation:
+class ApiGeneration:
     """One request's run: waits for a drafter, runs `run_edge` in a thread, and yields its rounds."""
 
     def __init__(self, service, req: GenRequest) -> None:  # service: acespec.edge.api.EdgeService

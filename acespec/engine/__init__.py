@@ -9,7 +9,7 @@ from acespec.engine.loop import LoopConfig, LoopResult, Round, SpecLoop
 from acespec.engine.records import Block, Disconnected, InFlight, LinkSample, Outcome
 from acespec.engine.stats import RunStats
 from acespec.engine.transport import LocalTransport, Transport
-from acespec.engine.verifier import TargetVerifier, Verdict
+from acespec.engine.verifier import BlockVerdict, TargetVerifier
 
 __all__ = [
     "SpecConfig",
@@ -27,5 +27,5 @@ __all__ = [
     "Transport",
     "RunStats",
     "TargetVerifier",
-    "Verdict",
+    "BlockVerdict",
 ]

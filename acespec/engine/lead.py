@@ -20,7 +20,7 @@ from acespec.engine.board import BoardDraft, DraftBoard, SparseRow
 from acespec.engine.follow import LeadLink, StepChunk
 from acespec.engine.records import Disconnected
 from acespec.engine.transport import Clock
-from acespec.engine.verifier import TargetVerifier, Verdict
+from acespec.engine.verifier import BlockVerdict, TargetVerifier
 from acespec.verify.sampling import dense_row, sparse_top
 
 
@@ -71,7 +71,7 @@ class LeadState:
         made = v.committed - v.prompt_len
         return max(0, math.ceil((self.steps + 1) / budget - 1e-9) - made - 1)
 
-    def observe(self, verdict: Verdict, wall_s: float) -> None:
+    def observe(self, verdict: BlockVerdict, wall_s: float) -> None:
         # the first step's wall time holds the prompt's prefill (seconds, over several engine ticks; its
         # own pass is the first token's, a plain step's). Taught as the wait outside a pass, it made
         # that wait look like a second at first, and deep drafts nearly free for a dozen steps: on one

@@ -1,7 +1,7 @@
 """The draft -> verify loop, written once: the protocol core.
 
 The loop talks to the target through a `Transport` (`transport.py`): `send(block)` and
-`recv(timeout) -> Verdict`. In one process the transport calls a `TargetVerifier` directly
+`recv(timeout) -> BlockVerdict`. In one process the transport calls a `TargetVerifier` directly
 (`LocalTransport`); across the network the edge runtime plugs in a TCP transport; a simulator can
 plug in a link on a virtual clock, since every time the loop reads comes from the `clock` it is given.
 Two schedules:
@@ -39,7 +39,7 @@ from acespec.engine.records import Block, BonusGuess, Disconnected, InFlight, Lo
 from acespec.engine.schedule import Scheduler
 from acespec.engine.stats import RunStats
 from acespec.engine.transport import Clock, LocalTransport, Transport
-from acespec.engine.verifier import Verdict
+from acespec.engine.verifier import BlockVerdict
 
 __all__ = [
     "Block",
@@ -165,7 +165,7 @@ class SpecLoop:
             if isinstance(v, Disconnected) or self._done():
                 return
 
-    def _receive(self, v: Verdict | Disconnected) -> None:
+    def _receive(self, v: BlockVerdict | Disconnected) -> None:
         """Apply what the transport brought: a verdict, or the news that the link dropped."""
         if isinstance(v, Disconnected):
             self._resync()
@@ -174,7 +174,7 @@ class SpecLoop:
             self.cache.finish_partial()  # a partial pre-draft can still be the hit
         self._apply(v)
 
-    def _predraft(self, blocking: bool) -> tuple[Verdict | Disconnected | None, bool]:
+    def _predraft(self, blocking: bool) -> tuple[BlockVerdict | Disconnected | None, bool]:
         """The edge would idle here, or the next block can wait, or the outcomes are likelier than it:
         pre-draft likely outcomes a batched drafter step at a time, checking for the verdict in between,
         and only as much as fits before the verdict is due (a step that overruns it delays the edge's
@@ -336,7 +336,7 @@ class SpecLoop:
         return v is not None
 
     # -- applying a verdict ---------------------------------------------------------------------
-    def _apply(self, v: Verdict) -> None:
+    def _apply(self, v: BlockVerdict) -> None:
         block = self.inflight.blocks.popleft()
         if self.planner is not None:
             self.planner.forget(block.seq)  # bounded: only blocks in flight stay planned
@@ -366,7 +366,7 @@ class SpecLoop:
         if self.cache is not None:
             self.cache.discard_block(v.seq)
 
-    def _apply_dropped(self, block: Block, v: Verdict) -> None:
+    def _apply_dropped(self, block: Block, v: BlockVerdict) -> None:
         self.stats.dropped += 1
         if v.finished:
             self.finished = True
@@ -377,7 +377,7 @@ class SpecLoop:
         if self.cache is not None:
             self.cache.discard_block(v.seq)
 
-    def _feed_policy(self, drafted: int, v: Verdict, judged: bool = True) -> float | None:
+    def _feed_policy(self, drafted: int, v: BlockVerdict, judged: bool = True) -> float | None:
         """Tell the depth policy what this round measured; returns the round-trip estimate. Besides
         the verify and drafting times: the link (round trip, uplink rate, uplink bytes per draft
         token, where the recent blocks can tell them) and what a state-cache entry costs, so the
@@ -407,7 +407,9 @@ class SpecLoop:
             self.min_conf = float(min_conf)
         return rtt
 
-    def _deliver(self, block: Block, o: int, v: Verdict, emitted: list[int], drafted: int, rtt: float | None) -> None:
+    def _deliver(
+        self, block: Block, o: int, v: BlockVerdict, emitted: list[int], drafted: int, rtt: float | None
+    ) -> None:
         now = self.clock() - self._t0
         self.stats.observe_tokens(len(emitted), now)
         if self.on_tokens:
@@ -415,7 +417,7 @@ class SpecLoop:
         if self.on_round:
             self._report(block, o, v, emitted, drafted, rtt)
 
-    def _respeculate(self, block: Block, o: int, v: Verdict, drafted: int) -> None:
+    def _respeculate(self, block: Block, o: int, v: BlockVerdict, drafted: int) -> None:
         """Keep speculating only while the assumptions still extend what was committed; otherwise doom
         the blocks built on them and continue from a branch or a cache hit when one holds the outcome."""
         outcome = Outcome(v.seq, v.accepted, v.next_token)
@@ -477,7 +479,9 @@ class SpecLoop:
         n = len(self.spec)
         return b.base <= n < b.base + len(b.tokens) and b.tokens[: n - b.base] == self.spec[b.base :]
 
-    def _report(self, block: Block, o: int, v: Verdict, emitted: list[int], drafted: int, rtt: float | None) -> None:
+    def _report(
+        self, block: Block, o: int, v: BlockVerdict, emitted: list[int], drafted: int, rtt: float | None
+    ) -> None:
         """Hand the applied verdict to `on_round`. Accepted token i sits at block.tokens[o + i]; the
         cache's part of the block is the `cached` tokens right after the overlap."""
         if self.on_round is None:

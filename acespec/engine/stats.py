@@ -63,7 +63,7 @@ class RunStats:
         return 1.0 + self.accepted / self.rounds if self.rounds else 0.0
 
     def observe_pass(self, drafted: int, seconds: float) -> None:
-        """One target pass as the target reported it (`Verdict.verify_us`): what `sim.ceiling` calibrates on."""
+        """One target pass as the target reported it (`BlockVerdict.verify_us`): what `sim.ceiling` calibrates on."""
         self.verify_s += seconds
         self.passes.append((drafted, seconds))
 

@@ -1,6 +1,6 @@
 """The loop's link to the target: blocks up, verdicts down, and what the link measured on the way.
 
-A `Transport` carries `Block`s to a target and brings its `Verdict`s back in block order. The loop
+A `Transport` carries `Block`s to a target and brings its `BlockVerdict`s back in block order. The loop
 does not care whether the target is a direct call (`LocalTransport`), a TCP connection through a WAN
 (`acespec.edge.client.TcpTransport`) or a simulated link on a virtual clock; it only needs the same
 few facts about every link, so they are declared here rather than probed for:
@@ -24,7 +24,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 
 from acespec.engine.records import Block, Disconnected, LinkSample
-from acespec.engine.verifier import TargetVerifier, Verdict
+from acespec.engine.verifier import BlockVerdict, TargetVerifier
 
 Clock = Callable[[], float]  # seconds, monotonic: time.perf_counter, or a simulator's virtual clock
 
@@ -42,7 +42,7 @@ class Transport(ABC):
     def send(self, block: Block) -> None: ...
 
     @abstractmethod
-    def recv(self, timeout: float | None = None) -> Verdict | Disconnected | None:
+    def recv(self, timeout: float | None = None) -> BlockVerdict | Disconnected | None:
         """The next verdict, in block order; None if none arrived within `timeout` (None = wait)."""
 
     def resume(self, committed: Sequence[int]) -> int:
@@ -74,7 +74,7 @@ class LocalTransport(Transport):
     def __init__(self, verifier: TargetVerifier, *, clock: Clock = time.perf_counter) -> None:
         self.verifier = verifier
         self.clock = clock
-        self._out: deque[Verdict] = deque()
+        self._out: deque[BlockVerdict] = deque()
 
     def send(self, block: Block) -> None:
         sent = self.clock()
@@ -82,5 +82,5 @@ class LocalTransport(Transport):
         self._record(LinkSample(sent, self.clock(), v.verify_us / 1e6, 0, 0, len(block.tokens)))
         self._out.append(v)
 
-    def recv(self, timeout: float | None = None) -> Verdict | None:
+    def recv(self, timeout: float | None = None) -> BlockVerdict | None:
         return self._out.popleft() if self._out else None

@@ -30,7 +30,10 @@ from acespec.verify import RuleSpec, SamplingParams, probs_from_logits, verify_b
 
 
 @dataclass(frozen=True)
-class Verdict:
+class BlockVerdict:
+    """The target's answer to one `Block` (a plain target step is a block with no draft tokens). Across the
+    network it travels as a VERDICT frame (`acespec.wire.Verdict`), which the edge turns back into one."""
+
     seq: int  # which block this answers
     accepted: int  # draft tokens kept (after the overlap)
     next_token: int  # recovered or bonus token; -1 when dropped
@@ -109,10 +112,10 @@ class TargetVerifier:
     def generated(self) -> list[int]:
         return self.tokens[self.prompt_len :]
 
-    def verify(self, seq: int, base: int, x: Sequence[int], q: np.ndarray | None = None) -> Verdict:
+    def verify(self, seq: int, base: int, x: Sequence[int], q: np.ndarray | None = None) -> BlockVerdict:
         """Verify block `x` built on committed length `base`; `q`: [len(x), V] drafter rows (rules that need q)."""
         job = self.prepare(seq, base, x, q)
-        if isinstance(job, Verdict):
+        if isinstance(job, BlockVerdict):
             return job
         t0 = self.clock()
         # keep the cache one token behind the committed prefix, so the pass yields p after it
@@ -120,15 +123,15 @@ class TargetVerifier:
         logits = self.target.eval(self.tokens[n:] + job.draft.tolist(), last=job.k + 1)
         return self.finish(job, logits, self.clock() - t0)
 
-    def prepare(self, seq: int, base: int, x: Sequence[int], q: np.ndarray | None = None) -> VerifyJob | Verdict:
-        """The model-free first half of `verify`: a dropped Verdict for a stale block, else the job whose
+    def prepare(self, seq: int, base: int, x: Sequence[int], q: np.ndarray | None = None) -> VerifyJob | BlockVerdict:
+        """The model-free first half of `verify`: a dropped BlockVerdict for a stale block, else the job whose
         target rows [k+1, V] (the rows after `tokens[-1]` and after each draft token) `finish` needs. A
         batching engine prepares every session's job, evaluates all their rows in one pass, then finishes each."""
         C = self.committed
         o = C - base
         if self.finished or o < 0 or o > len(x) or list(x[:o]) != self.tokens[base:C]:
             self.stats.dropped += 1
-            return Verdict(seq, 0, -1, C, 0, dropped=True, finished=self.finished)
+            return BlockVerdict(seq, 0, -1, C, 0, dropped=True, finished=self.finished)
         # a block that would run past the context window is cut short: verifying fewer tokens is
         # always allowed (the verdict just accepts at most what was verified)
         room = max(0, self.target.n_ctx - C)
@@ -142,7 +145,7 @@ class TargetVerifier:
             )
         return VerifyJob(seq, C, draft, qk)
 
-    def finish(self, job: VerifyJob, logits: np.ndarray, seconds: float) -> Verdict:
+    def finish(self, job: VerifyJob, logits: np.ndarray, seconds: float) -> BlockVerdict:
         """Apply the rule to the target's rows `logits` [k+1, V] for `job` and commit the outcome; `seconds`
         is what the verify cost (reported to the edge and counted in the stats)."""
         if self.committed != job.committed:
@@ -156,7 +159,9 @@ class TargetVerifier:
         self.last_p = p
         return self.commit(job, accepted, int(nxt), seconds + self.clock() - t0, p)
 
-    def commit(self, job: VerifyJob, accepted: int, nxt: int, seconds: float, p: np.ndarray | None = None) -> Verdict:
+    def commit(
+        self, job: VerifyJob, accepted: int, nxt: int, seconds: float, p: np.ndarray | None = None
+    ) -> BlockVerdict:
         """Commit a rule's outcome for `job` (the first `accepted` draft tokens, then `nxt`), cut at
         end-of-sequence or the budget; `p` [k+1, V] only for the eval harness's records."""
         t0 = self.clock()
@@ -177,7 +182,7 @@ class TargetVerifier:
         s.accepted += accepted
         s.emitted += len(emitted)
         s.verify_s += dt
-        return Verdict(job.seq, accepted, int(nxt), self.committed, int(dt * 1e6), finished=finished, drafted=k)
+        return BlockVerdict(job.seq, accepted, int(nxt), self.committed, int(dt * 1e6), finished=finished, drafted=k)
 
     def _cut(self, emitted: list[int]) -> tuple[list[int], bool]:
         """Stop at end-of-sequence or the token budget: (the tokens kept, whether generation is over)."""
@@ -190,7 +195,9 @@ class TargetVerifier:
             emitted, finished = emitted[:budget], True
         return emitted, finished
 
-    def commit_decoded(self, emitted: Sequence[int], seconds: float, *, drafted: int = 0, accepted: int = 0) -> Verdict:
+    def commit_decoded(
+        self, emitted: Sequence[int], seconds: float, *, drafted: int = 0, accepted: int = 0
+    ) -> BlockVerdict:
         """Commit tokens an engine decoded by itself (vLLM's own speculative decoding verified the
         edge's drafts: `drafted` of them proposed, `accepted` kept), cut at end-of-sequence or the budget."""
         if not emitted:
@@ -203,7 +210,7 @@ class TargetVerifier:
         s.accepted += min(accepted, len(kept))
         s.emitted += len(kept)
         s.verify_s += seconds
-        return Verdict(
+        return BlockVerdict(
             0,
             min(accepted, len(kept) - 1),
             kept[-1],
@@ -231,6 +238,6 @@ class TargetVerifier:
             or (n - self.prompt_len >= self.max_tokens)
         )
 
-    def step(self, seq: int = 0) -> Verdict:
+    def step(self, seq: int = 0) -> BlockVerdict:
         """One plain autoregressive target step (a block with no draft tokens)."""
         return self.verify(seq, self.committed, [])

@@ -3,7 +3,7 @@
 A benchmark's ratio between two modes says which is faster, not how far either is from what the
 hardware allows. The ceiling is that second number. It is computed from a calibration taken from the
 same run's own sessions (`calibrate`): the target's pass times as the cloud reported them (every
-`Verdict.verify_us`, every cloud-led step's), fitted as t(k) = c0 + c1 k for a pass verifying k draft
+`BlockVerdict.verify_us`, every cloud-led step's), fitted as t(k) = c0 + c1 k for a pass verifying k draft
 tokens; the edge's drafting seconds per token; the link's measured round trip; and the per-token
 acceptance a (the geometric law's estimate: tokens kept / (kept + refusals)). Then, with
 E(k) = 1 + a + ... + a^k the tokens one pass of k drafts commits:

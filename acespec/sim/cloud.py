@@ -24,11 +24,11 @@ from typing import Protocol
 
 from acespec.control.lead import LeadMemory
 from acespec.engine.lead import LeadState
-from acespec.engine.verifier import TargetVerifier, Verdict, VerifyJob
+from acespec.engine.verifier import BlockVerdict, TargetVerifier, VerifyJob
 from acespec.sim.kernel import Kernel, Mailbox
 from acespec.sim.link import FrameSizer, SimLink
 
-__all__ = ["CloudCost", "SimCloud", "CloudSession", "Streamed"]
+__all__ = ["CloudCost", "SimCloud", "SimCloudSession", "Streamed"]
 
 
 class CloudCost(Protocol):
@@ -59,7 +59,10 @@ class SentBlock:
 
 
 @dataclass
-class CloudSession:
+class SimCloudSession:
+    """One edge's session as the simulated cloud holds it: its verifier, the link down to that edge and
+    the blocks waiting for the accelerator."""
+
     verifier: TargetVerifier
     down: SimLink
     inbox: Mailbox  # the edge's
@@ -79,7 +82,7 @@ class SimCloud:
         self.sizer = sizer
         self.lead_memory = LeadMemory()  # cloud-led pricing shared by the sessions, as the live server's
         self.max_batch = max_batch  # sessions one pass may hold
-        self.sessions: list[CloudSession] = []
+        self.sessions: list[SimCloudSession] = []
         self.busy = False
         self.passes = 0  # accelerator passes
         self.busy_s = 0.0  # accelerator seconds
@@ -87,7 +90,7 @@ class SimCloud:
         self._rr = 0  # round-robin start, so a capped batch serves every session in turn
 
     # -- frames arriving from the edges -----------------------------------------------------------
-    def hello(self, s: CloudSession) -> None:
+    def hello(self, s: SimCloudSession) -> None:
         s.ready = True
         s.prefill = max(0, s.verifier.committed - 1)  # verify() always evaluates the last prompt token itself
         nbytes = self.sizer.welcome(s.verifier.committed)
@@ -95,12 +98,12 @@ class SimCloud:
         self.sessions.append(s)
         self._kick()
 
-    def draft(self, s: CloudSession, block: SentBlock) -> None:
+    def draft(self, s: SimCloudSession, block: SentBlock) -> None:
         s.queue.append(block)
         self._kick()
 
     def lead_draft(
-        self, s: CloudSession, base: int, tokens: tuple[int, ...], parents: tuple[int, ...] | None = None
+        self, s: SimCloudSession, base: int, tokens: tuple[int, ...], parents: tuple[int, ...] | None = None
     ) -> None:
         assert s.lead is not None, "only a cloud-led session gets drafts"
         s.lead.take(base, tokens, parents, None, s.verifier.committed)
@@ -113,8 +116,8 @@ class SimCloud:
 
     def _start_pass(self) -> None:
         work: list[
-            tuple[CloudSession, VerifyJob | Verdict | None]
-        ] = []  # None: the session's prompt prefill; a Verdict: dropped
+            tuple[SimCloudSession, VerifyJob | BlockVerdict | None]
+        ] = []  # None: the session's prompt prefill; a BlockVerdict: dropped
         prefill = 0
         n = len(self.sessions)
         for i in range(n):
@@ -147,12 +150,12 @@ class SimCloud:
         self.pass_sizes.append(len(work))
         self.k.at(self.k.t + dt, lambda: self._finish_pass(work, dt))
 
-    def _next_job(self, s: CloudSession) -> VerifyJob | None:
+    def _next_job(self, s: SimCloudSession) -> VerifyJob | None:
         """The session's next block that is not stale; a stale one is answered at once (dropped)."""
         while s.queue:
             b = s.queue.popleft()
             job = s.verifier.prepare(b.seq, b.base, list(b.tokens))
-            if isinstance(job, Verdict):
+            if isinstance(job, BlockVerdict):
                 self._send_verdict(s, job)
                 continue
             return job
@@ -186,7 +189,7 @@ class SimCloud:
         self._start_pass()
 
     @staticmethod
-    def _verify(s: CloudSession, job: VerifyJob, dt: float) -> Verdict:
+    def _verify(s: SimCloudSession, job: VerifyJob, dt: float) -> BlockVerdict:
         """The verifier's own pass (`TargetVerifier.verify`), on the replay target, taking `dt` of virtual time."""
         ver = s.verifier
         n = ver.target.sync(ver.tokens[:-1])
@@ -194,7 +197,7 @@ class SimCloud:
         v = ver.finish(job, logits, dt)
         return dataclasses.replace(v, verify_us=int(dt * 1e6))
 
-    def _send_verdict(self, s: CloudSession, v: Verdict) -> None:
+    def _send_verdict(self, s: SimCloudSession, v: BlockVerdict) -> None:
         nbytes = self.sizer.verdict(
             v.seq,
             v.accepted,

@@ -31,9 +31,9 @@ from acespec.engine.loop import SpecLoop
 from acespec.engine.records import Block, LinkSample
 from acespec.engine.stats import RunStats
 from acespec.engine.transport import Transport
-from acespec.engine.verifier import TargetVerifier, Verdict
+from acespec.engine.verifier import BlockVerdict, TargetVerifier
 from acespec.net.profile import WanProfile
-from acespec.sim.cloud import CloudCost, CloudSession, SentBlock, SimCloud, Streamed
+from acespec.sim.cloud import CloudCost, SentBlock, SimCloud, SimCloudSession, Streamed
 from acespec.sim.kernel import Kernel, Mailbox, SimThread
 from acespec.sim.link import FrameSizer, SimLink
 from acespec.sim.profiles import DeviceProfile
@@ -176,8 +176,8 @@ class SimTransport(Transport):
         sent = SentBlock(block.seq, block.base, toks)
         e.up.send(nbytes, lambda t: e.cloud.draft(e.session, sent))
 
-    def recv(self, timeout: float | None = None) -> Verdict | None:
-        item = self.e.next_frame(Verdict, timeout)
+    def recv(self, timeout: float | None = None) -> BlockVerdict | None:
+        item = self.e.next_frame(BlockVerdict, timeout)
         if item is None:
             return None
         t, v, nbytes = item
@@ -259,7 +259,7 @@ class SimEdge:
             max_tokens=trace.n,
             stop_ids=frozenset(),
         )
-        self.session = CloudSession(
+        self.session = SimCloudSession(
             verifier,
             self.down,
             self.inbox,

@@ -15,7 +15,7 @@ rejection or the bonus token after a full accept. A round therefore emits `accep
 The template's arithmetic (`template_accept`, `residual`) and the rules' row functions in `relaxed`
 are written once against the array API (`array_api_compat.array_namespace`) and batched over rows
 `[n, V]`: the same definition runs on numpy here (float64, one block at a time) and on torch in
-AceSpec's vLLM plugin (`acespec/cloud/vllm_plugin.py`, every request of a step at once).
+AceSpec's vLLM plugin (`acespec/cloud/vllm_rules.py`, every request of a step at once).
 """
 
 from __future__ import annotations
