@@ -119,8 +119,11 @@ class FaultCampaign:
                 self._refs[key] = list(generate(self._ref_target, prompt, cfg).tokens)
             return self._refs[key]
 
-    def generate(self, port: int, prompt: list[int], rule: str, seed: int, out: FaultOutcome, on_tokens=None) -> None:
-        """One edge generation; its result checked against the undisturbed text and counted in `out`."""
+    def generate(
+        self, port: int, prompt: list[int], rule: str, seed: int, out: FaultOutcome, on_tokens=None, arm=None
+    ) -> None:
+        """One edge generation; its result checked against the undisturbed text and counted in `out`.
+        `arm`: called just before the edge connects (a fault timed to its first frames)."""
         ref = self.reference(prompt, rule, seed)
         drafter = self.drafter()
         cfg = EdgeConfig(
@@ -139,6 +142,8 @@ class FaultCampaign:
             if on_tokens is not None:
                 on_tokens(len(streamed))
 
+        if arm is not None:
+            arm()
         try:
             res = run_edge(drafter, prompt, cfg, model_id=drafter.tokenizer.fingerprint, on_tokens=push)
         except Exception as e:  # noqa: BLE001 - every failure is counted and reported
@@ -218,8 +223,11 @@ class FaultCampaign:
 
     def _handshake(self, proxy, rule, out, port, clouds) -> None:
         for _ in range(self.cfg.generations):
-            proxy.blackhole(0.3, drop=True)  # the first HELLO is lost and its connection reset
-            self.generate(proxy.port, self.prompt(), rule, self._seed(), out)
+            # the first HELLO is lost and its connection reset. Armed once the reference text is computed,
+            # not before: on a loaded machine computing it outlasted the 0.3 s, and no HELLO met the fault
+            self.generate(
+                proxy.port, self.prompt(), rule, self._seed(), out, arm=lambda: proxy.blackhole(0.3, drop=True)
+            )
 
     def _restart(self, proxy, rule, out, port, clouds) -> None:
         for _ in range(self.cfg.generations):
