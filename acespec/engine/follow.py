@@ -107,9 +107,8 @@ class FollowConfig:
     branch_len: int = 0  # tokens drafted after a branch's alternative (0 = no branches; they need a drafter with forks,
     #                      and on the recorded HumanEval traces they do not pay yet: docs/design-notes.md)
     max_branches: int = 4  # branches held at once, at distinct chain positions (each takes a KV slot)
-    idle_after: int = (
-        16  # steps in a row that could have verified a draft of ours and did not, before the uplink backs off ...
-    )
+    idle_after: int = 16  # steps in a row that could have verified a draft of ours and did not, before the
+    #                       uplink backs off ...
     idle_gap_max: int = 64  # ... to one short draft per this many steps at most (the gap doubles from idle_after)
     catch_up_after: int = 16  # stream tokens the drafter may lag by before it catches up beside the loop (a job)
     #                           rather than inside its next draft call, which would hold the stream's tokens back
@@ -118,9 +117,8 @@ class FollowConfig:
 
 @dataclass
 class LeadDepth:
-    """How far ahead of the stream to keep the chain: the tokens the cloud commits while a draft
-    travels up (stream rate x half an RTT, plus a step of slack), plus the depth worth verifying at
-    the measured acceptance (the run length a draft survives with 90% probability... of its mass)."""
+    """How far ahead of the stream to keep the chain: the tokens the cloud commits while a draft travels
+    up (rate x half an RTT, plus a step), plus the depth worth verifying at the measured acceptance."""
 
     cfg: FollowConfig
     accept: float = 0.7  # EWMA of the per-token acceptance the cloud reports
@@ -174,6 +172,7 @@ class _Stream:
     committed: list[int]  # the prompt, then every token streamed since
     t0: float = 0.0  # when the run started (the loop's clock): the user's token times count from here
     last_arrival: float | None = None  # when the previous step arrived: the gaps give the stream's rate
+    before_last: float | None = None  # when the step before it arrived (the contention guard's window)
 
     def generated(self) -> int:
         """Tokens streamed so far."""
@@ -325,7 +324,7 @@ class FollowLoop:
         self.handoff = DrafterHandoff(None, job, spawn, source, after_first)
         self.depth = LeadDepth(config)  # the stream's rate and the cloud's acceptance: how long a chain to keep
         self.guard = guard  # whether the drafter's work slows the cloud (shared cores): it rests while it does
-        self.worked = [False, False]  # whether the drafter worked since the last step arrived, and before it
+        self.worked_at = -math.inf  # when the drafter last worked (the loop's clock), for the guard
         self.stats = RunStats()  # the run's record, as every loop reports it
         if drafter is not None:
             self._bind(drafter)
@@ -362,7 +361,7 @@ class FollowLoop:
             return False
         self._bind(drafter)
         self.handoff.prefill_late(self.stream.committed, self.stats.emitted)
-        self.worked[0] = True
+        self.worked_at = self.clock()
         return True
 
     def _rtt(self) -> float:
@@ -407,7 +406,7 @@ class FollowLoop:
                 and self.handoff.should_catch_up(stream.committed, cfg.catch_up_after)
             ):
                 self.handoff.catch_up(stream.committed)
-                self.worked[0] = True
+                self.worked_at = self.clock()
             elif want > 0:  # a few tokens between looks at the stream; what costs nothing (a prediction) at once
                 ahead = self.handoff.bound().free_ahead(stream.committed + chain.tokens)
                 self._draft(max(min(want, cfg.chunk), min(want, ahead)))
@@ -458,7 +457,7 @@ class FollowLoop:
             chain.alt.extend(_alternatives(blk))
         self.stats.draft_s += blk.seconds
         self.stats.draft_tokens += len(blk.tokens)
-        self.worked[0] = True
+        self.worked_at = self.clock()
 
     def _can_branch(self) -> bool:
         br = self.branches
@@ -501,7 +500,7 @@ class FollowLoop:
             model.activate(br.main)
         br.at[base + best] = _Branch(alt, list(blk.tokens), _alternatives(blk), slot)
         br.drafted += 1
-        self.worked[0] = True
+        self.worked_at = self.clock()
         self.stats.draft_s += blk.seconds
         self.stats.draft_tokens += len(blk.tokens)
         self.uploads.sent_gen = -1  # the tree goes up with the next upload
@@ -534,7 +533,7 @@ class FollowLoop:
         new = list(c.tokens[have - c.start :])
         now = self.clock() - stream.t0  # when the user gets them: a drafter call may have held them past arrival
         gap = None if stream.last_arrival is None else c.arrived - stream.last_arrival
-        stream.last_arrival = c.arrived
+        before_last, stream.last_arrival = stream.last_arrival, c.arrived
         if not new:
             return c.finished
         # the cloud held our chain for this step if it went up a round trip before the step came back
@@ -549,11 +548,12 @@ class FollowLoop:
         self.stats.observe_tokens(len(new), now)
         self.stats.observe_pass(c.drafted, c.verify_s)
         self.depth.observe(c, gap)
-        if self.guard is not None:  # the step was computed about half a round trip before it arrived: the
-            # drafter counts as at work if it worked in this gap between steps or the one before
-            busy = self.worked[0] or self.worked[1] or self.handoff.running()
+        if self.guard is not None:  # computed ~half an RTT before it arrived: the drafter was at work if it worked
+            # after the step before the previous one arrived (steps that came during one long call count too)
+            self.worked_at = self.clock() if self.handoff.job is not None else self.worked_at
+            busy = self.worked_at > (-math.inf if stream.before_last is None else stream.before_last)
+            stream.before_last = before_last
             self.guard.step(c.verify_s, busy, plain=not c.drafted, first=c.start <= len(stream.prompt))
-            self.worked = [False, self.worked[0]]
         if self.on_tokens:
             self.on_tokens(new)
         if self.on_round:
