@@ -176,7 +176,9 @@ export class FollowLoop {
   private lastArrival: number | null = null;
   private t0 = 0;
   private readonly guard: ContentionGuard | null;
-  private worked = [false, false]; // whether the drafter worked since the last step arrived, and before it
+  // when the drafter last worked, and when the two steps before the latest arrived (ms, performance.now())
+  private workedAt = -Infinity;
+  private arrivals = [-Infinity, -Infinity];
   private joined: boolean; // whether the drafter's KV holds (or is being given) the text so far
   drafts = 0;
   chainBreaks = 0;
@@ -201,7 +203,9 @@ export class FollowLoop {
 
   private watch(job: Promise<void>): void {
     this.jobDone = false;
-    this.job = job.then(() => { this.jobDone = true; }, (e) => { this.jobError = e; this.jobDone = true; });
+    // a job that ends between two steps worked during the later one's computation too (the contention guard)
+    const done = (): void => { this.jobDone = true; this.workedAt = performance.now(); };
+    this.job = job.then(done, (e) => { this.jobError = e; done(); });
   }
 
   async run(t0: number): Promise<RunResult> {
@@ -223,7 +227,7 @@ export class FollowLoop {
         if (want > 0 && !this.chain.length && this.drafter.missing(this.committed) > this.cfg.catchUpAfter) {
           this.watch(this.drafter.prefill([...this.committed]));
           this.catchUps++;
-          this.worked[0] = true;
+          this.workedAt = performance.now();
         } else if (want > 0) {
           await this.draft(Math.min(want, this.cfg.chunk));
         }
@@ -261,7 +265,7 @@ export class FollowLoop {
     this.joined = true;
     this.joinedAt = this.stats.emitted;
     this.watch(this.drafter.prefill([...this.committed]));
-    this.worked[0] = true;
+    this.workedAt = performance.now();
   }
 
   private jobRunning(): boolean {
@@ -285,7 +289,7 @@ export class FollowLoop {
     this.chain.push(...d.tokens);
     this.stats.draftS += d.seconds;
     this.stats.draftTokens += d.tokens.length;
-    this.worked[0] = true;
+    this.workedAt = performance.now();
   }
 
   private upload(): void {
@@ -321,11 +325,13 @@ export class FollowLoop {
     for (let i = 0; i < fresh.length; i++) this.stats.tokenTimes.push(now);
     this.depth.observe(c, gap);
     if (this.guard !== null) { // the step was computed about half a round trip before it arrived: the drafter
-      // counts as at work if it worked in this gap between steps or the one before, or its job is running
-      const busy = this.worked[0] || this.worked[1] || this.jobRunning();
+      // counts as at work if it worked in this gap between arrivals or the one before, or its job is running.
+      // Arrival times, not the loop's turns: steps that came in while a drafter call held the loop arrive
+      // together, and each of them was computed while the drafter worked.
+      const busy = this.workedAt > this.arrivals[0] || this.jobRunning();
       this.guard.step(c.verifyS, busy, !c.drafted, c.start <= this.prompt.length);
-      this.worked = [false, this.worked[0]];
     }
+    this.arrivals = [this.arrivals[1], c.arrived];
     this.onTokens?.(fresh);
     return c.finished;
   }
