@@ -49,7 +49,7 @@ export function parseCli(argv: string[]): CliArgs {
         temperature: { type: "string" }, seed: { type: "string", default: "0" }, "top-k": { type: "string", default: "0" },
         "top-p": { type: "string", default: "1" }, k: { type: "string", default: "4" }, window: { type: "string", default: "2" }, "token-file": { type: "string" },
         "tls-ca": { type: "string" }, "tls-server-name": { type: "string" }, draft: { type: "string" },
-        "busy-retry": { type: "string", default: "60" },
+        "busy-retry": { type: "string", default: "60" }, "no-contention-guard": { type: "boolean", default: false },
       },
     }));
   } catch (e) {
@@ -100,6 +100,7 @@ export function parseCli(argv: string[]): CliArgs {
     prompt: values.prompt, chat: values.chat!, json: values.json!, draft,
     cfg: {
       mode, rule, k, window, temperature, topK, topP, seed: BigInt(values.seed!), maxTokens,
+      contentionGuard: !values["no-contention-guard"],
       connect: connectConfig({ host, port, token, tlsCa, tlsServerName: values["tls-server-name"] ?? null, busyRetryMs: busyRetry * 1000 }),
     },
   };

@@ -47,6 +47,7 @@ export class DraftModel {
   held: number[] = []; // the tokens the KV sequence holds, in order
   evals = 0; // model passes run
   fallbacks = 0; // coupled picks that needed the whole distribution
+  threads = 0; // the CPU threads its context computes with (0: a vocabulary-only model)
 
   private constructor(readonly model: LlamaModel, readonly vocab: Vocab, readonly path: string) {}
 
@@ -62,6 +63,7 @@ export class DraftModel {
         contextSize: opts.nCtx ?? 4096, batchSize: 256, sequences: 1, flashAttention: true,
         threads: { ideal: threads, min: threads },
       });
+      d.threads = threads;
       d.sequence = d.context.getSequence();
     }
     return d;

@@ -10,8 +10,14 @@
 // tokens still counts: that hides the uplink's half round trip. Nothing waits for the drafter: its long
 // calls (the prompt's prefill, catching up after a rest) run beside the loop, which meanwhile goes on
 // handing the stream's tokens to the user.
+//
+// With a ContentionGuard (contention.ts) the drafter works only while the guard lets it: where the edge
+// shares cores with the cloud, its work slows the cloud's steps more than its drafts can win back. Each
+// step tells the guard whether the drafter worked while the cloud computed it; a resting drafter leaves
+// the loop blocking on the stream, as the guard changes only at a step.
 
 import { CloudSession, EdgeError } from "./client.js";
+import { ContentionGuard } from "./contention.js";
 import { ChainDrafter } from "./drafter.js";
 import { RunResult, RunStats } from "./stats.js";
 import { ErrorCode, FrameType } from "./wire/frames.js";
@@ -169,31 +175,48 @@ export class FollowLoop {
   private jobError: unknown = null;
   private lastArrival: number | null = null;
   private t0 = 0;
+  private readonly guard: ContentionGuard | null;
+  // when the drafter last worked, and when the two steps before the latest arrived (ms, performance.now())
+  private workedAt = -Infinity;
+  private arrivals = [-Infinity, -Infinity];
+  private joined: boolean; // whether the drafter's KV holds (or is being given) the text so far
   drafts = 0;
   chainBreaks = 0;
   catchUps = 0;
+  joinedAt: number | null = null; // tokens streamed when the drafter joined late
 
+  /** `job`: the drafter's prefill, started while the handshake was in flight. `lateJoin`: the drafter has
+   * not seen the prompt; the loop prefills it beside the stream once the first token is here (and the
+   * guard lets it work), so its prefill never competes with the cloud's for a first token. `guard`: rests
+   * the drafter while its work slows the cloud's steps (contention.ts). */
   constructor(session: CloudSession, private prompt: number[], private drafter: ChainDrafter, private cfg: FollowConfig,
-    private onTokens: ((t: number[]) => void) | null, job: Promise<void> | null) {
+    private onTokens: ((t: number[]) => void) | null, job: Promise<void> | null,
+    opts: { lateJoin?: boolean; guard?: ContentionGuard | null } = {}) {
     this.committed = [...prompt];
     this.depth = new LeadDepth(cfg);
     this.uplink = new UplinkBackoff(cfg.idleAfter, cfg.idleGapMax);
     this.link = new LeadLink(session, cfg.pingEveryMs);
+    this.guard = opts.guard ?? null;
+    this.joined = !opts.lateJoin;
     if (job) this.watch(job);
   }
 
   private watch(job: Promise<void>): void {
     this.jobDone = false;
-    this.job = job.then(() => { this.jobDone = true; }, (e) => { this.jobError = e; this.jobDone = true; });
+    // a job that ends between two steps worked during the later one's computation too (the contention guard)
+    const done = (): void => { this.jobDone = true; this.workedAt = performance.now(); };
+    this.job = job.then(done, (e) => { this.jobError = e; done(); });
   }
 
   async run(t0: number): Promise<RunResult> {
     this.t0 = t0;
     let finished = false;
+    const rests = this.guard?.rests ?? 0;
     try {
       while (!finished) {
         const busy = this.want() > 0;
-        let got = await this.link.recv(busy ? 0 : this.job !== null ? this.cfg.pollMs : null);
+        const resting = this.guard !== null && !this.guard.mayDraft(); // it changes only at a step
+        let got = await this.link.recv(busy ? 0 : !resting && this.job !== null ? this.cfg.pollMs : null);
         while (got !== null) {
           if ("disconnected" in got) await this.resume();
           else finished = this.apply(got) || finished;
@@ -204,6 +227,7 @@ export class FollowLoop {
         if (want > 0 && !this.chain.length && this.drafter.missing(this.committed) > this.cfg.catchUpAfter) {
           this.watch(this.drafter.prefill([...this.committed]));
           this.catchUps++;
+          this.workedAt = performance.now();
         } else if (want > 0) {
           await this.draft(Math.min(want, this.cfg.chunk));
         }
@@ -216,14 +240,36 @@ export class FollowLoop {
       if (this.job !== null) await this.job; // the drafter must be idle before its owner uses it again
     }
     this.stats.wallS = (performance.now() - t0) / 1000;
-    Object.assign(this.stats.extra, { drafts_sent: this.drafts, chain_breaks: this.chainBreaks, catch_ups: this.catchUps });
+    Object.assign(this.stats.extra, {
+      drafts_sent: this.drafts, chain_breaks: this.chainBreaks, catch_ups: this.catchUps, drafter_joined_at: this.joinedAt,
+      contention_rests: this.guard === null ? null : this.guard.rests - rests,
+    });
     return { tokens: this.committed.slice(this.prompt.length), stats: this.stats, finished };
   }
 
+  /** Tokens to draft now: up to the lead depth, never past the generation budget. */
   private want(): number {
+    if (this.guard !== null && !this.guard.mayDraft()) return 0; // drafting slows the cloud's steps, or no baseline yet
+    if (!this.joined) {
+      this.join();
+      return 0;
+    }
     if (!this.uplink.maySend() || !this.drafterFree()) return 0;
     const left = this.cfg.maxTokens - (this.committed.length - this.prompt.length);
     return Math.min(this.depth.target(this.link.rttS()), left) - this.chain.length;
+  }
+
+  /** A late drafter's prefill of everything streamed so far, beside the loop, once the first token is here. */
+  private join(): void {
+    if (this.stats.emitted === 0) return;
+    this.joined = true;
+    this.joinedAt = this.stats.emitted;
+    this.watch(this.drafter.prefill([...this.committed]));
+    this.workedAt = performance.now();
+  }
+
+  private jobRunning(): boolean {
+    return this.job !== null && !this.jobDone;
   }
 
   private drafterFree(): boolean {
@@ -243,6 +289,7 @@ export class FollowLoop {
     this.chain.push(...d.tokens);
     this.stats.draftS += d.seconds;
     this.stats.draftTokens += d.tokens.length;
+    this.workedAt = performance.now();
   }
 
   private upload(): void {
@@ -277,6 +324,14 @@ export class FollowLoop {
     this.stats.verifyS += c.verifyS;
     for (let i = 0; i < fresh.length; i++) this.stats.tokenTimes.push(now);
     this.depth.observe(c, gap);
+    if (this.guard !== null) { // the step was computed about half a round trip before it arrived: the drafter
+      // counts as at work if it worked in this gap between arrivals or the one before, or its job is running.
+      // Arrival times, not the loop's turns: steps that came in while a drafter call held the loop arrive
+      // together, and each of them was computed while the drafter worked.
+      const busy = this.workedAt > this.arrivals[0] || this.jobRunning();
+      this.guard.step(c.verifyS, busy, !c.drafted, c.start <= this.prompt.length);
+    }
+    this.arrivals = [this.arrivals[1], c.arrived];
     this.onTokens?.(fresh);
     return c.finished;
   }

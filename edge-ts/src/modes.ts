@@ -2,11 +2,14 @@
 // - cloud-only: no drafting; the cloud generates and streams TOKENS.
 // - cloud-led:  the cloud streams as in cloud-only without ever waiting; the edge follows and uploads drafts
 //               ahead of the stream (follow.ts). `auto` is this mode: on the wire it is cloud-led, and the
-//               stream's first token never waits for the drafter's prefill.
+//               stream's first token never waits for the drafter's prefill. By default auto has a
+//               contention guard (contention.ts): the drafter joins once the first token is here and
+//               rests while its work slows the cloud's steps (an edge sharing the cloud's cores).
 // - sync:       stop-and-wait: draft K tokens, send a DRAFT, wait for its VERDICT, repeat.
 // - pipelined:  edge-led with `window` blocks in flight (pipelined.ts).
 
 import { CloudSession, ConnectConfig, EdgeError } from "./client.js";
+import { ContentionGuard, CoreLoad } from "./contention.js";
 import { ChainDrafter, DraftModel, Picker } from "./drafter.js";
 import { FOLLOW_DEFAULTS, FollowLoop } from "./follow.js";
 import { pipelinedLoop } from "./pipelined.js";
@@ -29,12 +32,26 @@ export interface EdgeConfig {
   seed: bigint;
   maxTokens: number;
   connect: ConnectConfig;
+  contentionGuard?: boolean; // auto: rest the drafter while its work slows the cloud's steps (default true)
 }
 
-/** One generation through the cloud. `model` is the drafter (its tokenizer fingerprint names the vocabulary). */
+/** A contention guard for one run: it watches this machine's cores where it can read their load. */
+export function freshGuard(model: DraftModel): ContentionGuard {
+  const load = new CoreLoad();
+  return new ContentionGuard({}, load.available ? load : null, model.threads || 1);
+}
+
+/** One generation through the cloud. `model` is the drafter (its tokenizer fingerprint names the vocabulary).
+ * `guard`: in auto, what earlier runs learned of whether drafting slows this cloud (one guard shared across
+ * runs); without one, auto makes a fresh guard unless `cfg.contentionGuard` is false. A run the guard would
+ * rest the drafter through opens as a cloud-only session: nothing of the cloud-led path runs for drafts
+ * that will not come, and its steps count towards the rest. */
 export async function runEdge(model: DraftModel, prompt: number[], cfg: EdgeConfig,
-  onTokens: ((t: number[]) => void) | null = null): Promise<RunResult> {
-  const wireMode = cfg.mode === "cloud-only" ? Mode.CLOUD_ONLY
+  onTokens: ((t: number[]) => void) | null = null, guard: ContentionGuard | null = null): Promise<RunResult> {
+  const auto = cfg.mode === "auto";
+  const g = !auto ? null : guard ?? (cfg.contentionGuard === false ? null : freshGuard(model));
+  const plain = g !== null && g.resting >= cfg.maxTokens && cfg.maxTokens > 0;
+  const wireMode = cfg.mode === "cloud-only" || plain ? Mode.CLOUD_ONLY
     : cfg.mode === "sync" || cfg.mode === "pipelined" ? Mode.SPECULATIVE : Mode.CLOUD_LED;
   const h = hello({
     model_id: model.fingerprint, max_tokens: cfg.maxTokens, prompt, auth: cfg.connect.token, temperature: cfg.temperature,
@@ -43,15 +60,18 @@ export async function runEdge(model: DraftModel, prompt: number[], cfg: EdgeConf
   const t0 = performance.now();
   let drafter: ChainDrafter | null = null;
   let prefill: Promise<void> | null = null;
-  if (cfg.mode !== "cloud-only" && cfg.maxTokens > 0) {
+  if (cfg.mode !== "cloud-only" && !plain && cfg.maxTokens > 0) {
     const picker: Picker = {
       mode: cfg.rule === "coupled" && cfg.temperature > 0 ? "coupled" : "greedy", seed: cfg.seed,
       sampling: { temperature: cfg.temperature, topK: cfg.topK, topP: cfg.topP },
     };
     drafter = new ChainDrafter(model, picker);
-    // the handshake is a round trip of waiting: the drafter prefills the prompt meanwhile
-    prefill = drafter.prefill(prompt);
-    prefill.catch(() => undefined); // awaited below; this only keeps an early failure from going unhandled
+    if (g === null) {
+      // the handshake is a round trip of waiting: the drafter prefills the prompt meanwhile (with a guard it
+      // joins after the first token, as the guard's baseline is the cloud's steps with the drafter idle)
+      prefill = drafter.prefill(prompt);
+      prefill.catch(() => undefined); // awaited below; this only keeps an early failure from going unhandled
+    }
   }
   let session: CloudSession;
   try {
@@ -70,6 +90,10 @@ export async function runEdge(model: DraftModel, prompt: number[], cfg: EdgeConf
       res = { tokens: [], stats, finished: true };
     } else if (drafter === null) {
       res = await cloudOnly(session, prompt, t0, onTokens);
+      if (plain) {
+        g!.skip(res.tokens.length);
+        Object.assign(res.stats.extra, { drafter_joined_at: null, contention_rests: 0, streamed_plain: true });
+      }
     } else if (cfg.mode === "sync") {
       await prefill;
       res = await syncLoop(session, prompt, drafter, cfg, t0, onTokens);
@@ -79,7 +103,7 @@ export async function runEdge(model: DraftModel, prompt: number[], cfg: EdgeConf
     } else {
       const follow = { ...FOLLOW_DEFAULTS, maxTokens: cfg.maxTokens, maxLead: Math.min(FOLLOW_DEFAULTS.maxLead, session.maxDraftTokens) };
       // the stream starts as soon as the cloud has the prompt: the prefill goes on beside the loop
-      res = await new FollowLoop(session, prompt, drafter, follow, onTokens, prefill).run(t0);
+      res = await new FollowLoop(session, prompt, drafter, follow, onTokens, prefill, { lateJoin: g !== null, guard: g }).run(t0);
     }
     [res.stats.bytesUp, res.stats.bytesDown] = session.totalBytes();
     Object.assign(res.stats.extra, { reconnects: session.reconnects, recoveries: session.recoveries, busy_waits: session.busyWaits,

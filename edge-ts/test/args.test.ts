@@ -39,6 +39,11 @@ describe("the command line", () => {
     assert.deepEqual([a.cfg.mode, a.cfg.rule, a.cfg.maxTokens, a.cfg.temperature], ["auto", "greedy", 128, 0]);
   });
 
+  it("keeps the contention guard on unless --no-contention-guard turns it off", () => {
+    assert.equal(parseCli(ok).cfg.contentionGuard, true);
+    assert.equal(parseCli([...ok, "--no-contention-guard"]).cfg.contentionGuard, false);
+  });
+
   it("refuses each kind of bad argument with a message that names it", () => {
     refused(["--prompt", "hi"], /--cloud HOST:PORT is required/);
     refused(["--cloud", "nohost", "--prompt", "x"], /--cloud: expected HOST:PORT/);
