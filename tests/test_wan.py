@@ -587,9 +587,12 @@ def test_thread_wrapper(sync_echo):
     with WanProxyThread(HOST, 0, HOST, sync_echo, WanProfile(rtt_ms=100)) as wan:
         port = wan.port
         with socket.create_connection((HOST, port), timeout=5) as sock:
-            assert 0.095 <= _sync_round_trip(sock, b"hello") <= 0.4
+            # every trip pays the 100 ms; a loaded machine only adds to a trip, so the upper bounds are on
+            # the quickest of a few (one trip alone read 0.6 s beside a busy process)
+            trips = [_sync_round_trip(sock, b"hello") for _ in range(3)]
+            assert 0.095 <= min(trips) <= 0.4
             wan.set_profile(WanProfile())
-            assert _sync_round_trip(sock, b"fast") < 0.1
+            assert min(_sync_round_trip(sock, b"fast") for _ in range(5)) < 0.095  # the delay is gone
             wan.blackhole(0.3)
             assert 0.25 <= _sync_round_trip(sock, b"held") <= 1.5
             assert wan.reset_connections() == 1
@@ -601,7 +604,7 @@ def test_thread_wrapper(sync_echo):
             _sync_round_trip(sock, b"again")
         counters = wan.counters
         assert counters.resets == 1 and counters.connections == 2
-        assert counters.up_bytes == counters.down_bytes == len(b"hellofastheldagain")
+        assert counters.up_bytes == counters.down_bytes == len(b"hello" * 3 + b"fast" * 5 + b"heldagain")
     # stopped: nothing listens any more, and the fault methods refuse politely
     with pytest.raises(OSError):
         socket.create_connection((HOST, port), timeout=2).close()
@@ -690,7 +693,7 @@ def test_cli_process_signals(sync_echo):
         assert status.startswith("acespec wan: listening on 127.0.0.1:"), (status, proc.stderr.read())
         port = int(status.split("listening on 127.0.0.1:")[1].split()[0])
         with socket.create_connection((HOST, port), timeout=5) as sock:
-            assert 0.019 <= _sync_round_trip(sock, b"hi") <= 0.5
+            assert 0.019 <= min(_sync_round_trip(sock, b"hi") for _ in range(3)) <= 0.5  # the quickest: as above
             proc.send_signal(signal.SIGUSR1)
             try:
                 assert sock.recv(10) == b""
@@ -700,7 +703,7 @@ def test_cli_process_signals(sync_echo):
         out, err = proc.communicate(timeout=10)
         assert proc.returncode == 0, err
         assert "SIGUSR1: reset 1 connection" in out
-        assert out.splitlines()[-1].startswith("acespec wan: stopped") and "up_bytes=2" in out
+        assert out.splitlines()[-1].startswith("acespec wan: stopped") and "up_bytes=6" in out  # "hi", three times
     finally:
         if proc.poll() is None:
             proc.kill()
