@@ -55,7 +55,7 @@ from acespec.edge.service import (
     edge_error_to_api,
     new_seed,
 )
-from acespec.engine.contention import ContentionGuard, CoreLoad
+from acespec.engine.contention import ContentionGuard
 from acespec.engine.loop import Round
 from acespec.models.base import Model, ModelError
 from acespec.verify import RuleSpec, RuleSpecError
@@ -162,7 +162,7 @@ class EdgeService:
         self.pool = DrafterPool(drafters, cfg.max_waiting)
         self.first_tokens = FirstTokens()  # auto streams lend no drafter while another waits for its first token
         # whether drafting slows the cloud (shared cores), learned once for every auto request
-        self.contention = ContentionGuard(load=CoreLoad(), threads=getattr(drafters[0], "n_threads", 1))
+        self.contention = ContentionGuard.watching_cores(getattr(drafters[0], "n_threads", 1))
         self.metrics = EdgeMetrics(len(drafters), self.pool)
         self.started = int(time.time())
 

@@ -23,6 +23,7 @@ Modes:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from collections.abc import Callable, Sequence
@@ -36,7 +37,7 @@ from acespec.draft.cache import CacheConfig, StateCache
 from acespec.draft.chain import ChainDrafter
 from acespec.draft.prediction import PredictedDrafter, Prediction
 from acespec.edge.client import CloudSession, ConnectConfig, EdgeError, TcpLeadLink, TcpTransport, link_failure
-from acespec.engine.contention import ContentionGuard, CoreLoad
+from acespec.engine.contention import ContentionGuard
 from acespec.engine.follow import FollowConfig, FollowLoop, StreamError
 from acespec.engine.handoff import ThreadJob
 from acespec.engine.loop import ORIGIN_TARGET, LoopConfig, LoopResult, Round, SpecLoop
@@ -135,6 +136,8 @@ def run_edge(
         )
 
     if cfg.mode == "auto":
+        if guard is None and cfg.contention_guard:
+            guard = ContentionGuard.watching_cores(acespec_env.threads())
         return _auto(
             drafter_model,
             drafter_source,
@@ -148,7 +151,7 @@ def run_edge(
             on_round,
             should_stop,
             on_session_closed,
-            guard if guard is not None or not cfg.contention_guard else _fresh_guard(),
+            guard,
         )
     drafter = None
     if cfg.mode != "cloud-only":
@@ -207,11 +210,6 @@ def run_edge(
             on_session_closed(session)
 
 
-def _fresh_guard() -> ContentionGuard:
-    """A contention guard for one run: it watches the cores this process may draft on."""
-    return ContentionGuard(load=CoreLoad(), threads=acespec_env.threads())
-
-
 def _auto(
     drafter_model: Model | None,
     source: Callable[[], Model | None] | None,
@@ -232,13 +230,9 @@ def _auto(
     cores with the cloud), the session is a cloud-only one: nothing of the cloud-led path runs for
     drafts that will not come."""
     if guard is not None and guard.resting >= cfg.max_tokens:
-        session = CloudSession(cfg.connect, dataclasses.replace(hello, mode=wire.Mode.CLOUD_ONLY))
-        try:
+        plain = dataclasses.replace(hello, mode=wire.Mode.CLOUD_ONLY)
+        with _closing(CloudSession(cfg.connect, plain), on_session_closed) as session:
             res = _cloud_only(session, prompt, cfg, on_tokens, t0, on_round, should_stop)
-        finally:
-            session.close()
-            if on_session_closed is not None:
-                on_session_closed(session)
         guard.skip(len(res.tokens))
         res.stats.cache.update(drafter_joined_at=None, contention_rests=0, streamed_plain=True)
         return res
@@ -250,8 +244,7 @@ def _auto(
         if source is not None
         else None
     )
-    session = CloudSession(cfg.connect, hello)
-    try:
+    with _closing(CloudSession(cfg.connect, hello), on_session_closed) as session:
         return _follow(
             session,
             prompt,
@@ -267,6 +260,13 @@ def _auto(
             on_round=on_round,
             should_stop=should_stop,
         )
+
+
+@contextlib.contextmanager
+def _closing(session: CloudSession, on_session_closed: Callable[[CloudSession], None] | None):
+    """The session, closed and handed to `on_session_closed` however the run with it ends."""
+    try:
+        yield session
     finally:
         session.close()
         if on_session_closed is not None:

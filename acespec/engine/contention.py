@@ -118,6 +118,12 @@ class ContentionGuard:
     others: float | None = None  # other processes' cores' worth of work on ours, over the last idle steps
     crowded: int = 0  # rests begun because the cores were busy (stats)
 
+    @classmethod
+    def watching_cores(cls, threads: int) -> ContentionGuard:
+        """The guard an edge process keeps: it watches the load on the cores this process may use (where
+        the OS lets it) for a drafter of `threads` CPU threads."""
+        return cls(load=CoreLoad(), threads=threads)
+
     def off(self) -> bool:
         """Whether the guard cannot judge: the cloud reports no step times."""
         return self.idle_steps == 0 and self.blind_steps >= self.cfg.baseline_steps
