@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from acespec.control.adaptive import expected_tokens
+from acespec.control.estimates import expected_tokens
 
 
 @dataclass

@@ -5,6 +5,7 @@ upstream address through an emulated path described by a `WanProfile`; `run_wan`
 point. Only the standard library is used, and no other acespec module.
 """
 
+from acespec.net.cli import run_wan
 from acespec.net.link import MSS, LinkQueue, StreamClock
 from acespec.net.profile import (
     MIN_RTO_MS,
@@ -15,7 +16,7 @@ from acespec.net.profile import (
     parse_rate,
     profile_from_args,
 )
-from acespec.net.wan import SIGNAL_BLACKHOLE_S, WanCounters, WanProxy, WanProxyThread, run_wan
+from acespec.net.wan import SIGNAL_BLACKHOLE_S, WanCounters, WanProxy, WanProxyThread
 
 __all__ = [
     "WanProfile",

@@ -11,10 +11,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any, TextIO
 
 # Bad input raises ValueError, which the `acespec` command prints as one error line (exit status 2).
-from acespec.net.profile import PROFILES, profile_from_args
-from acespec.net.wan import run_wan
+from acespec.net.profile import PROFILES, WanProfile, parse_hostport, profile_from_args
+from acespec.net.wan import SIGNAL_BLACKHOLE_S, WanCounters, WanProxy
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -53,3 +59,69 @@ def cmd_wan(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:  # only when SIGINT arrives before run_wan has installed its handler
         pass
     return 0
+
+
+async def run_wan(
+    listen: str,
+    upstream: str,
+    profile: WanProfile,
+    *,
+    on_ready: Callable[[WanProxy], None] | None = None,
+    out: TextIO | None = None,
+) -> WanCounters:
+    """Run a WAN proxy from `listen` ("HOST:PORT") to `upstream` until cancelled, SIGINT or SIGTERM.
+
+    Prints one status line when listening and the counters when it stops; returns the final counters.
+    While running, SIGUSR1 resets every connection and SIGUSR2 blackholes the path for
+    SIGNAL_BLACKHOLE_S seconds (stall, then deliver). Signal handlers are only installed when running
+    on the main thread (elsewhere, cancel the task to stop it); previous handlers are restored on exit.
+    `on_ready(proxy)` is called once listening (for embedding and tests).
+    """
+    listen_host, listen_port = parse_hostport(listen)
+    up_host, up_port = parse_hostport(upstream)
+    stream = out if out is not None else sys.stdout
+
+    def say(line: str) -> None:
+        print(f"acespec wan: {line}", file=stream, flush=True)
+
+    proxy = WanProxy(listen_host, listen_port, up_host, up_port, profile)
+    await proxy.start()
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+
+    def on_usr1() -> None:
+        say(f"SIGUSR1: reset {proxy.reset_connections()} connection(s)")
+
+    def on_usr2() -> None:
+        proxy.blackhole(SIGNAL_BLACKHOLE_S)
+        say(f"SIGUSR2: blackhole for {SIGNAL_BLACKHOLE_S:g} s")
+
+    handlers: dict[int, Callable[[], None]] = {signal.SIGINT: stop.set, signal.SIGTERM: stop.set}
+    if hasattr(signal, "SIGUSR1"):
+        handlers[signal.SIGUSR1] = on_usr1
+        handlers[signal.SIGUSR2] = on_usr2
+    installed: dict[int, Any] = {}  # signal -> the handler signal.getsignal gave (a callable, an int or None)
+    if threading.current_thread() is threading.main_thread():
+        for sig, handler in handlers.items():
+            previous = signal.getsignal(sig)
+            try:
+                loop.add_signal_handler(sig, handler)
+            except (NotImplementedError, RuntimeError, ValueError):
+                continue  # e.g. Windows: faults stay available through the API
+            installed[sig] = previous
+    try:
+        say(
+            f"listening on {listen_host}:{proxy.port} -> {up_host}:{up_port} | {profile.describe()} | "
+            f"pid {os.getpid()}: SIGUSR1 = reset connections, SIGUSR2 = {SIGNAL_BLACKHOLE_S:g} s blackhole"
+        )
+        if on_ready is not None:
+            on_ready(proxy)
+        await stop.wait()
+    finally:
+        for sig, previous in installed.items():
+            loop.remove_signal_handler(sig)
+            if previous is not None:
+                signal.signal(sig, previous)  # remove_signal_handler leaves SIG_DFL; put back what was there
+        await proxy.stop()
+        say(f"stopped | {proxy.counters}")
+    return proxy.counters

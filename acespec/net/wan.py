@@ -24,7 +24,7 @@ A varying profile (`WanProfile.switch_s > 0`, e.g. the `varying` profile) switch
 proxy's own clock: its first phase starts when the proxy starts, and again at every `set_profile`, so
 a benchmark that sets the profile before each run gives every run the same sequence of phases.
 
-Running `acespec wan` (see `run_wan`) also maps signals to faults, so they can be injected into a
+Running `acespec wan` (`cli.run_wan`) also maps signals to faults, so they can be injected into a
 running process from a shell:
 
     kill -USR1 <pid>   # reset_connections()
@@ -42,21 +42,17 @@ import asyncio
 import dataclasses
 import itertools
 import math
-import os
 import random
-import signal
 import socket
 import struct
-import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TextIO
 
 from acespec.net.link import LinkQueue, StreamClock
-from acespec.net.profile import WanProfile, parse_hostport
+from acespec.net.profile import WanProfile
 
-__all__ = ["WanCounters", "WanProxy", "WanProxyThread", "run_wan", "SIGNAL_BLACKHOLE_S"]
+__all__ = ["WanCounters", "WanProxy", "WanProxyThread", "SIGNAL_BLACKHOLE_S"]
 
 UP, DOWN = "up", "down"
 
@@ -557,69 +553,3 @@ class WanProxyThread:
             loop.call_soon_threadsafe(loop.stop)
         if thread is not None:
             thread.join(timeout)
-
-
-async def run_wan(
-    listen: str,
-    upstream: str,
-    profile: WanProfile,
-    *,
-    on_ready: Callable[[WanProxy], None] | None = None,
-    out: TextIO | None = None,
-) -> WanCounters:
-    """Run a WAN proxy from `listen` ("HOST:PORT") to `upstream` until cancelled, SIGINT or SIGTERM.
-
-    Prints one status line when listening and the counters when it stops; returns the final counters.
-    While running, SIGUSR1 resets every connection and SIGUSR2 blackholes the path for
-    SIGNAL_BLACKHOLE_S seconds (stall, then deliver). Signal handlers are only installed when running
-    on the main thread (elsewhere, cancel the task to stop it); previous handlers are restored on exit.
-    `on_ready(proxy)` is called once listening (for embedding and tests).
-    """
-    listen_host, listen_port = parse_hostport(listen)
-    up_host, up_port = parse_hostport(upstream)
-    stream = out if out is not None else sys.stdout
-
-    def say(line: str) -> None:
-        print(f"acespec wan: {line}", file=stream, flush=True)
-
-    proxy = WanProxy(listen_host, listen_port, up_host, up_port, profile)
-    await proxy.start()
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-
-    def on_usr1() -> None:
-        say(f"SIGUSR1: reset {proxy.reset_connections()} connection(s)")
-
-    def on_usr2() -> None:
-        proxy.blackhole(SIGNAL_BLACKHOLE_S)
-        say(f"SIGUSR2: blackhole for {SIGNAL_BLACKHOLE_S:g} s")
-
-    handlers: dict[int, Callable[[], None]] = {signal.SIGINT: stop.set, signal.SIGTERM: stop.set}
-    if hasattr(signal, "SIGUSR1"):
-        handlers[signal.SIGUSR1] = on_usr1
-        handlers[signal.SIGUSR2] = on_usr2
-    installed: dict[int, Any] = {}  # signal -> the handler signal.getsignal gave (a callable, an int or None)
-    if threading.current_thread() is threading.main_thread():
-        for sig, handler in handlers.items():
-            previous = signal.getsignal(sig)
-            try:
-                loop.add_signal_handler(sig, handler)
-            except (NotImplementedError, RuntimeError, ValueError):
-                continue  # e.g. Windows: faults stay available through the API
-            installed[sig] = previous
-    try:
-        say(
-            f"listening on {listen_host}:{proxy.port} -> {up_host}:{up_port} | {profile.describe()} | "
-            f"pid {os.getpid()}: SIGUSR1 = reset connections, SIGUSR2 = {SIGNAL_BLACKHOLE_S:g} s blackhole"
-        )
-        if on_ready is not None:
-            on_ready(proxy)
-        await stop.wait()
-    finally:
-        for sig, previous in installed.items():
-            loop.remove_signal_handler(sig)
-            if previous is not None:
-                signal.signal(sig, previous)  # remove_signal_handler leaves SIG_DFL; put back what was there
-        await proxy.stop()
-        say(f"stopped | {proxy.counters}")
-    return proxy.counters

@@ -7,8 +7,9 @@ from __future__ import annotations
 import hashlib
 import operator
 
-from .codec import _decode_payload, _parse_length, _put_uvarint, _Reader, _uint
+from .codec import _decode_payload, _parse_length
 from .errors import ErrorCode, WireError
+from .fields import _put_uvarint, _Reader, _uint
 from .frames import BAD_FRAME, DEFAULT_LIMITS, Frame, Limits
 
 __all__ = ["FrameDecoder", "committed_digest", "encode_uvarint", "decode_uvarint", "zigzag_encode", "zigzag_decode"]
