@@ -3,7 +3,7 @@
 // sequence, synced to each context as chain.ts asks (rolling back to the first token that differs), and
 // drafts greedily: each token is the argmax of the model's distribution after the context.
 
-import { Wllama } from "@wllama/wllama";
+import { LoggerWithoutDebug, Wllama } from "@wllama/wllama";
 import type { DraftBackend, Picker } from "../chain.js";
 import { chunksReader, parseGgufMetadata } from "../ggufmeta.js";
 import { Vocab } from "../vocab.js";
@@ -51,7 +51,7 @@ export class WllamaDraftModel implements DraftBackend {
     // the vocabulary from the GGUF's own token table, as the Node edge reads it: the tokenizer fingerprint
     // HELLO names, and each token's bytes for the text
     const vocab = new Vocab(parseGgufMetadata(chunksReader(parts), ggufUrl));
-    const w = new Wllama({ "single-thread/wllama.wasm": opts.wasmUrl }, { suppressNativeLog: true });
+    const w = new Wllama({ "single-thread/wllama.wasm": opts.wasmUrl }, { suppressNativeLog: true, logger: LoggerWithoutDebug });
     await w.loadModel([new Blob(parts)], { n_ctx: opts.nCtx ?? 2048, n_batch: 256, n_threads: 1 });
     if (w.isMultithread()) throw new DrafterError("wllama loaded its multi-threaded build; the page expects the single-threaded one");
     return new WllamaDraftModel(w, vocab);
