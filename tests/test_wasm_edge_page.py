@@ -241,3 +241,21 @@ def test_cloud_led_in_the_browser_against_a_cloud_that_never_waits(chromium, sit
     prompt, want = reference(N)
     r = _check(_run(chromium, site, cloud, "cloud-led", prompt, N), site, cloud, "cloud-led (no lead budget)", N, want)
     assert r["stats"]["drafts_sent"] > 0, r["stats"]
+
+
+def test_the_pages_tokenizer_splits_text_as_the_clouds_does(chromium, site, cloud):
+    """?text= is split by wllama's tokenizer on the drafter's GGUF: the same ids as the cloud's tokenizer
+    (the Python edge's), for plain, spaced, accented, CJK and emoji text and a special token's name."""
+    tok = cloud.server.target.tokenizer
+    for text in (PROMPT, "  two  spaces\tand a tab\n", "héllo wörld ✓ 你好 🙂", "<|im_end|> is text here"):
+        page = page_run(
+            chromium,
+            site,
+            ws=f"ws://{HOST}:{cloud.server.ws_port}/",
+            gguf="/drafter.gguf",
+            text=text,
+            mode="cloud-only",
+            max_tokens=2,
+        )
+        assert page["state"] == "done", page["status"]
+        assert page["result"]["prompt"] == tok.encode(text), text

@@ -12,7 +12,7 @@ npm run build
 # one test file at a time: the live ones start clouds and models, and the machine may have two cores
 node --test --test-concurrency=1 dist/test/*.test.js
 npm run build:web
-py="${ACESPEC_PYTHON:-../.venv/bin/python}"
+py="${ACESPEC_PYTHON:-$(cd .. && pwd)/.venv/bin/python}"
 if (cd .. && "$py" -c "import pytest, acespec") 2>/dev/null; then
   (cd .. && "$py" -m pytest -q -s -p no:cacheprovider tests/test_wasm_edge_page.py)
 else

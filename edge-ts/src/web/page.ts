@@ -23,6 +23,7 @@ import { wsConnector } from "./ws.js";
 const PAGE_MODES: EdgeMode[] = ["cloud-led", "sync", "cloud-only"];
 
 export interface PageResult {
+  prompt: number[]; // the prompt's ids as sent (the drafter's tokenizer split ?text=)
   text: string;
   tokens: number[];
   drafted: number;
@@ -117,7 +118,7 @@ async function run(q: URLSearchParams, out: HTMLElement, status: HTMLElement): P
   const s = res.stats;
   const r4 = (x: number): number => Math.round(x * 1e4) / 1e4;
   const result: PageResult = {
-    text: shown, tokens: res.tokens, drafted: s.drafted, accepted: s.accepted, target_passes: s.rounds,
+    prompt, text: shown, tokens: res.tokens, drafted: s.drafted, accepted: s.accepted, target_passes: s.rounds,
     tok_s: r4(s.tokensPerS), ttft_s: r4(s.ttftS), passes_per_token: r4(s.targetPassesPerToken),
     acceptance: r4(s.acceptanceRate), finished: res.finished, mode, model_id: model.fingerprint, load_s: r4(loadS),
     prefill_s: prefillS === null ? null : r4(prefillS),
