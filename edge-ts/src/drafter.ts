@@ -9,25 +9,11 @@ import { getLlama, Llama, LlamaContext, LlamaContextSequence, LlamaLogLevel, Lla
 import { availableParallelism } from "node:os";
 import { coupledSample, coupledTop } from "./coupled.js";
 import { readGgufMetadata } from "./gguf.js";
+import { DraftBackend, Picker } from "./chain.js";
 import { Vocab } from "./vocab.js";
 
-export interface Sampling {
-  temperature: number; // 0 = greedy
-  topK: number; // 0 = off
-  topP: number; // 1 = off
-}
-
-/** How the drafter picks a token: the rule that will verify it decides. */
-export interface Picker {
-  mode: "greedy" | "coupled";
-  seed: bigint;
-  sampling: Sampling;
-}
-
-export interface DraftResult {
-  tokens: number[];
-  seconds: number;
-}
+export { ChainDrafter } from "./chain.js";
+export type { DraftBackend, DraftResult, Picker, Sampling } from "./chain.js";
 
 // how many of the likeliest tokens a coupled pick asks llama.cpp for (see DraftModel.eval)
 const TOP_K = 8192;
@@ -41,7 +27,7 @@ function llama(): Promise<Llama> {
 }
 
 /** The model's tokenizer and vocabulary, without its weights when `vocabOnly` (cloud-only needs no drafter). */
-export class DraftModel {
+export class DraftModel implements DraftBackend {
   private sequence: LlamaContextSequence | null = null;
   private context: LlamaContext | null = null;
   held: number[] = []; // the tokens the KV sequence holds, in order
@@ -159,42 +145,5 @@ export class DraftModel {
   async dispose(): Promise<void> {
     await this.context?.dispose();
     await this.model.dispose();
-  }
-}
-
-/** Chain drafting after a context (the Python ChainDrafter's draft/prefill/missing). */
-export class ChainDrafter {
-  tokensDrafted = 0;
-  constructor(readonly model: DraftModel, readonly picker: Picker) {}
-
-  /** Put all of `context` but its last token in the KV cache (draft() evaluates the last one). */
-  async prefill(context: readonly number[]): Promise<void> {
-    const m = await this.model.sync(context.slice(0, -1));
-    await this.model.eval(context.slice(m, -1), null);
-  }
-
-  /** Tokens of `context` but its last that the KV cache does not hold. */
-  missing(context: readonly number[]): number {
-    const held = this.model.held;
-    const n = Math.min(held.length, context.length - 1);
-    let m = 0;
-    while (m < n && held[m] === context[m]) m++;
-    return context.length - 1 - m;
-  }
-
-  /** Up to `n` tokens after `context`. */
-  async draft(context: readonly number[], n: number): Promise<DraftResult> {
-    const t0 = performance.now();
-    if (n <= 0) return { tokens: [], seconds: 0 };
-    const m = await this.model.sync(context.slice(0, -1));
-    let x = await this.model.eval(context.slice(m), this.picker);
-    const tokens: number[] = [];
-    for (;;) {
-      tokens.push(x!);
-      if (tokens.length >= n) break;
-      x = await this.model.eval([x!], this.picker);
-    }
-    this.tokensDrafted += tokens.length;
-    return { tokens, seconds: (performance.now() - t0) / 1000 };
   }
 }

@@ -11,18 +11,28 @@
 // calls (the prompt's prefill, catching up after a rest) run beside the loop, which meanwhile goes on
 // handing the stream's tokens to the user.
 //
-// With a ContentionGuard (contention.ts) the drafter works only while the guard lets it: where the edge
-// shares cores with the cloud, its work slows the cloud's steps more than its drafts can win back. Each
-// step tells the guard whether the drafter worked while the cloud computed it; a resting drafter leaves
-// the loop blocking on the stream, as the guard changes only at a step.
+// With a contention guard (contention.ts's ContentionGuard) the drafter works only while the guard lets
+// it: where the edge shares cores with the cloud, its work slows the cloud's steps more than its drafts
+// can win back. Each step tells the guard whether the drafter worked while the cloud computed it; a
+// resting drafter leaves the loop blocking on the stream, as the guard changes only at a step.
+//
+// Nothing here depends on Node: a browser runs the same loop.
 
-import { CloudSession, EdgeError } from "./client.js";
-import { ContentionGuard } from "./contention.js";
-import { ChainDrafter } from "./drafter.js";
+import { CloudSession, EdgeError } from "./session.js";
+import { ChainDrafter } from "./chain.js";
 import { RunResult, RunStats } from "./stats.js";
 import { ErrorCode, FrameType } from "./wire/frames.js";
 
 export class StreamError extends Error {}
+
+/** What the loop asks of a contention guard (contention.ts's ContentionGuard, in Node). */
+export interface DraftGuard {
+  readonly rests: number; // rests so far
+  readonly resting: number; // steps left in the current rest
+  mayDraft(): boolean;
+  skip(steps: number): void; // steps of a session the drafter sat out (cloud-only)
+  step(verifyS: number, busy: boolean, plain?: boolean, first?: boolean): void;
+}
 
 interface Step {
   start: number;
@@ -175,7 +185,7 @@ export class FollowLoop {
   private jobError: unknown = null;
   private lastArrival: number | null = null;
   private t0 = 0;
-  private readonly guard: ContentionGuard | null;
+  private readonly guard: DraftGuard | null;
   // when the drafter last worked, and when the two steps before the latest arrived (ms, performance.now())
   private workedAt = -Infinity;
   private arrivals = [-Infinity, -Infinity];
@@ -191,7 +201,7 @@ export class FollowLoop {
    * the drafter while its work slows the cloud's steps (contention.ts). */
   constructor(session: CloudSession, private prompt: number[], private drafter: ChainDrafter, private cfg: FollowConfig,
     private onTokens: ((t: number[]) => void) | null, job: Promise<void> | null,
-    opts: { lateJoin?: boolean; guard?: ContentionGuard | null } = {}) {
+    opts: { lateJoin?: boolean; guard?: DraftGuard | null } = {}) {
     this.committed = [...prompt];
     this.depth = new LeadDepth(cfg);
     this.uplink = new UplinkBackoff(cfg.idleAfter, cfg.idleGapMax);

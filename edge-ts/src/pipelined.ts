@@ -7,8 +7,8 @@
 // the edge back to drafting from the committed text, and the blocks still in flight are doomed (the
 // cloud drops them) and no longer hold the window.
 
-import { CloudSession, EdgeError } from "./client.js";
-import { ChainDrafter } from "./drafter.js";
+import { CloudSession, EdgeError } from "./session.js";
+import { ChainDrafter } from "./chain.js";
 import { RunResult, RunStats } from "./stats.js";
 import { ErrorCode, FrameType } from "./wire/frames.js";
 

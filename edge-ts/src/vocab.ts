@@ -5,8 +5,8 @@
 // byte-level BPE tokens hold; the fingerprint hashes bytes, so the pieces are rebuilt here from the
 // GGUF's own token table, with llama.cpp's rules (llama-vocab.cpp, token_to_piece).
 
-import { createHash } from "node:crypto";
-import { GgufValue } from "./gguf.js";
+import type { GgufValue } from "./ggufmeta.js";
+import { sha256 } from "./wire/sha256.js";
 
 // llama.cpp's token types (GGUF tokenizer.ggml.token_type)
 const NORMAL = 1, UNKNOWN = 2, CONTROL = 3, USER_DEFINED = 4, BYTE = 6;
@@ -79,12 +79,12 @@ export class Vocab {
   /** The bytes of `ids` as text shows them: control tokens render as nothing. */
   decodeBytes(ids: readonly number[]): Uint8Array {
     const parts = ids.map((t) => (this.hidden[t] ? new Uint8Array(0) : this.pieces[t] ?? new Uint8Array(0)));
-    return Buffer.concat(parts);
+    return concat(parts);
   }
 
   /** A token's text with special tokens rendered (for the chat template's bos/eos strings). */
   special(id: number): string {
-    return id >= 0 && id < this.pieces.length ? Buffer.from(this.pieces[id]).toString("utf8") : "";
+    return id >= 0 && id < this.pieces.length ? new TextDecoder().decode(this.pieces[id]) : "";
   }
 }
 
@@ -107,12 +107,22 @@ function bpeBytes(text: string, decoder: Map<number, number>): Uint8Array {
 /** `vocab:<n>:<hash>`: SHA-256 over every token's bytes, each prefixed by its length (u32, big-endian),
  * first 16 hex digits; the Python side's `models.base.vocab_fingerprint`. */
 export function vocabFingerprint(pieces: readonly Uint8Array[]): string {
-  const h = createHash("sha256");
-  const len = Buffer.alloc(4);
+  const framed: Uint8Array[] = [];
   for (const p of pieces) {
-    len.writeUInt32BE(p.length, 0);
-    h.update(len);
-    h.update(p);
+    const len = new Uint8Array(4);
+    new DataView(len.buffer).setUint32(0, p.length);
+    framed.push(len, p);
   }
-  return `vocab:${pieces.length}:` + h.digest("hex").slice(0, 16);
+  const digest = Array.from(sha256(concat(framed)), (b) => b.toString(16).padStart(2, "0")).join("");
+  return `vocab:${pieces.length}:` + digest.slice(0, 16);
+}
+
+function concat(parts: readonly Uint8Array[]): Uint8Array {
+  const out = new Uint8Array(parts.reduce((s, p) => s + p.length, 0));
+  let o = 0;
+  for (const p of parts) {
+    out.set(p, o);
+    o += p.length;
+  }
+  return out;
 }

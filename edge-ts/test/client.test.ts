@@ -94,7 +94,7 @@ describe("the session client against a live toy cloud", { skip, timeout: 120_000
         const a = await s.link.next(10_000);
         if (a?.frame?.type === FrameType.TOKENS) got.push(...a.frame.tokens.slice(PROMPT.length + got.length - Number(a.frame.start)));
       }
-      (s.link as unknown as { sock: { destroy(): void } }).sock.destroy();
+      (s.link as unknown as { transport: { destroy(): void } }).transport.destroy(); // the socket, under the link
       const agreed = await s.resume([...PROMPT, ...got]);
       assert.equal(agreed, PROMPT.length + got.length);
       assert.equal(s.reconnects, 1);

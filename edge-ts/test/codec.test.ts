@@ -1,9 +1,11 @@
 // The codec against the language-neutral vectors (spec/vectors/frames.json), and the properties the
 // format promises (one encoding per frame, a stream decoder that stays in step).
 
+import { createHash } from "node:crypto";
 import assert from "node:assert/strict";
 import { describe, it } from "node:test";
 import { decode, encode } from "../src/wire/codec.js";
+import { sha256 } from "../src/wire/sha256.js";
 import { committedDigest, decodeUvarint, encodeUvarint, FrameDecoder, zigzagDecode, zigzagEncode } from "../src/wire/framing.js";
 import { ErrorCode, FrameType, WireError } from "../src/wire/frames.js";
 import { vocabFingerprint } from "../src/vocab.js";
@@ -71,6 +73,13 @@ describe("the codec against the wire vectors", { skip }, () => {
 
   it("computes the committed digest RESUME carries as the vectors do", () => {
     for (const v of V.committed_digest) assert.equal(toHex(committedDigest(v.tokens)), v.digest);
+  });
+
+  it("hashes as Node's SHA-256 does at every padding boundary (the digest's own code, which a browser runs)", () => {
+    for (let n = 0; n <= 200; n++) {
+      const data = new Uint8Array(n).map((_, i) => (i * 131 + n * 7) & 0xff);
+      assert.equal(toHex(sha256(data)), createHash("sha256").update(data).digest("hex"), `${n} bytes`);
+    }
   });
 
   it("computes the vocabulary fingerprint as the vectors do", () => {

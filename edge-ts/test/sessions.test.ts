@@ -8,7 +8,7 @@ import { writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { after, describe, it } from "node:test";
-import { connectConfig, Link } from "../src/client.js";
+import { connectConfig, Link, tcpConnect } from "../src/client.js";
 import { encode } from "../src/wire/codec.js";
 import { Frame, FrameType } from "../src/wire/frames.js";
 import { Cloud, frameFromJson, frameToJson, hex, python, startCloud, vectors, VECTORS_DIR } from "./helpers.js";
@@ -49,7 +49,7 @@ async function replay(session: any): Promise<void> {
   const links = new Map<number, Link>();
   let live: { session: unknown; secret: unknown } | null = null;
   const link = async (conn: number): Promise<Link> => {
-    if (!links.has(conn)) links.set(conn, await Link.open(connectConfig({ host: "127.0.0.1", port: cloud.port })));
+    if (!links.has(conn)) links.set(conn, await tcpConnect(connectConfig({ host: "127.0.0.1", port: cloud.port })));
     return links.get(conn)!;
   };
   const nextFrame = async (l: Link, what: string): Promise<Frame | null> => {

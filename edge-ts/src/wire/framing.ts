@@ -1,10 +1,10 @@
 // Splitting a byte stream into frames (FrameDecoder), and the small public helpers of the format: the
 // committed-prefix digest RESUME carries, varints and zigzag integers (acespec/wire/framing.py).
 
-import { createHash } from "node:crypto";
 import { decodePayload, parseLength } from "./codec.js";
 import { narrow, Reader, uint, Writer } from "./fields.js";
 import { DEFAULT_LIMITS, ErrorCode, Frame, Limits, UInt, WireError } from "./frames.js";
+import { sha256 } from "./sha256.js";
 
 const BAD_FRAME = ErrorCode.BAD_FRAME;
 
@@ -76,7 +76,7 @@ export function committedDigest(tokens: readonly number[]): Uint8Array {
   const w = new Writer(DEFAULT_LIMITS);
   w.putVarint(tokens.length);
   for (const t of tokens) w.putVarint(uint(t, "token id"));
-  return new Uint8Array(createHash("sha256").update(w.bytes()).digest());
+  return sha256(w.bytes());
 }
 
 /** The minimal unsigned LEB128 encoding of 0 <= value < 2**64. */
