@@ -15,6 +15,14 @@ export interface Picker {
   sampling: Sampling;
 }
 
+/** How many leading ids `held` (a drafter's KV sequence) and `tokens` share: what a sync may keep. */
+export function sharedPrefix(held: readonly number[], tokens: readonly number[]): number {
+  const n = Math.min(held.length, tokens.length);
+  let m = 0;
+  while (m < n && held[m] === tokens[m]) m++;
+  return m;
+}
+
 export interface DraftResult {
   tokens: number[];
   seconds: number;

@@ -9,7 +9,7 @@ import { getLlama, Llama, LlamaContext, LlamaContextSequence, LlamaLogLevel, Lla
 import { availableParallelism } from "node:os";
 import { coupledSample, coupledTop } from "./coupled.js";
 import { readGgufMetadata } from "./gguf.js";
-import { DraftBackend, Picker } from "./chain.js";
+import { DraftBackend, Picker, sharedPrefix } from "./chain.js";
 import { Vocab } from "./vocab.js";
 
 export { ChainDrafter } from "./chain.js";
@@ -84,9 +84,7 @@ export class DraftModel implements DraftBackend {
   /** Roll the KV sequence back to the longest prefix of `tokens` it holds; returns that length. */
   async sync(tokens: readonly number[]): Promise<number> {
     const held = this.held;
-    let m = 0;
-    const n = Math.min(held.length, tokens.length);
-    while (m < n && held[m] === tokens[m]) m++;
+    const m = sharedPrefix(held, tokens);
     if (m < held.length) {
       await this.seq().eraseContextTokenRanges([{ start: m, end: held.length }]);
       held.length = m;

@@ -4,7 +4,7 @@
 // drafts greedily: each token is the argmax of the model's distribution after the context.
 
 import { LoggerWithoutDebug, Wllama } from "@wllama/wllama";
-import type { DraftBackend, Picker } from "../chain.js";
+import { type DraftBackend, type Picker, sharedPrefix } from "../chain.js";
 import { chunksReader, parseGgufMetadata } from "../ggufmeta.js";
 import { Vocab } from "../vocab.js";
 
@@ -69,9 +69,7 @@ export class WllamaDraftModel implements DraftBackend {
 
   async sync(tokens: readonly number[]): Promise<number> {
     const held = this.held;
-    let m = 0;
-    const n = Math.min(held.length, tokens.length);
-    while (m < n && held[m] === tokens[m]) m++;
+    const m = sharedPrefix(held, tokens);
     if (m < held.length) {
       await this.w.kvRemove(m, held.length - m);
       held.length = m;
