@@ -6,7 +6,7 @@ import { join } from "node:path";
 import { parseArgs } from "node:util";
 import { connectConfig } from "./client.js";
 import { EdgeConfig, EdgeMode, MODES, RULES, RuleName } from "./modes.js";
-import { RunResult } from "./stats.js";
+import { RunJson, RunResult, runJson } from "./stats.js";
 
 export class UsageError extends Error {}
 
@@ -106,12 +106,8 @@ export function parseCli(argv: string[]): CliArgs {
   };
 }
 
-export function resultJson(res: RunResult, text: string, cfg: EdgeConfig): Record<string, unknown> {
-  const s = res.stats;
-  return {
-    text, tokens: res.tokens, drafted: s.drafted, accepted: s.accepted, target_passes: s.rounds,
-    tok_s: Math.round(s.tokensPerS * 1000) / 1000, ttft_s: Math.round(s.ttftS * 10000) / 10000,
-    finished: res.finished, mode: cfg.mode, rule: cfg.rule, stats: s.summary(),
-  };
+/** The run as `--json` prints it (stats.ts: runJson). */
+export function resultJson(res: RunResult, text: string, cfg: EdgeConfig): RunJson {
+  return runJson(res, text, cfg.mode, cfg.rule);
 }
 

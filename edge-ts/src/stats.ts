@@ -51,3 +51,27 @@ export interface RunResult {
   stats: RunStats;
   finished: boolean;
 }
+
+/** A run as `acespec-edge --json` prints it, and as the browser page reports it (with its own extras). */
+export interface RunJson {
+  text: string;
+  tokens: number[];
+  drafted: number;
+  accepted: number;
+  target_passes: number;
+  tok_s: number;
+  ttft_s: number;
+  finished: boolean;
+  mode: string;
+  rule: string;
+  stats: Record<string, unknown>;
+}
+
+export function runJson(res: RunResult, text: string, mode: string, rule: string): RunJson {
+  const s = res.stats;
+  return {
+    text, tokens: res.tokens, drafted: s.drafted, accepted: s.accepted, target_passes: s.rounds,
+    tok_s: Math.round(s.tokensPerS * 1000) / 1000, ttft_s: Math.round(s.ttftS * 10000) / 10000,
+    finished: res.finished, mode, rule, stats: s.summary(),
+  };
+}

@@ -10,6 +10,7 @@ import { after, before, describe, it } from "node:test";
 import { defaultDraftPath, parseCli, resultJson } from "../src/args.js";
 import { DraftModel } from "../src/drafter.js";
 import { runEdge } from "../src/modes.js";
+import { RunJson } from "../src/stats.js";
 import { CLI, Cloud, cuttingRelay, pyEnv, python, run, startCloud } from "./helpers.js";
 
 // one thread for each side (the cloud, and each edge's drafter), as `--cores split` arranges it: on a
@@ -26,14 +27,7 @@ const skip = !existsSync(DRAFT) || !existsSync(TARGET)
   ? `the default models are not installed (${DRAFT}, ${TARGET}): run \`acespec models install\``
   : py === null ? "no Python with acespec and llama_cpp to run `acespec serve` (set ACESPEC_PYTHON)" : false;
 
-interface EdgeOut {
-  text: string;
-  tokens: number[];
-  drafted: number;
-  accepted: number;
-  target_passes: number;
-  tok_s: number;
-}
+type EdgeOut = RunJson;
 
 /** The CLI, as a user runs it. */
 async function cliEdge(port: number, args: string[]): Promise<EdgeOut> {
@@ -48,7 +42,7 @@ async function cliEdge(port: number, args: string[]): Promise<EdgeOut> {
 async function nodeEdge(model: DraftModel, port: number, args: string[]): Promise<EdgeOut> {
   const a = parseCli(["--cloud", `127.0.0.1:${port}`, "--draft", DRAFT, "--prompt", PROMPT, "--chat", "--json", ...args]);
   const res = await runEdge(model, model.chatPrompt(PROMPT), a.cfg);
-  return resultJson(res, new TextDecoder().decode(model.vocab.decodeBytes(res.tokens)), a.cfg) as unknown as EdgeOut;
+  return resultJson(res, new TextDecoder().decode(model.vocab.decodeBytes(res.tokens)), a.cfg);
 }
 
 async function pythonEdge(port: number, args: string[]): Promise<{ text: string; tokens: number[] }> {

@@ -17,29 +17,20 @@
 
 import { EdgeConfig, EdgeMode, runSession } from "../run.js";
 import { connectConfigWith } from "../session.js";
+import { runJson, RunJson } from "../stats.js";
 import { WllamaDraftModel } from "./wllama.js";
 import { wsConnector } from "./ws.js";
 
 const PAGE_MODES: EdgeMode[] = ["cloud-led", "sync", "cloud-only"];
 
-export interface PageResult {
+export interface PageResult extends RunJson {
   prompt: number[]; // the prompt's ids as sent (the drafter's tokenizer split ?text=)
-  text: string;
-  tokens: number[];
-  drafted: number;
-  accepted: number;
-  target_passes: number;
-  tok_s: number;
-  ttft_s: number;
   passes_per_token: number;
   acceptance: number;
-  finished: boolean;
-  mode: EdgeMode;
   model_id: string;
   load_s: number;
   prefill_s: number | null; // the drafter's prefill before the session (prefill=first), else null
   drafter_evals: number;
-  stats: Record<string, unknown>;
 }
 
 declare global {
@@ -118,11 +109,9 @@ async function run(q: URLSearchParams, out: HTMLElement, status: HTMLElement): P
   const s = res.stats;
   const r4 = (x: number): number => Math.round(x * 1e4) / 1e4;
   const result: PageResult = {
-    prompt, text: shown, tokens: res.tokens, drafted: s.drafted, accepted: s.accepted, target_passes: s.rounds,
-    tok_s: r4(s.tokensPerS), ttft_s: r4(s.ttftS), passes_per_token: r4(s.targetPassesPerToken),
-    acceptance: r4(s.acceptanceRate), finished: res.finished, mode, model_id: model.fingerprint, load_s: r4(loadS),
-    prefill_s: prefillS === null ? null : r4(prefillS),
-    drafter_evals: model.evals, stats: s.summary(),
+    ...runJson(res, shown, mode, cfg.rule), prompt, passes_per_token: r4(s.targetPassesPerToken),
+    acceptance: r4(s.acceptanceRate), model_id: model.fingerprint, load_s: r4(loadS),
+    prefill_s: prefillS === null ? null : r4(prefillS), drafter_evals: model.evals,
   };
   await model.dispose();
   status.textContent = `${mode}: ${s.emitted} tokens at ${result.tok_s} tok/s, ${s.accepted} of ${s.drafted} drafted accepted`;
