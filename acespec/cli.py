@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from acespec.argtypes import CliError, nonneg_int, pos_int
 from acespec.cli_output import TextOutput, print_stats, prompt_tokens  # noqa: F401  (importable from here, as before)
-from acespec.config import SamplingConfig, add_cli_args, resolve
+from acespec.config import OLD_CHOICES, SamplingConfig, add_cli_args, resolve
 from acespec.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
 
 EXIT_USAGE = 2
@@ -131,9 +131,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--k", type=nonneg_int, default=4, help="draft depth (0: plain steps)")
     g.add_argument(
         "--policy",
-        choices=["fixed", "adaptive", "controller"],
+        choices=["fixed", "plus2minus1", "controller"],
+        type=lambda text: OLD_CHOICES["policy"].get(text, text),
         default="fixed",
-        help="draft-depth policy; controller prices K every round, down to plain steps where no block pays",
+        help="draft-depth policy: plus2minus1 is +2 after a whole block taken, -1 otherwise; controller prices K "
+        "every round, down to plain steps where no block pays",
     )
     add_cli_args(g, SamplingConfig())
     g.add_argument("--no-spec", action="store_true", help="plain autoregressive decoding with the target (baseline)")

@@ -62,7 +62,7 @@ def test_generate_no_spec_is_one_pass_per_token():
 
 def test_generate_sampling_options_and_stream():
     p = run("generate", *TOY, "--prompt", "hello", "--rule", "coupled", "--temperature", "0.8", "--top-k", "10",
-            "--top-p", "0.9", "--seed", "7", "--policy", "adaptive", "--max-tokens", "30", "--json")
+            "--top-p", "0.9", "--seed", "7", "--policy", "plus2minus1", "--max-tokens", "30", "--json")
     assert p.returncode == 0, p.stderr
     coupled = json.loads(p.stdout)
     plain = json.loads(run("generate", *TOY, "--prompt", "hello", "--rule", "coupled", "--temperature", "0.8",
@@ -161,7 +161,7 @@ def test_bench_local_toy(tmp_path):
     assert "target passes/token" in p.stdout and "no wall-clock speed-up" in p.stdout
     data = json.loads(out.read_text())
     names = [c["name"] for c in data["configs"]]
-    assert names == ["autoregressive", "greedy k=4", "coupled T=0.7 k=4", "adaptive +2/-1", "controller"]
+    assert names == ["autoregressive", "greedy k=4", "coupled T=0.7 k=4", "plus2minus1", "controller"]
     for c in data["configs"]:
         s = c["summary"]
         assert s["emitted"] == 24  # 2 prompts x 12 tokens (toy: no end-of-sequence token)

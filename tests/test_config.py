@@ -341,3 +341,17 @@ def test_demo_runs_with_the_settings_of_a_yaml_file_and_a_flag_overrides_one(tmp
     assert p.returncode == 0, p.stderr[-2000:]
     assert "rule coupled, temperature 0.8, seed 6 ===" in p.stdout, p.stdout
     assert "cloud-only" not in p.stdout  # quick: AceSpec alone
+
+
+def test_the_old_name_of_a_renamed_policy_is_read_as_its_new_name_from_a_flag_and_a_file(tmp_path):
+    """`--policy adaptive` was the +2/-1 schedule's name, beside a cost-model `AdaptiveController` that was
+    `--policy controller`; the schedule is now `plus2minus1`, and the old spelling still works."""
+    cfg = tmp_path / "edge.toml"
+    cfg.write_text('policy = "adaptive"\n')
+    for args in (("--policy", "adaptive"), ("--config", str(cfg))):
+        p = run("config", "show", "edge", *args)
+        assert p.returncode == 0, p.stderr
+        assert tomllib.loads(p.stdout)["policy"] == "plus2minus1", p.stdout
+    p = run("config", "show", "edge", "--policy", "+2/-1")
+    assert_usage_error(p, "--policy", "plus2minus1")
+    assert "adaptive" not in run("edge", "--help").stdout.split("--policy")[1].split("\n  --")[0]

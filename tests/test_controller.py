@@ -1,4 +1,4 @@
-"""The adaptive depth controller (acespec.control.adaptive): synthetic observations, no models."""
+"""The adaptive depth controller (acespec.control.controller): synthetic observations, no models."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from acespec.control.adaptive import AdaptiveConfig, AdaptiveController, VerifyTimeFit, expected_tokens
+from acespec.control.controller import ControllerConfig, DepthController, VerifyTimeFit, expected_tokens
 from acespec.control.depth import make_policy
 
 C0, C1 = 0.03, 0.002  # synthetic cloud verify time: c0 + c1 * K seconds
@@ -55,7 +55,7 @@ def test_expected_tokens_general_and_edge_cases():
 
 
 def test_controller_expected_tokens_use_the_formula():
-    ctrl = AdaptiveController(prior_accept=0.8, accept_prior_weight=1.0)
+    ctrl = DepthController(prior_accept=0.8, accept_prior_weight=1.0)
     ev = ctrl.evaluate()  # no observations: every a_i is the prior
     for k in range(ctrl.cfg.k_max + 1):
         assert ev["tokens"][0, k] == pytest.approx((1 - 0.8 ** (k + 1)) / 0.2)
@@ -65,20 +65,20 @@ def test_controller_expected_tokens_use_the_formula():
 
 
 def test_no_observations_returns_k_init_and_priors():
-    ctrl = AdaptiveController(k_init=7)
+    ctrl = DepthController(k_init=7)
     assert ctrl.next_k() == 7 and ctrl.next_fanout() == 1
     assert make_policy("controller", 5).next_k() == 5
-    assert AdaptiveController(k_init=0).next_k() == 1  # clamped into [k_min, k_max]
-    assert AdaptiveController(k_init=99).next_k() == 16
+    assert DepthController(k_init=0).next_k() == 1  # clamped into [k_min, k_max]
+    assert DepthController(k_init=99).next_k() == 16
     snap = ctrl.snapshot()
-    cfg = AdaptiveConfig()
+    cfg = ControllerConfig()
     assert snap["k"] == 7 and snap["mu_bw"] == 0.0 and snap["mu_mem"] == 0.0
     assert snap["rtt_s"] == cfg.prior_rtt_s and snap["draft_s_per_token"] == cfg.prior_draft_s_per_token
     assert snap["verify_c0"] == cfg.prior_verify_c0 and snap["verify_c1"] == cfg.prior_verify_c1
 
 
 def test_missing_obs_keys_fall_back_to_priors():
-    ctrl = AdaptiveController()
+    ctrl = DepthController()
     ctrl.update(4, 2)  # no obs at all
     ctrl.update(4, 4, rtt_s=float("nan"), up_bps=-1.0, draft_s_per_token=None)  # unusable values are ignored
     snap = ctrl.snapshot()
@@ -94,16 +94,16 @@ def test_missing_obs_keys_fall_back_to_priors():
 
 def test_invalid_config_and_verdicts_are_rejected():
     with pytest.raises(ValueError):
-        AdaptiveConfig(k_min=5, k_max=4)
+        ControllerConfig(k_min=5, k_max=4)
     with pytest.raises(ValueError):
-        AdaptiveConfig(accept_ema=0.0)
+        ControllerConfig(accept_ema=0.0)
     with pytest.raises(ValueError):
-        AdaptiveConfig(bw_budget=0.0)
+        ControllerConfig(bw_budget=0.0)
     with pytest.raises(ValueError):
-        AdaptiveController().update(3, 4)
+        DepthController().update(3, 4)
     for bad in (dict(pass_budget=0.0), dict(pass_budget=math.nan), dict(pass_price=-1.0), dict(prior_cache_hit=1.5)):
         with pytest.raises(ValueError):
-            AdaptiveConfig(**bad)
+            ControllerConfig(**bad)
     from acespec.edge.runtime import EdgeConfig
 
     for bad in (0.0, -0.25, math.nan):
@@ -113,7 +113,7 @@ def test_invalid_config_and_verdicts_are_rejected():
 
 def test_acceptance_estimate_is_conditional_per_position():
     # i.i.d. acceptance 0.7: every position's conditional acceptance is 0.7 (not 0.7^(i+1))
-    ctrl = AdaptiveController(k_init=8, hysteresis=1e9, accept_ema=0.005)  # hold K = 8; long memory
+    ctrl = DepthController(k_init=8, hysteresis=1e9, accept_ema=0.005)  # hold K = 8; long memory
     simulate(ctrl, accept=0.7, rtt=0.1, rounds=3000, seed=3)
     a = ctrl.accept_estimates()
     assert ctrl.next_k() == 8
@@ -127,7 +127,7 @@ def test_the_prior_fades_as_verdicts_arrive():
     of the pooled estimate forever (the discounted counts hold about 1 / accept_ema rounds), so on
     HumanEval (98.7% per token) the controller believed 96-97% and priced deep blocks as breaking
     the pipeline about twice as often as they do."""
-    ctrl = AdaptiveController(k_init=2, hysteresis=1e9, prior_accept=0.7)  # hold K = 2
+    ctrl = DepthController(k_init=2, hysteresis=1e9, prior_accept=0.7)  # hold K = 2
     for _ in range(100):
         ctrl.update(2, 2)  # every draft accepted
     assert ctrl.pooled_accept > 0.995
@@ -137,7 +137,7 @@ def test_the_prior_fades_as_verdicts_arrive():
 def test_a_verdict_that_judged_no_draft_leaves_the_acceptance_alone():
     """A plain target step, or a doomed block the loop reports as judging nothing (drafted = 0), tested
     no position; it must not age the counts towards the prior either."""
-    ctrl = AdaptiveController(k_init=4)
+    ctrl = DepthController(k_init=4)
     simulate(ctrl, accept=0.9, rtt=0.1, rounds=30, seed=2)
     before = (ctrl.accept_estimates().copy(), ctrl.pooled_accept)
     for _ in range(20):
@@ -153,12 +153,12 @@ def test_a_pipelined_block_drafts_its_guessed_bonus_too():
     K steps, and K = 1 looked twice as fast as K = 16 (it is not: in the simulator every K from 2
     to 8 is within a few per cent)."""
     td = 0.03
-    ctrl = AdaptiveController(prior_accept=1.0, prior_draft_s_per_token=td, prior_rtt_s=0.05, prior_verify_c0=0.005,
+    ctrl = DepthController(prior_accept=1.0, prior_draft_s_per_token=td, prior_rtt_s=0.05, prior_verify_c0=0.005,
                               prior_verify_c1=0.0, pipelined=True, auto_window=True, max_window=64)
     rate = ctrl.evaluate()["rate"][0]
     np.testing.assert_allclose(rate[1:], 1.0 / td)
     # sync mode drafts K tokens per block (the bonus is the target's), and pays the round trip
-    sync = AdaptiveController(prior_accept=1.0, prior_draft_s_per_token=td, prior_rtt_s=0.05, prior_verify_c0=0.005,
+    sync = DepthController(prior_accept=1.0, prior_draft_s_per_token=td, prior_rtt_s=0.05, prior_verify_c0=0.005,
                               prior_verify_c1=0.0).evaluate()["rate"][0]
     ks = np.arange(17)
     np.testing.assert_allclose(sync, (ks + 1) / (ks * td + 0.055))
@@ -168,14 +168,14 @@ def test_a_pipelined_block_drafts_its_guessed_bonus_too():
 
 
 def test_k_goes_up_with_high_acceptance_and_long_rtt():
-    ctrl = AdaptiveController(k_init=2)
+    ctrl = DepthController(k_init=2)
     ks = simulate(ctrl, accept=0.95, rtt=0.25, rounds=80)
     assert ks[-1] >= 8
     assert max(ks) > 2
 
 
 def test_k_goes_down_when_acceptance_collapses():
-    ctrl = AdaptiveController(k_init=4)
+    ctrl = DepthController(k_init=4)
     ks = simulate(ctrl, accept=lambda r: 0.95 if r < 80 else 0.05, rtt=0.25, rounds=160)
     assert ks[79] >= 8
     assert ks[-1] <= 2
@@ -183,8 +183,8 @@ def test_k_goes_down_when_acceptance_collapses():
 
 
 def test_long_rtt_in_sync_mode_favours_larger_k():
-    short = AdaptiveController(k_init=4)
-    long_ = AdaptiveController(k_init=4)
+    short = DepthController(k_init=4)
+    long_ = DepthController(k_init=4)
     ks_short = simulate(short, accept=0.85, rtt=0.01, rounds=100, seed=1)
     ks_long = simulate(long_, accept=0.85, rtt=0.25, rounds=100, seed=1)
     assert ks_long[-1] > ks_short[-1]
@@ -195,16 +195,16 @@ def test_model_level_optimum_grows_with_rtt():
     """Same acceptance estimates, only the RTT differs: the unhysteretic argmax over K is monotone."""
     best = []
     for rtt in (0.0, 0.05, 0.1, 0.2, 0.4):
-        ctrl = AdaptiveController(prior_accept=0.85, prior_rtt_s=rtt)
+        ctrl = DepthController(prior_accept=0.85, prior_rtt_s=rtt)
         best.append(int(np.argmax(ctrl.lagrangian()[0])))
     assert best == sorted(best) and best[-1] > best[0]
 
 
 def test_pipelined_cycle_is_max_not_sum():
     kw = dict(prior_accept=0.9, prior_rtt_s=0.1, prior_draft_s_per_token=0.02)
-    sync = AdaptiveController(**kw).evaluate()
-    plain = AdaptiveController(pipelined=True, pipelined_miss=False, **kw).evaluate()
-    miss = AdaptiveController(pipelined=True, **kw).evaluate()
+    sync = DepthController(**kw).evaluate()
+    plain = DepthController(pipelined=True, pipelined_miss=False, **kw).evaluate()
+    miss = DepthController(pipelined=True, **kw).evaluate()
     ks = np.arange(17)
     t_r = 0.1 + C0 + C1 * ks
     np.testing.assert_allclose(sync["cycle"][0], 0.02 * ks + t_r)
@@ -227,15 +227,15 @@ def test_windowed_cycle_is_the_slowest_stage_plus_drains():
     ks = np.arange(17)
     p_ok = 0.9 ** (ks + 1)
     for hit in (0.0, 0.5):
-        ev = AdaptiveController(prior_cache_hit=hit, **kw).evaluate()
+        ev = DepthController(prior_cache_hit=hit, **kw).evaluate()
         t_d, t_v = 0.03 * (ks + 1), 0.045 * ks  # K tokens and the guessed bonus the block starts with
         np.testing.assert_allclose(ev["cycle"][0], np.maximum.reduce([t_d, t_v, (t_d + 0.2 + t_v) / 1000]) + (1 - p_ok) * (0.2 + (1 - hit) * t_d), atol=1e-12)
         np.testing.assert_allclose(ev["passes"][0], 1.0 / ev["tokens"][0])
     # the round trip is paid per broken speculation, not per block: deep blocks no longer follow it
-    short = AdaptiveController(**{**kw, "prior_rtt_s": 0.01})
-    long_ = AdaptiveController(**kw)
+    short = DepthController(**{**kw, "prior_rtt_s": 0.01})
+    long_ = DepthController(**kw)
     assert abs(int(np.argmax(long_.lagrangian()[0])) - int(np.argmax(short.lagrangian()[0]))) <= 2
-    assert int(np.argmax(AdaptiveController(**{**kw, "auto_window": False}).lagrangian()[0])) > \
+    assert int(np.argmax(DepthController(**{**kw, "auto_window": False}).lagrangian()[0])) > \
         int(np.argmax(long_.lagrangian()[0]))
 
 
@@ -245,8 +245,8 @@ def test_windowed_cycle_respects_the_window_ceiling():
     free."""
     kw = dict(prior_accept=0.9, prior_rtt_s=0.4, prior_draft_s_per_token=0.01, prior_verify_c0=0.01,
               prior_verify_c1=0.001, pipelined=True, auto_window=True)
-    wide = AdaptiveController(max_window=64, **kw).evaluate()
-    narrow = AdaptiveController(max_window=2, **kw).evaluate()
+    wide = DepthController(max_window=64, **kw).evaluate()
+    narrow = DepthController(max_window=2, **kw).evaluate()
     ks = np.arange(17)
     t_d = 0.01 * (ks + 1)  # K tokens and the guessed bonus the block starts with
     floor = (t_d + 0.4 + 0.01 + 0.001 * ks) / 2
@@ -255,7 +255,7 @@ def test_windowed_cycle_respects_the_window_ceiling():
     assert np.all(narrow["cycle"][0] >= wide["cycle"][0])
     assert int(np.argmax(narrow["rate"][0])) > int(np.argmax(wide["rate"][0]))
     with pytest.raises(ValueError, match="max_window"):
-        AdaptiveConfig(max_window=0)
+        ControllerConfig(max_window=0)
 
 
 def simulate_cpu_target(ctrl, *, accept, rounds, seed=0):
@@ -271,10 +271,10 @@ def test_pass_budget_is_kept_and_costs_little_rate():
     """With a verify cost that grows with every token, the fastest windowed pipeline is K ~ 1 (a pass
     every other token); a pass budget of 0.25 pulls K up until the target verifies one block per four
     tokens or fewer, and K then stays put."""
-    free = AdaptiveController(pipelined=True, auto_window=True)
+    free = DepthController(pipelined=True, auto_window=True)
     ks_free, passes_free = simulate_cpu_target(free, accept=0.93, rounds=300)
     assert passes_free > 0.4 and np.mean(ks_free[100:]) < 2
-    ctrl = AdaptiveController(pipelined=True, auto_window=True, pass_budget=0.25)
+    ctrl = DepthController(pipelined=True, auto_window=True, pass_budget=0.25)
     ks, passes = simulate_cpu_target(ctrl, accept=0.93, rounds=300)
     assert passes <= 0.25 * 1.05
     assert 3 <= np.mean(ks[100:]) <= 6
@@ -288,7 +288,7 @@ def test_pass_budget_is_kept_and_costs_little_rate():
 def test_unreachable_pass_budget_does_not_push_k_to_the_maximum():
     """When acceptance collapses no K meets the budget; the bounded price keeps K short instead of
     drafting k_max tokens to save a sliver of passes."""
-    ctrl = AdaptiveController(pipelined=True, auto_window=True, pass_budget=0.25)
+    ctrl = DepthController(pipelined=True, auto_window=True, pass_budget=0.25)
     ks, _ = simulate_cpu_target(ctrl, accept=lambda r: 0.93 if r < 150 else 0.3, rounds=300)
     assert ctrl.snapshot()["passes_per_token"] > 0.5  # out of reach
     assert np.mean(ks[200:]) <= 3
@@ -296,7 +296,7 @@ def test_unreachable_pass_budget_does_not_push_k_to_the_maximum():
 
 
 def test_uplink_time_enters_the_cycle():
-    ctrl = AdaptiveController(prior_up_bps=8000.0, prior_bytes_per_token=10.0, frame_overhead_bytes=0.0)
+    ctrl = DepthController(prior_up_bps=8000.0, prior_bytes_per_token=10.0, frame_overhead_bytes=0.0)
     ev = ctrl.evaluate()
     ks = np.arange(17)
     np.testing.assert_allclose(ev["cycle"][0], 0.02 * ks + 0.1 + C0 + C1 * ks + 8 * 10 * ks / 8000.0)
@@ -307,13 +307,13 @@ def test_uplink_time_enters_the_cycle():
 
 def test_tight_uplink_budget_pulls_k_down_and_multiplier_tracks_violation():
     obs = dict(up_bps=1e6)
-    free = AdaptiveController(k_init=4)
+    free = DepthController(k_init=4)
     ks_free = simulate(free, accept=0.95, rtt=0.25, rounds=120, bytes_per_token=50.0, **obs)
     assert free.mu_bw == 0.0
 
     budget = 400.0  # bytes/s: far below what the unconstrained choice uses
     assert free.snapshot()["bw_use_bytes_s"] > 2 * budget
-    ctrl = AdaptiveController(k_init=4, bw_budget=budget)
+    ctrl = DepthController(k_init=4, bw_budget=budget)
     rng = np.random.default_rng(0)
     ks, mus = [], []
     for r in range(240):
@@ -337,7 +337,7 @@ def test_tight_uplink_budget_pulls_k_down_and_multiplier_tracks_violation():
 
 
 def test_multiplier_step_is_projected_subgradient():
-    ctrl = AdaptiveController(k_init=8, bw_budget=600.0, dual_step=0.1, hysteresis=1e9)  # hold K = 8
+    ctrl = DepthController(k_init=8, bw_budget=600.0, dual_step=0.1, hysteresis=1e9)  # hold K = 8
     for _ in range(5):
         mu0 = ctrl.mu_bw
         ctrl.update(8, 8, verify_s=C0 + C1 * 8, rtt_s=0.1, bytes_per_token=50.0)
@@ -348,7 +348,7 @@ def test_multiplier_step_is_projected_subgradient():
 
 def test_budget_is_met_on_average():
     budget = 600.0
-    ctrl = AdaptiveController(k_init=4, bw_budget=budget)
+    ctrl = DepthController(k_init=4, bw_budget=budget)
     rng = np.random.default_rng(5)
     uses = []
     for _ in range(300):
@@ -363,8 +363,8 @@ def test_budget_is_met_on_average():
 
 def test_memory_budget_pulls_k_down():
     kw = dict(k_init=4)
-    free = AdaptiveController(**kw)
-    tight = AdaptiveController(mem_budget=8 * 2 * 1e5, **kw)  # (K+1) * 2 entries * 100 kB <= 1.6 MB: K <= 7
+    free = DepthController(**kw)
+    tight = DepthController(mem_budget=8 * 2 * 1e5, **kw)  # (K+1) * 2 entries * 100 kB <= 1.6 MB: K <= 7
     ks_free = simulate(free, accept=0.97, rtt=0.25, rounds=150, cache_bytes_per_entry=1e5)
     mus = []
     ks_tight = []
@@ -390,7 +390,7 @@ def test_verify_fit_recovers_line_from_noiseless_data():
 
 
 def test_controller_fit_recovers_c0_c1():
-    ctrl = AdaptiveController()  # default (tiny) prior weight
+    ctrl = DepthController()  # default (tiny) prior weight
     for i in range(60):
         k = 1 + (7 * i) % 16
         ctrl.update(k, k // 2, verify_s=0.042 + 0.0031 * k)
@@ -424,21 +424,21 @@ def test_verify_fit_forgets_old_regime():
 
 def test_fanout_chosen_only_when_branches_pay():
     kw = dict(b_max=3, prior_accept=0.5, branch_accept=0.6, prior_rtt_s=0.25, hysteresis=0.0)
-    cheap = AdaptiveController(branch_draft_cost=0.0, **kw)
-    dear = AdaptiveController(branch_draft_cost=3.0, **kw)
+    cheap = DepthController(branch_draft_cost=0.0, **kw)
+    dear = DepthController(branch_draft_cost=3.0, **kw)
     for c in (cheap, dear):
         c.update(4, 2)
     assert cheap.next_fanout() > 1
     assert dear.next_fanout() == 1
-    assert AdaptiveController().next_fanout() == 1
+    assert DepthController().next_fanout() == 1
 
 
 def test_min_conf_follows_acceptance_or_stays_fixed():
-    hi, lo = AdaptiveController(), AdaptiveController()
+    hi, lo = DepthController(), DepthController()
     simulate(hi, accept=0.95, rtt=0.1, rounds=60)
     simulate(lo, accept=0.2, rtt=0.1, rounds=60)
     assert 0.0 <= hi.min_conf < lo.min_conf <= hi.cfg.min_conf_max
-    fixed = AdaptiveController(min_conf=0.15)
+    fixed = DepthController(min_conf=0.15)
     simulate(fixed, accept=0.2, rtt=0.1, rounds=10)
     assert fixed.min_conf == 0.15
 
@@ -477,7 +477,7 @@ def verdicts(draw):
     seq=st.lists(verdicts(), min_size=1, max_size=25),
 )
 def test_k_always_within_bounds(k_min, span, b_max, pipelined, bw, mem, seq):
-    ctrl = AdaptiveController(
+    ctrl = DepthController(
         k_min=k_min, k_max=k_min + span, b_max=b_max, pipelined=pipelined, bw_budget=bw, mem_budget=mem
     )
     assert k_min <= ctrl.next_k() <= k_min + span
@@ -493,7 +493,7 @@ def test_k_always_within_bounds(k_min, span, b_max, pipelined, bw, mem, seq):
 def test_deterministic_for_same_inputs():
     runs = []
     for _ in range(2):
-        ctrl = AdaptiveController(k_init=3, bw_budget=800.0, b_max=2, pipelined=True)
+        ctrl = DepthController(k_init=3, bw_budget=800.0, b_max=2, pipelined=True)
         ks = simulate(
             ctrl,
             accept=lambda r: 0.9 if r < 60 else 0.4,
@@ -520,7 +520,7 @@ def test_k_follows_a_link_that_switches_between_good_and_bad():
     the second effect at all."""
     good = dict(rtt=0.08, up_bps=5e6)
     bad = dict(rtt=0.25, up_bps=64e3)
-    ctrl = AdaptiveController(k_init=4, pipelined=True, pass_budget=0.25)
+    ctrl = DepthController(k_init=4, pipelined=True, pass_budget=0.25)
     ks_good = simulate(ctrl, accept=0.9, rounds=60, bytes_per_token=2.0, **good)
     best_good = int(np.argmax(ctrl.lagrangian()[0]))
     ks_bad = simulate(ctrl, accept=0.9, rounds=60, bytes_per_token=2.0, **bad)
@@ -536,8 +536,8 @@ def test_k_follows_a_link_that_switches_between_good_and_bad():
     # the uplink alone: the same 80 ms round trip, q rows on the wire, 5 Mbit/s against 64 kbit/s,
     # in sync mode (every cycle pays the upload) and without a pass budget (which would hold K at
     # the depth that keeps to it, whatever the link)
-    fast = AdaptiveController(k_init=4)
-    slow = AdaptiveController(k_init=4)
+    fast = DepthController(k_init=4)
+    slow = DepthController(k_init=4)
     k_fast = int(np.median(simulate(fast, accept=0.9, rounds=60, bytes_per_token=193.0, rtt=0.08, up_bps=5e6)[-20:]))
     k_slow = int(np.median(simulate(slow, accept=0.9, rounds=60, bytes_per_token=193.0, rtt=0.08, up_bps=64e3)[-20:]))
     assert k_slow <= k_fast - 2, (k_fast, k_slow)
@@ -550,7 +550,7 @@ STEP = 0.06  # a CPU target: every row of a pass costs about a step
 
 
 def _plain_capable(**kw):
-    return AdaptiveController(k_min=0, pass_budget=math.inf, prior_rtt_s=0.0, **kw)
+    return DepthController(k_min=0, pass_budget=math.inf, prior_rtt_s=0.0, **kw)
 
 
 def test_plain_steps_where_no_block_can_pay_and_no_probe_is_sent():
@@ -606,7 +606,7 @@ def test_plain_steps_end_when_drafts_turn_good():
 def test_k_min_one_never_takes_a_plain_step():
     """The edge's controller (k_min = 1): over a WAN a one-token round trip loses to cloud streaming,
     so however dear its rows, it drafts."""
-    ctrl = AdaptiveController(pass_budget=math.inf)
+    ctrl = DepthController(pass_budget=math.inf)
     ks = simulate(ctrl, accept=0.9, rtt=0.1, rounds=300, verify=lambda k: STEP * (1 + k))
     assert min(ks) >= 1
     assert make_policy("controller", 4).cfg.k_min == 1
@@ -615,7 +615,7 @@ def test_k_min_one_never_takes_a_plain_step():
 def test_probe_settings_are_validated():
     for bad in ({"probe_every": 0}, {"probe_gap_max": 0}, {"probe_k": 0}):
         with pytest.raises(ValueError, match="probe"):
-            AdaptiveConfig(**bad)
+            ControllerConfig(**bad)
 
 
 @pytest.mark.parametrize("row_cost, drafts", [(1.0, False), (0.03, True)])

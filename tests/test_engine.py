@@ -199,7 +199,8 @@ def test_plus_two_minus_one_unit():
     for _ in range(20):
         pol.update(pol.next_k(), 0)
     assert pol.next_k() == 1  # floored at k_min
-    assert isinstance(make_policy("adaptive", 3), PlusTwoMinusOne) and make_policy("adaptive", 3).k == 3
+    assert isinstance(make_policy("plus2minus1", 3), PlusTwoMinusOne) and make_policy("plus2minus1", 3).k == 3
+    assert isinstance(make_policy("adaptive", 3), PlusTwoMinusOne)  # its old name still works
     assert isinstance(make_policy("fixed", 3), FixedDepth)
     with pytest.raises(ValueError):
         make_policy("nope", 3)
@@ -212,7 +213,7 @@ def test_plus_two_minus_one_unit():
 def test_plus_two_minus_one_in_the_loop(draft, rule, temperature):
     rec: list = []
     res = generate(
-        TARGET, PROMPT, SpecConfig(rule=rule, k=2, policy="adaptive", temperature=temperature, seed=1, max_tokens=150),
+        TARGET, PROMPT, SpecConfig(rule=rule, k=2, policy="plus2minus1", temperature=temperature, seed=1, max_tokens=150),
         draft=draft, verifier_hook=_hook(rec),
     )
     verdicts = rec[1:]
@@ -352,9 +353,9 @@ def test_pipelined_coupled_equals_sync(pipelined, window, k, draft):
 
 
 @pytest.mark.parametrize("window", [2, 4])
-def test_pipelined_greedy_equals_sync_and_adaptive(pipelined, window):
+def test_pipelined_greedy_equals_sync_at_a_fixed_depth_and_on_plus2minus1(pipelined, window):
     for draft in (NEAR, FAR):
-        for policy in ("fixed", "adaptive"):
+        for policy in ("fixed", "plus2minus1"):
             cfg = SpecConfig(rule="greedy", k=3, policy=policy, max_tokens=70)
             want = _sync(ToyModel(vocab=V, seed=3), draft, cfg).tokens
             res, verifier, _ = pipelined(ToyModel(vocab=V, seed=3), PROMPT, cfg, draft=draft, window=window)

@@ -55,7 +55,7 @@ BUNDLED = Path(__file__).resolve().parents[1] / "acespec" / "sim" / "traces"
 
 
 # ------------------------------------------------------------------------------------------ protocol properties
-MODES = ["sync", "pipelined", "sync+cache", "+cache", "+branches", "pipelined+adaptive", "acespec"]
+MODES = ["sync", "pipelined", "sync+cache", "+cache", "+branches", "pipelined+plus2minus1", "acespec"]
 
 
 @pytest.mark.parametrize("mode", ["cloud-only", "cloud-led", *MODES])
@@ -84,7 +84,7 @@ def test_pipelined_full_accept_keeps_window_blocks_in_flight(window):
     assert r.stats.dropped == 0
 
 
-@pytest.mark.parametrize("mode", ["sync", "pipelined", "+cache", "+branches", "pipelined+adaptive"])
+@pytest.mark.parametrize("mode", ["sync", "pipelined", "+cache", "+branches", "pipelined+plus2minus1"])
 @pytest.mark.parametrize("rtt", [0, 100])
 def test_no_acceptance_means_one_pass_per_token(mode, rtt):
     tr = trace_from_ranks([1, 2, 3, 1, 5] * 40)
@@ -241,7 +241,7 @@ def test_depth_policies_plug_in():
     net = WanProfile(rtt_ms=100)
     fixed = simulate(tr, NPU, net, parse_mode("pipelined"))
     assert set(fixed.stats.k_chosen) == {4}
-    for mode in ("pipelined+adaptive", "pipelined+ctrl", "sync+ctrl", "acespec:k=8"):
+    for mode in ("pipelined+plus2minus1", "pipelined+ctrl", "sync+ctrl", "acespec:k=8"):
         r = simulate(tr, NPU, net, parse_mode(mode))
         assert r.tokens == tr.tokens
         assert set(r.stats.k_chosen) != {4}, mode

@@ -77,7 +77,13 @@ POLICY_VARIANTS: dict[str, dict] = {
         "k": 8,
         "auto_window": True,
     },
-    "acespec:+2/-1": {"mode": "pipelined", "cache": True, "branches": True, "policy": "adaptive", "auto_window": True},
+    "acespec:+2/-1": {
+        "mode": "pipelined",
+        "cache": True,
+        "branches": True,
+        "policy": "plus2minus1",
+        "auto_window": True,
+    },
 }
 
 

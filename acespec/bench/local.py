@@ -8,7 +8,7 @@ the drafter and the target are loaded once each, and every prompt runs under eve
 - `autoregressive`: the target alone, greedy (the baseline, through the same loop with no drafter);
 - `greedy k=K`: speculative, greedy verification, fixed depth K;
 - `coupled T=0.7 k=K`: speculative, coupled (shared-seed Gumbel) sampling at temperature 0.7, seed 0;
-- `adaptive +2/-1`: speculative, greedy, depth starting at K, +2 after a fully accepted block, -1 otherwise;
+- `plus2minus1`: speculative, greedy, depth starting at K, +2 after a fully accepted block, -1 otherwise;
 - `controller`: speculative, greedy, the cost-model depth controller (`generate --policy controller`),
   which prices K every round from the passes it measures, down to a plain step where no block pays;
   one controller serves the config's every prompt, as in a long-running process (the first prompt
@@ -77,7 +77,7 @@ def default_specs(k: int) -> list[BenchSpec]:
         BenchSpec("autoregressive", spec=False, k=0),
         BenchSpec(f"greedy k={k}", k=k),
         BenchSpec(f"coupled T=0.7 k={k}", rule="coupled", k=k, temperature=0.7),
-        BenchSpec("adaptive +2/-1", k=k, policy="adaptive"),
+        BenchSpec("plus2minus1", k=k, policy="plus2minus1"),
         BenchSpec("controller", k=k, policy="controller"),
     ]
 
@@ -274,9 +274,9 @@ def add_parser(bench_subparsers: argparse._SubParsersAction) -> argparse.Argumen
     """Add `local` to the `acespec bench` subcommands."""
     p = bench_subparsers.add_parser(
         "local",
-        help="target-only vs speculative decoding (greedy, coupled, adaptive) in one process, side by side",
+        help="target-only vs speculative decoding (greedy, coupled, plus2minus1, controller) in one process, side by side",
         description="Target-only autoregressive decoding vs speculative decoding (greedy k=K, coupled T=0.7 k=K, "
-        "adaptive +2/-1) on HumanEval prompts (chat template), in one process. " + NOTE,
+        "plus2minus1) on HumanEval prompts (chat template), in one process. " + NOTE,
     )
     p.add_argument("--n-prompts", type=_pos_int, default=8, help="HumanEval problems to run (default 8)")
     p.add_argument("--max-tokens", type=_pos_int, default=128, help="new tokens per generation (default 128)")

@@ -90,10 +90,12 @@ def add_parser(bench_subparsers: argparse._SubParsersAction) -> argparse.Argumen
         "--modes",
         default=",".join(MODES_DEFAULT),
         help="comma-separated modes: cloud-only, sync, pipelined, each with optional +cache, +branches, "
-        "+adaptive, +ctrl, +autowin and :k=N, or `bench acespec`'s variant names "
+        "+plus2minus1, +ctrl, +autowin and :k=N, or `bench acespec`'s variant names "
         f"(default {','.join(MODES_DEFAULT)})",
     )
-    p.add_argument("--k", type=_pos_int, default=4, help="draft depth (start depth for adaptive policies; default 4)")
+    p.add_argument(
+        "--k", type=_pos_int, default=4, help="draft depth (start depth for plus2minus1 and the controller; default 4)"
+    )
     p.add_argument("--window", type=_pos_int, default=2, help="pipelined: blocks in flight (default 2)")
     p.add_argument(
         "--net",

@@ -16,7 +16,15 @@ from acespec.config.roles import (
     parse_fleet,
     parse_hostport,
 )
-from acespec.config.schema import ConfigError, Resolved, add_cli_args, add_config_arg, render_toml, resolve
+from acespec.config.schema import (
+    OLD_CHOICES,
+    ConfigError,
+    Resolved,
+    add_cli_args,
+    add_config_arg,
+    render_toml,
+    resolve,
+)
 
 __all__ = [
     "ROLES",
@@ -28,6 +36,7 @@ __all__ = [
     "SamplingConfig",
     "parse_fleet",
     "parse_hostport",
+    "OLD_CHOICES",
     "ConfigError",
     "Resolved",
     "add_cli_args",

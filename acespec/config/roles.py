@@ -30,7 +30,7 @@ from acespec.verify import RuleSpec, RuleSpecError
 # above this layer; tests/test_config.py checks the two spellings agree
 EdgeMode = Literal["auto", "sync", "pipelined", "cloud-only", "cloud-led"]
 ApiMode = Literal["auto", "acespec", "pipelined", "sync", "cloud-only", "cloud-led"]
-Policy = Literal["fixed", "adaptive", "controller"]
+Policy = Literal["fixed", "plus2minus1", "controller"]  # plus2minus1 was "adaptive" (schema.OLD_CHOICES)
 Engine = Literal["batched", "serial", "vllm", "noop"]
 
 DEFAULT_PROMPT = "Write a Python function `is_prime(n)` that checks whether a number is prime, with a short docstring."

@@ -192,6 +192,19 @@ def _parse_float(text: str) -> float:
 
 
 _PARSERS: dict[type, Callable[[str], Any]] = {int: _parse_int, float: _parse_float, str: str}
+
+# a choice that was renamed: its old spelling is still taken, on the command line and in a file, and
+# read as the new one (docs/operate/configuration.md, release notes); help and `config show` give the new
+OLD_CHOICES: dict[str, dict[str, str]] = {"policy": {"adaptive": "plus2minus1"}}
+
+
+def _parser(leaf: Leaf) -> Callable[[str], Any]:
+    old = OLD_CHOICES.get(leaf.name)
+    if old is None:
+        return _PARSERS[leaf.base]
+    return lambda text: old.get(text, text)
+
+
 _METAVARS = {int: "N", float: "X", str: "TEXT"}
 _PATH_SUFFIXES = ("_file", "_ca", "_cert", "_key")  # settings that name a file
 
@@ -221,7 +234,7 @@ def add_cli_args(parser: argparse.ArgumentParser, instance: Any) -> None:
         parser.add_argument(
             leaf.flag,
             dest=leaf.name,
-            type=_PARSERS[leaf.base],
+            type=_parser(leaf),
             choices=leaf.choices,
             default=argparse.SUPPRESS,
             help=help_text,
@@ -289,6 +302,7 @@ def _coerce(leaf: Leaf, key: str, value: Any, path: str) -> Any:
     if not ok:
         kind = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}[leaf.base]
         raise ConfigError(None, f"{where} must be {kind}, not {value!r}")
+    value = OLD_CHOICES.get(leaf.name, {}).get(value, value) if isinstance(value, str) else value
     if leaf.choices is not None and value not in leaf.choices:
         raise ConfigError(None, f"{where} must be one of {', '.join(leaf.choices)}, not {value!r}")
     return value

@@ -2,14 +2,14 @@
 
 Interface: `next_k() -> int` before drafting, `update(drafted, accepted, **obs)` after each verdict,
 `observe(**obs)` for measurements that come without one (e.g. whether the state cache caught a verdict).
-`FixedDepth` and `PlusTwoMinusOne` are the baselines; the adaptive controller lives in `adaptive.py`.
+`FixedDepth` and `PlusTwoMinusOne` are the baselines; the cost-model controller lives in `controller.py`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from acespec.control.adaptive import AdaptiveController
+from acespec.control.controller import DepthController
 from acespec.control.policy import DepthPolicy
 
 __all__ = ["DEFAULT_PASS_BUDGET", "DepthPolicy", "FixedDepth", "PlusTwoMinusOne", "make_policy"]
@@ -61,16 +61,16 @@ def make_policy(
     max_window: int = 8,
     k_min: int = 1,
 ) -> DepthPolicy:
-    """`fixed` / `adaptive` (the +2/-1 schedule) / `controller` (the cost-model controller; the keyword
-    arguments say how the loop runs and what the cloud grants, see `AdaptiveConfig`; `k_min` = 0 lets
-    it take plain steps where no block pays, which only a loop with the target at hand should: over a
-    WAN a one-token round trip is slower than the cloud streaming alone)."""
+    """`fixed` / `plus2minus1` (the +2/-1 schedule; `adaptive` is its old name) / `controller` (the
+    cost-model controller; the keyword arguments say how the loop runs and what the cloud grants, see
+    `ControllerConfig`; `k_min` = 0 lets it take plain steps where no block pays, which only a loop with
+    the target at hand should: over a WAN a one-token round trip is slower than the cloud streaming alone)."""
     if spec == "fixed":
         return FixedDepth(k)
-    if spec in ("adaptive", "plus2minus1"):
+    if spec in ("plus2minus1", "adaptive"):  # adaptive: its old name
         return PlusTwoMinusOne(k)
     if spec == "controller":
-        return AdaptiveController(
+        return DepthController(
             k_init=max(1, k),
             pipelined=pipelined,
             auto_window=pipelined and auto_window,
@@ -78,4 +78,4 @@ def make_policy(
             max_window=max_window,
             k_min=k_min,
         )
-    raise ValueError(f"unknown depth policy {spec!r}; choose fixed, adaptive or controller")
+    raise ValueError(f"unknown depth policy {spec!r}; choose fixed, plus2minus1 or controller")

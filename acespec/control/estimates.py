@@ -1,4 +1,4 @@
-"""The estimators under the depth controllers (`adaptive.py`, `lead.py`): the expected tokens a drafted block
+"""The estimators under the depth controllers (`controller.py`, `lead.py`): the expected tokens a drafted block
 emits given per-position acceptance, a bias-corrected EMA, and the online fit of a verification's cost
 against the tokens it verifies.
 """

@@ -1,4 +1,4 @@
-"""The interface of a draft-depth policy (see `depth.py` for the baselines and the factory, `adaptive.py` for
+"""The interface of a draft-depth policy (see `depth.py` for the baselines and the factory, `controller.py` for
 the controller): `next_k() -> int` before drafting, `update(drafted, accepted, **obs)` after each verdict,
 `observe(**obs)` for measurements that come without one.
 """

@@ -20,7 +20,7 @@ Why k + 1 for the edge-led pipeline: to keep the target fed, block n + 1 must le
 block n's verdict comes back, so it is built on the edge's own guess of block n's bonus token, and
 that guess costs the drafter a pass like any draft token (the loop sends it as the block's first
 token). A stop-and-wait edge is handed the bonus and drafts k a block; no schedule that hides the
-round trip can. (The depth controller's cost model counts the same k + 1, `control/adaptive.py`.)
+round trip can. (The depth controller's cost model counts the same k + 1, `control/controller.py`.)
 
 Everything the serving engine, the wire and Python add beyond the pass itself is left out on purpose:
 that is what a share below 1 is made of. Each benchmark compares the ceiling with its steady rate

@@ -10,7 +10,7 @@ Nothing of the loop is copied here: a change to the loop changes the simulation.
 
 Modes name live configurations: `cloud-only`, `cloud-led` (the live `FollowLoop` over a
 `SimLeadLink`), `auto` (the same, its drafter joining after the first token), `sync`, `pipelined`, with `+cache`, `+branches`,
-`+adaptive` (the +2/-1 schedule), `+ctrl` (the cost-model controller), `+autowin` (a window sized to
+`+plus2minus1` (the +2/-1 schedule; `+adaptive` is its old name), `+ctrl` (the cost-model controller), `+autowin` (a window sized to
 the round trip), and `:k=N`; `bench acespec`'s variant names (`+cache`, `acespec`, `acespec:k=8`, ...)
 mean what they mean there.
 """
@@ -59,7 +59,7 @@ LIVE_VARIANTS = {
     "+cache": "pipelined+cache",
     "+branches": "pipelined+branches",
     "acespec": "pipelined+branches+ctrl+autowin",
-    "acespec:+2/-1": "pipelined+branches+adaptive+autowin",
+    "acespec:+2/-1": "pipelined+branches+plus2minus1+autowin",
 }
 FIXED_DEPTH = "pipelined+branches+autowin"  # acespec:k=N: bench acespec's full system at a fixed depth N
 LEAD_MODES = ("cloud-led", "auto")  # the cloud streams; the edge follows (`FollowLoop`)
@@ -68,11 +68,11 @@ LEAD_MODES = ("cloud-led", "auto")  # the cloud streams; the edge follows (`Foll
 @dataclass
 class SimConfig:
     mode: str = "sync"  # cloud-only | sync | pipelined
-    k: int = 4  # draft depth (the starting depth for adaptive policies)
+    k: int = 4  # draft depth (the starting depth for plus2minus1 and the controller)
     window: int = 2  # pipelined: blocks in flight (the least, with auto_window)
     cache: bool = False  # the state cache
     branches: bool = False  # send pre-drafted outcomes as branch blocks (implies cache)
-    policy: str = "fixed"  # fixed | adaptive (+2/-1) | controller
+    policy: str = "fixed"  # fixed | plus2minus1 (+2/-1) | controller
     auto_window: bool = False  # pipelined: a window sized to the round trip
     label: str = ""  # name in reports
 
@@ -81,14 +81,14 @@ class SimConfig:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         if self.k < 0 or self.window < 1:
             raise ValueError("need k >= 0 and window >= 1")
-        if self.policy not in ("fixed", "adaptive", "controller"):
-            raise ValueError(f"policy must be fixed, adaptive or controller, got {self.policy!r}")
+        if self.policy not in ("fixed", "plus2minus1", "controller"):
+            raise ValueError(f"policy must be fixed, plus2minus1 or controller, got {self.policy!r}")
         self.cache = self.cache or self.branches
         if not self.label:
             self.label = (
                 self.mode
                 + ("+branches" if self.branches else "+cache" if self.cache else "")
-                + {"fixed": "", "adaptive": "+adaptive", "controller": "+ctrl"}[self.policy]
+                + {"fixed": "", "plus2minus1": "+plus2minus1", "controller": "+ctrl"}[self.policy]
                 + ("+autowin" if self.auto_window else "")
             )
 
@@ -120,13 +120,13 @@ def parse_mode(spec: str, *, k: int = 4, window: int = 2) -> SimConfig:
     parts = [p.strip() for p in text.split("+") if p.strip()]
     if not parts:
         raise ValueError("empty mode")
-    base, mods = parts[0], set(parts[1:])
-    unknown = mods - {"cache", "branches", "adaptive", "ctrl", "autowin"}
+    base, mods = parts[0], {"plus2minus1" if m == "adaptive" else m for m in parts[1:]}  # adaptive: the old name
+    unknown = mods - {"cache", "branches", "plus2minus1", "ctrl", "autowin"}
     if unknown:
         raise ValueError(
-            f"unknown mode modifier(s) {sorted(unknown)} in {spec!r}; use +cache, +branches, +adaptive, +ctrl, +autowin"
+            f"unknown mode modifier(s) {sorted(unknown)} in {spec!r}; use +cache, +branches, +plus2minus1, +ctrl, +autowin"
         )
-    policy = "controller" if "ctrl" in mods else "adaptive" if "adaptive" in mods else "fixed"
+    policy = "controller" if "ctrl" in mods else "plus2minus1" if "plus2minus1" in mods else "fixed"
     return SimConfig(
         mode=base,
         k=k,

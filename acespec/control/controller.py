@@ -1,8 +1,8 @@
-"""Adaptive draft depth (docs/concepts/modes.md, the adaptive controller): a cost-model controller for K and fan-out B.
+"""The depth controller (`--policy controller`; docs/concepts/modes.md): a cost-model controller for K and fan-out B.
 
 Each round the controller picks the draft depth K (and the branch fan-out B, 1 = a plain chain) that
 maximises the expected committed tokens per second, from estimates it keeps online. All estimates
-start at the priors in `AdaptiveConfig`; an observation key that never arrives leaves its prior in
+start at the priors in `ControllerConfig`; an observation key that never arrives leaves its prior in
 place. Before the first verdict `next_k()` returns `k_init`.
 
 Estimates
@@ -143,7 +143,7 @@ round trip loses to cloud streaming.
 
 Early-stop threshold `min_conf`
 -------------------------------
-The drafter ends a block at a token with q(x) < min_conf. With `AdaptiveConfig.min_conf` set, that
+The drafter ends a block at a token with q(x) < min_conf. With `ControllerConfig.min_conf` set, that
 constant is used. With None (default) it follows the pooled acceptance a:
 min_conf = min_conf_max (1 - a): when most drafts are accepted, stopping early mostly throws away
 tokens that would have been kept, so the threshold is low; when acceptance collapses, low-confidence
@@ -160,11 +160,11 @@ import numpy as np
 from acespec.control.estimates import VerifyTimeFit, _Ema, expected_tokens
 from acespec.control.policy import DepthPolicy
 
-__all__ = ["AdaptiveConfig", "AdaptiveController", "VerifyTimeFit", "expected_tokens"]
+__all__ = ["ControllerConfig", "DepthController", "VerifyTimeFit", "expected_tokens"]
 
 
 @dataclass
-class AdaptiveConfig:
+class ControllerConfig:
     # -- decision space
     k_init: int = 4  # depth before the first verdict (clamped into [k_min, k_max])
     k_min: int = 1  # never draft fewer tokens per block (0: a plain target step when no block pays)
@@ -261,7 +261,7 @@ class AdaptiveConfig:
                 raise ValueError(f"{name} must be > 0 (inf = unconstrained), got {v}")
 
 
-class AdaptiveController(DepthPolicy):
+class DepthController(DepthPolicy):
     """Picks K (and fan-out B) each round to maximise expected tokens/s under bandwidth and memory budgets.
 
     `next_k()` / `next_fanout()` before drafting a block; `update(drafted, accepted, **obs)` after each
@@ -270,11 +270,11 @@ class AdaptiveController(DepthPolicy):
 
     name = "controller"
 
-    def __init__(self, config: AdaptiveConfig | None = None, **overrides) -> None:
+    def __init__(self, config: ControllerConfig | None = None, **overrides) -> None:
         if config is None:
-            config = AdaptiveConfig(**overrides)
+            config = ControllerConfig(**overrides)
         elif overrides:
-            config = AdaptiveConfig(**{**config.__dict__, **overrides})
+            config = ControllerConfig(**{**config.__dict__, **overrides})
         self.cfg = c = config
         self.k = int(min(max(c.k_init, c.k_min), c.k_max))
         self.b = 1
