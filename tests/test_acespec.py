@@ -391,7 +391,7 @@ def test_full_acespec_is_lossless_across_forced_disconnects(cloud):
         assert not t.is_alive()
         res = out["res"]
         assert res.tokens == ref
-        assert res.stats.cache["reconnects"] >= 1
+        assert res.stats.link["reconnects"] >= 1
 
 
 # --------------------------------------------------------------------------- the demo

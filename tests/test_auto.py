@@ -78,14 +78,14 @@ def test_the_drafter_joins_only_after_the_first_token(cloud):
     res = run_edge(m, PROMPT, cfg, model_id=m.tokenizer.fingerprint,
                    on_tokens=lambda t: seen_at_first.append(len(m.tokens)) if not seen_at_first else None)
     assert seen_at_first == [0]  # the drafter had not touched the prompt when the first token reached the user
-    assert res.stats.cache["drafter_joined_at"] >= 1
+    assert res.stats.lead["drafter_joined_at"] >= 1
 
 
 def test_auto_without_any_drafter_streams_cloud_only_text(cloud):
     ref = run(cloud.port, "cloud-only", max_tokens=40)
     res = run(cloud.port, "auto", None, max_tokens=40, contention_guard=True)
     assert res.tokens == ref.tokens and res.stats.drafted == 0
-    assert res.stats.cache["drafter_joined_at"] is None
+    assert res.stats.lead["drafter_joined_at"] is None
 
 
 def test_a_drafter_that_becomes_free_mid_stream_joins_it_and_the_text_stays_exact(cloud, waiting_cloud):
@@ -98,7 +98,7 @@ def test_a_drafter_that_becomes_free_mid_stream_joins_it_and_the_text_stays_exac
     ref = run(cloud.port, "cloud-only", max_tokens=160)
     res = run(waiting_cloud.port, "auto", None, source=source, on_tokens=streamed.extend, max_tokens=160)
     assert res.tokens == ref.tokens
-    assert res.stats.cache["drafter_joined_at"] >= 20 and res.stats.drafted > 0
+    assert res.stats.lead["drafter_joined_at"] >= 20 and res.stats.drafted > 0
 
 
 def test_a_pass_budget_keeps_a_session_within_it_when_the_drafts_are_good():

@@ -71,7 +71,7 @@ def _stats(passes, accepted, rejections, drafted, draft_s, rtt_ms=None):
         r.observe_pass(k, s)
     r.accepted, r.rejections, r.drafted, r.draft_s = accepted, rejections, drafted, draft_s
     if rtt_ms is not None:
-        r.cache["rtt_ms_mean"] = rtt_ms
+        r.link["rtt_ms_mean"] = rtt_ms
     return r
 
 

@@ -378,8 +378,8 @@ def test_a_branch_the_stream_takes_becomes_the_chain_and_the_text_stays_exact():
                           config=FollowConfig(max_tokens=60, max_lead=6, branch_len=4, max_branches=3))
         res = loop.run()
         assert res.tokens == ref
-        assert res.stats.cache["branches_drafted"] > 0
-        taken += res.stats.cache["branches_taken"]
+        assert res.stats.lead["branches_drafted"] > 0
+        taken += res.stats.lead["branches_taken"]
     assert taken > 0
 
 
@@ -472,7 +472,7 @@ def test_the_edge_runtime_in_cloud_led_mode_gives_cloud_only_text(cloud, rule, t
     s = led.stats
     assert s.drafted > 0 and s.accepted > 0  # TOKENS carried the steps' figures, and drafts were used
     assert s.rounds < s.emitted  # fewer target passes than tokens
-    assert s.cache["drafts_sent"] > 0 and s.bytes_up > 0
+    assert s.lead["drafts_sent"] > 0 and s.bytes_up > 0
     # the server kept what this session's steps showed, for the next session of this tenant, rule and
     # temperature only
     mem = memory[("", str(RuleSpec.parse(rule)), temperature)]

@@ -205,7 +205,7 @@ def test_a_drafter_that_slows_the_cloud_rests_and_the_text_stays_the_clouds():
     free = follow(5.0, None)
     guarded = follow(5.0, ContentionGuard(ContentionConfig(rest_first=8, rest_max=64)))
     assert guarded.tokens == free.tokens and len(free.tokens) == 160
-    assert guarded.stats.cache["contention_rests"] >= 2
+    assert guarded.stats.lead["contention_rests"] >= 2
     assert guarded.stats.draft_tokens < free.stats.draft_tokens / 3
 
 
@@ -213,7 +213,7 @@ def test_a_drafter_that_does_not_slow_the_cloud_never_rests():
     free = follow(1.0, None)
     guarded = follow(1.0, ContentionGuard())
     assert guarded.tokens == free.tokens
-    assert guarded.stats.cache["contention_rests"] == 0
+    assert guarded.stats.lead["contention_rests"] == 0
     assert guarded.stats.draft_tokens >= free.stats.draft_tokens / 2  # only the baseline's steps went undrafted
 
 
@@ -238,10 +238,10 @@ def test_a_session_the_drafter_would_rest_through_streams_as_cloud_only_and_coun
         ref = run("cloud-only")
         g = ContentionGuard(resting=100, rest=200)
         res = run("auto", g)
-        assert res.tokens == ref.tokens and res.stats.cache["streamed_plain"] is True
+        assert res.tokens == ref.tokens and res.stats.lead["streamed_plain"] is True
         assert g.resting == 60 and not asked
         res = run("auto", g)
         assert res.tokens == ref.tokens and g.resting == 20
         res = run("auto", g)  # a rest shorter than the session: cloud-led, and the drafter is asked for
-        assert res.tokens == ref.tokens and "streamed_plain" not in res.stats.cache
+        assert res.tokens == ref.tokens and "streamed_plain" not in res.stats.lead
         assert asked  # once its rest was over, the drafter was asked for

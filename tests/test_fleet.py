@@ -267,7 +267,7 @@ def test_a_draining_replica_hands_its_edge_to_another_with_the_same_text(rule, t
 
         res = edge_run(fleet.connect(), rule, temperature, 300, mode, at=5, act=drain)
         assert res.tokens == solo(rule, temperature, 5, 300)
-        assert res.stats.cache["failovers"] == 1
+        assert res.stats.link["failovers"] == 1
         assert box["home"].server.handshakes["resumed"] == 0  # no RESUME went to the replica leaving
         [other] = [s for s in fleet.servers if s is not box["home"]]
         assert other.server.handshakes == {"opened": 1, "resumed": 0}
@@ -287,7 +287,7 @@ def test_a_dropped_link_resumes_on_its_own_replica_and_no_other_sees_the_secret(
 
         res = edge_run(fleet.connect(), "coupled", 0.8, 50, "pipelined", at=10, act=reset)
         assert res.tokens == solo("coupled", 0.8, 5, 50)
-        assert res.stats.cache["reconnects"] == 1 and res.stats.cache["failovers"] == 0
+        assert res.stats.link["reconnects"] == 1 and res.stats.link["failovers"] == 0
         hs = sorted((s.server.handshakes["opened"], s.server.handshakes["resumed"]) for s in fleet.servers)
         assert hs == [(0, 0), (0, 0), (1, 1)], hs
         assert all("UNKNOWN_SESSION" not in s.server.errors_sent for s in fleet.servers)
@@ -338,7 +338,7 @@ def test_kill_9_of_the_replica_mid_generation_loses_no_text(rule, temperature):
         connect = ConnectConfig(host=HOST, port=ports[0], replicas=((HOST, ports[1]),), reply_timeout_s=20.0)
         res = edge_run(connect, rule, temperature, 80, "pipelined", at=20, act=kill_home)
         assert res.tokens == solo(rule, temperature, 5, 80)
-        assert res.stats.cache["failovers"] == 1
+        assert res.stats.link["failovers"] == 1
     finally:
         for p, _, _ in procs:
             p.kill()

@@ -194,7 +194,7 @@ def test_coupled_output_is_network_invariant(cloud, wan, net, mode, window, k):
     assert s.emitted == N and len(s.token_times) == N
     assert 0 < s.ttft_s <= s.wall_s
     assert s.bytes_up > 0 and s.bytes_down > 0
-    assert s.cache.get("reconnects", 0) == 0
+    assert s.link.get("reconnects", 0) == 0
     if mode == "cloud-only":
         assert s.rounds == N and s.target_passes_per_token == 1.0
     else:
@@ -233,7 +233,7 @@ def test_heavy_loss_stalls_but_does_not_change_the_output(cloud, wan):
     assert res.tokens == list(reference(max_tokens=16))
     c = proxy.counters
     assert c.up_stalls + c.down_stalls > 0  # the loss really happened
-    assert res.stats.cache.get("reconnects", 0) == 0  # TCP retransmits: a stall is not a disconnect
+    assert res.stats.link.get("reconnects", 0) == 0  # TCP retransmits: a stall is not a disconnect
 
 
 # ------------------------------------------------------------------------------------------ faults
@@ -261,7 +261,7 @@ def test_forced_disconnects_lose_and_duplicate_nothing(cloud, slow_cloud, wan, m
     assert res.tokens == ref
     assert streamed == ref  # the stream the user saw: no token lost, none emitted twice
     assert resets >= 2  # both resets hit a live connection
-    assert res.stats.cache["reconnects"] >= 2
+    assert res.stats.link["reconnects"] >= 2
     # the session ended cleanly on the cloud: nothing left to hold a slot
     wait_until(lambda: set(server.server.sessions) <= before, timeout=5.0, what="the session to close")
 
@@ -276,7 +276,7 @@ def test_stall_blackhole_delays_without_reconnecting(cloud, wan):
     proxy.blackhole(0.4)  # a stall: bytes are held, then delivered in order
     res = job.result()
     assert res.tokens == list(reference())
-    assert res.stats.cache["reconnects"] == 0
+    assert res.stats.link["reconnects"] == 0
     assert time.monotonic() - t0 >= 0.4
 
 
@@ -496,7 +496,7 @@ def test_real_pair_end_to_end_through_the_wan(real_cloud, real_draft, wan, mode)
     if mode != "cloud-only":
         assert 0 <= s.accepted <= s.drafted and s.rounds >= 1
         assert s.bytes_up / s.emitted < 64  # token ids only, never distributions
-    assert s.cache.get("reconnects", 0) == 0
+    assert s.link.get("reconnects", 0) == 0
 
 
 @pytest.fixture(scope="module")

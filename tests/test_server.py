@@ -321,7 +321,7 @@ def test_well_behaved_session_survives_all_the_abuse(cloud):
     res = out["res"]
     assert res.tokens == reference(n)
     assert streamed == res.tokens
-    assert res.stats.cache["reconnects"] == 0
+    assert res.stats.link["reconnects"] == 0
     check_alive(cloud)
 
 
@@ -586,7 +586,7 @@ def test_after_8_abandoned_hellos_a_new_client_is_served_within_the_resume_grace
                          connect=ConnectConfig(host=HOST, port=srv.port, token=TOKEN, busy_retry_s=30.0, backoff_max_s=0.2))
         res = run_edge(toy_drafter(), list(PROMPT), cfg, model_id=MODEL_ID)
         assert res.tokens == reference(20)
-        assert res.stats.cache["busy_waits"] >= 1  # it was refused BUSY first and waited, not failed
+        assert res.stats.link["busy_waits"] >= 1  # it was refused BUSY first and waited, not failed
 
 
 def test_hellos_reset_before_their_welcome_leave_no_session_behind():
@@ -932,7 +932,7 @@ def test_the_edge_recovers_from_a_cloud_restart_with_the_identical_text(mode, ru
         res = out["res"]
         assert res.tokens == reference_for(rule, temperature, n)
         assert streamed == res.tokens
-        assert res.stats.cache["recoveries"] == 1
+        assert res.stats.link["recoveries"] == 1
         assert len(second.server.errors_sent) == 1 and second.server.errors_sent["UNKNOWN_SESSION"] == 1
     finally:
         first.stop()

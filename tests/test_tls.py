@@ -82,7 +82,7 @@ def tls_cloud(pki):
 def test_an_edge_that_trusts_the_cloud_runs_over_tls(tls_cloud, pki):
     res = run_edge(drafter(), PROMPT, edge_cfg(tls_cloud.port, client_context(pki["ca"])), model_id=MODEL_ID)
     assert res.tokens == reference()
-    assert res.stats.cache["reconnects"] == 0
+    assert res.stats.link["reconnects"] == 0
 
 
 def test_tls_through_the_wan_emulator_with_forced_resets(tls_cloud, pki):
@@ -106,7 +106,7 @@ def test_tls_through_the_wan_emulator_with_forced_resets(tls_cloud, pki):
         assert not t.is_alive()
     res = out["res"]
     assert res.tokens == reference(60) and streamed == res.tokens
-    assert res.stats.cache["reconnects"] >= 1
+    assert res.stats.link["reconnects"] >= 1
 
 
 def test_the_tls_server_refuses_plaintext(tls_cloud):

@@ -155,8 +155,8 @@ class FaultCampaign:
             return
         with self._lock:
             out.runs += 1
-            out.reconnects += res.stats.cache.get("reconnects", 0)
-            out.recoveries += res.stats.cache.get("recoveries", 0)
+            out.reconnects += res.stats.link.get("reconnects", 0)
+            out.recoveries += res.stats.link.get("recoveries", 0)
             if res.tokens != ref or streamed != res.tokens:
                 out.mismatches += 1
 

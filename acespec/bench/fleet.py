@@ -411,7 +411,7 @@ class _Run:
             return
         with self.lock:
             out.runs += 1
-            c = res.stats.cache
+            c = res.stats.link
             out.reconnects += c.get("reconnects", 0)
             out.recoveries += c.get("recoveries", 0)
             out.failovers += c.get("failovers", 0)

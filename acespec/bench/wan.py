@@ -253,7 +253,7 @@ def run_wan_bench(
                                 s.dropped,
                             )
                             rec.bytes_up, rec.bytes_down = s.bytes_up, s.bytes_down
-                            rec.reconnects = int(s.cache.get("reconnects", 0))
+                            rec.reconnects = int(s.link.get("reconnects", 0))
                             rec.draft_s, rec.wait_s, rec.verify_s = s.draft_s, s.wait_s, s.verify_s
                             rec.tokens = list(res.tokens)
                             rec.k_chosen = list(s.k_chosen)

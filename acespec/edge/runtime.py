@@ -197,7 +197,7 @@ def run_edge(
         res.stats.wall_s = time.perf_counter() - t0
         res.stats.bytes_up, res.stats.bytes_down = session.total_bytes()
         _link_stats(res.stats, session)
-        res.stats.cache["rtt_ms_mean"] = round(1e3 * transport.rtt_sum / max(1, transport.rtt_count), 3)
+        res.stats.link["rtt_ms_mean"] = round(1e3 * transport.rtt_sum / max(1, transport.rtt_count), 3)
         return res
     finally:
         if prefill is not None and not prefill.done():  # a run that failed before its follow loop took the job
@@ -234,7 +234,7 @@ def _auto(
         with _closing(CloudSession(cfg.connect, plain), on_session_closed) as session:
             res = _cloud_only(session, prompt, cfg, on_tokens, t0, on_round, should_stop)
         guard.skip(len(res.tokens))
-        res.stats.cache.update(drafter_joined_at=None, contention_rests=0, streamed_plain=True)
+        res.stats.lead.update(drafter_joined_at=None, contention_rests=0, streamed_plain=True)
         return res
     if drafter_model is not None:
         given: list[Model] = [drafter_model]
@@ -286,7 +286,7 @@ def _follow(
     res.stats.bytes_up, res.stats.bytes_down = session.total_bytes()
     _link_stats(res.stats, session)
     rtt = link.rtt_s()
-    res.stats.cache["rtt_ms_mean"] = None if rtt is None else round(1e3 * rtt, 3)
+    res.stats.link["rtt_ms_mean"] = None if rtt is None else round(1e3 * rtt, 3)
     return res
 
 
@@ -415,7 +415,9 @@ def _cloud_only(
 
 
 def _link_stats(stats: RunStats, session: CloudSession) -> None:
-    stats.cache["reconnects"] = session.reconnects
-    stats.cache["recoveries"] = session.recoveries
-    stats.cache["failovers"] = session.failovers
-    stats.cache["busy_waits"] = session.busy_waits
+    stats.link.update(
+        reconnects=session.reconnects,
+        recoveries=session.recoveries,
+        failovers=session.failovers,
+        busy_waits=session.busy_waits,
+    )

@@ -415,7 +415,7 @@ class FollowLoop:
             if chain.tokens and self.uploads.due(chain.gen, len(stream.committed) + len(chain.tokens), cfg.resend):
                 self._upload()
         self.stats.wall_s = self.clock() - t0
-        self.stats.cache.update(
+        self.stats.lead.update(
             {
                 "drafts_sent": self.uploads.sent,
                 "chain_breaks": chain.breaks,

@@ -32,7 +32,11 @@ class RunStats:
     passes: list[tuple[int, float]] = field(
         default_factory=list
     )  # per target pass the target reported: (draft tokens, seconds)
-    cache: dict = field(default_factory=dict)  # state-cache metrics, when a cache is used
+    cache: dict = field(default_factory=dict)  # the state cache's counts (lookups, hits, branches), when one runs
+    link: dict = field(default_factory=dict)  # the link to the cloud: rtt_ms_mean, reconnects, failovers, ...
+    lead: dict = field(
+        default_factory=dict
+    )  # a cloud-led stream's: drafts_sent, drafter_joined_at, contention_rests, ...
 
     def observe_block(self, drafted: int, accepted: int) -> None:
         self.rounds += 1
@@ -138,8 +142,9 @@ class RunStats:
         if self.emitted:
             d["bytes_up_per_token"] = round(self.bytes_up / self.emitted, 3)
             d["bytes_down_per_token"] = round(self.bytes_down / self.emitted, 3)
-        if self.cache:
-            d["cache"] = dict(self.cache)
+        for name in ("cache", "link", "lead"):
+            if getattr(self, name):
+                d[name] = dict(getattr(self, name))
         return d
 
     def to_dict(self) -> dict:

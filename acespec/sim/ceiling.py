@@ -105,7 +105,7 @@ def ceiling(mode: str, cal: Calibration) -> tuple[float, int]:
 def calibrate(runs: Iterable[RunStats], rtt_s: float | None = None, k_max: int = 16) -> Calibration | None:
     """A calibration from the runs of one benchmark (all modes pooled: a cloud-led run's plain steps
     price t(0), an edge-led run's blocks the deeper passes); None when no run reported a pass.
-    `rtt_s`: the link's round trip, else the runs' own measurement (`cache["rtt_ms_mean"]`)."""
+    `rtt_s`: the link's round trip, else the runs' own measurement (`link["rtt_ms_mean"]`)."""
     runs = list(runs)
     passes = [(k, s) for r in runs for k, s in r.passes if s > 0]
     if not passes:
@@ -132,7 +132,7 @@ def calibrate(runs: Iterable[RunStats], rtt_s: float | None = None, k_max: int =
     judged = sum(r.accepted + r.rejections for r in runs)
     accept = sum(r.accepted for r in runs) / judged if judged else 0.0
     if rtt_s is None:
-        rtts = [float(v) for r in runs if (v := r.cache.get("rtt_ms_mean"))]
+        rtts = [float(v) for r in runs if (v := r.link.get("rtt_ms_mean"))]
         rtt_s = float(np.median(rtts)) / 1e3 if rtts else 0.0
     # where a k has passes enough for a median of its own, it is used as it is: a CPU's cost is no line
     # (on the default pair a plain step is cheaper than the line's intercept says)
@@ -153,7 +153,7 @@ def for_run(cal: Calibration, run: RunStats) -> Calibration:
     """`cal` with `run`'s own acceptance and round trip where it measured them: a mode is held to the
     drafts it verified (a state cache's hits, a controller's shorter blocks), on the run's shared passes."""
     judged = run.accepted + run.rejections
-    rtt = run.cache.get("rtt_ms_mean")
+    rtt = run.link.get("rtt_ms_mean")
     return replace(cal, accept=run.accepted / judged if judged else cal.accept, rtt_s=rtt / 1e3 if rtt else cal.rtt_s)
 
 
