@@ -76,7 +76,7 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 # ------------------------------------------------------------------------------------------ generate
 def cmd_generate(args: argparse.Namespace) -> int:
-    from acespec.engine import SpecConfig, generate
+    from acespec.loop import SpecConfig, generate
     from acespec.models import load_model
 
     sampling: SamplingConfig = resolve(SamplingConfig(), args).config  # checked before loading anything slow

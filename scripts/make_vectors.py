@@ -30,7 +30,7 @@ import numpy as np
 
 from acespec import wire
 from acespec.cloud.server import CloudServerThread, ServerConfig
-from acespec.engine import SpecConfig, generate
+from acespec.loop import SpecConfig, generate
 from acespec.models.base import vocab_fingerprint
 from acespec.models.toy import ToyModel
 from acespec.verify import coupled_sample, gumbel_noise

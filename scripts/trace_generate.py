@@ -29,7 +29,7 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=None, help="threads per model (default: every core)")
     args = ap.parse_args()
 
-    from acespec.engine.local import SpecConfig, generate
+    from acespec.loop.local import SpecConfig, generate
     from acespec.eval.humaneval import load_problems
     from acespec.models import load_model
     from acespec.models.llama import SPLIT_KV_FROM

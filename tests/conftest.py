@@ -15,8 +15,8 @@ import threading
 
 import pytest
 
-from acespec.engine.loop import Block, Transport
-from acespec.engine.verifier import BlockVerdict, TargetVerifier
+from acespec.loop.loop import Block, Transport
+from acespec.loop.verifier import BlockVerdict, TargetVerifier
 
 # Small context windows keep the KV caches (and load time) small; every real test fits easily.
 REAL_N_CTX = 1024
@@ -116,7 +116,7 @@ def run_pipelined(target, prompt, cfg, *, draft=None, window: int = 2, transport
     `generate()` wires up for sync mode). Returns (LoopResult, TargetVerifier, transport)."""
     from acespec.control.depth import make_policy
     from acespec.draft.chain import ChainDrafter
-    from acespec.engine.loop import LoopConfig, SpecLoop
+    from acespec.loop.loop import LoopConfig, SpecLoop
     from acespec.models.base import check_compatible
 
     rule, sp = cfg.rule_spec, cfg.sampling

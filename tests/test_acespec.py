@@ -22,9 +22,9 @@ from acespec.draft.cache import ENTRY_OVERHEAD, CacheConfig, Entry, StateCache
 from acespec.draft.chain import ChainDrafter
 from acespec.edge.client import ConnectConfig
 from acespec.edge.runtime import EdgeConfig, run_edge
-from acespec.engine import SpecConfig, generate
-from acespec.engine.loop import LocalTransport, LoopConfig, SpecLoop
-from acespec.engine.verifier import TargetVerifier
+from acespec.loop import SpecConfig, generate
+from acespec.loop.loop import LocalTransport, LoopConfig, SpecLoop
+from acespec.loop.verifier import TargetVerifier
 from acespec.models.toy import ToyModel
 from acespec.net import WanProfile, WanProxyThread
 from acespec.verify import RuleSpec, SamplingParams
@@ -254,7 +254,7 @@ def test_verdict_due_time_accounts_for_a_busy_target():
     verdict's arrival + verify), since blocks queued at a busy target come back one verify apart."""
     from types import SimpleNamespace
 
-    from acespec.engine.loop import Block
+    from acespec.loop.loop import Block
 
     transport = SimpleNamespace(rtt_samples=[0.2, 0.25], last_arrival=None, send=lambda b: None, recv=lambda t: None)
     loop = SpecLoop(transport, PROMPT, drafter=None)
@@ -272,7 +272,7 @@ def test_slack_lets_the_edge_predraft_while_the_target_has_work_queued():
     before the target runs dry; with little queued, it drafts the next block instead."""
     from types import SimpleNamespace
 
-    from acespec.engine.loop import Block
+    from acespec.loop.loop import Block
 
     dr = ChainDrafter(drafter(), sampling=SamplingParams(0.0), rule=RuleSpec.parse("greedy"))
     transport = SimpleNamespace(rtt_samples=[0.2], last_arrival=None, send=lambda b: None, recv=lambda t: None)

@@ -27,7 +27,7 @@ from acespec.cloud.engine import EngineBusy, SessionSpec
 from acespec.cloud.server import CloudServerThread, ServerConfig
 from acespec.edge.client import ConnectConfig
 from acespec.edge.runtime import EdgeConfig, run_edge
-from acespec.engine.verifier import TargetVerifier
+from acespec.loop.verifier import TargetVerifier
 from acespec.models.toy import ToyModel
 
 from paced_toy import PassCostToy
@@ -608,7 +608,7 @@ def test_bench_tenants_replay_edges_commit_the_targets_text(toy_traces, mode, ki
 
 def test_draft_timeliness_is_the_share_of_reported_passes_that_verified_a_draft():
     from acespec.bench.tenants_report import never_slower
-    from acespec.engine.stats import RunStats, draft_timeliness
+    from acespec.loop.stats import RunStats, draft_timeliness
 
     a, b = RunStats(), RunStats()
     for d in (0, 3, 0, 2):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from acespec.sim.ceiling import Calibration, calibrate, ceiling, expected_tokens
-from acespec.engine.stats import RunStats
+from acespec.loop.stats import RunStats
 
 
 @pytest.mark.parametrize("k,a,want", [(0, 0.7, 1.0), (3, 0.0, 1.0), (3, 1.0, 4.0), (2, 0.5, 1.75), (4, 0.9, 4.0951)])

@@ -1,6 +1,6 @@
 """The cloud-led mode: the cloud decodes without waiting, the edge's drafts speed it up when they agree.
 
-- The draft board (`engine/board.py`): which upload a step may use, on hand-built chains and trees.
+- The draft board (`loop/board.py`): which upload a step may use, on hand-built chains and trees.
 - The pricer (`control/lead.py`): drafts are verified only where they pay, probes stay rare.
 - Lossless: strict at temperature > 0 through the in-process cloud-led session (`LocalLeadLink` +
   `FollowLoop`), token-only drafts (one-hot q) and with q rows, matches the target's exact law of
@@ -25,11 +25,11 @@ from acespec.control.lead import LeadConfig, LeadMemory, LeadPricer
 from acespec.draft.chain import ChainDrafter
 from acespec.edge.client import ConnectConfig
 from acespec.edge.runtime import EdgeConfig, run_edge
-from acespec.engine import SpecConfig, generate
-from acespec.engine.board import BoardDraft, DraftBoard
-from acespec.engine.follow import FollowConfig, FollowLoop
-from acespec.engine.lead import LocalLeadLink
-from acespec.engine.verifier import TargetVerifier
+from acespec.loop import SpecConfig, generate
+from acespec.loop.board import BoardDraft, DraftBoard
+from acespec.loop.follow import FollowConfig, FollowLoop
+from acespec.loop.lead import LocalLeadLink
+from acespec.loop.verifier import TargetVerifier
 from acespec.models.toy import ToyModel
 from acespec.verify import RuleSpec, SamplingParams
 
@@ -104,7 +104,7 @@ def test_the_first_step_is_a_plain_one_so_the_first_token_comes_as_fast_as_cloud
 def test_the_prompt_prefill_in_the_first_step_teaches_the_pricer_nothing():
     """The first step's wall time holds the prompt's prefill (seconds): priced as the wait outside a
     pass, it would make deep drafts look nearly free for a dozen steps. Its own pass is a plain step's."""
-    from acespec.engine.lead import LeadState
+    from acespec.loop.lead import LeadState
 
     v = TargetVerifier(ToyModel(vocab=64, seed=1), [3, 1, 4], sampling=SamplingParams(0.0), rule=RuleSpec.parse("greedy"),
                        max_tokens=20)
@@ -387,7 +387,7 @@ def test_the_uplink_backs_off_while_the_cloud_verifies_none_of_its_drafts():
     """A cloud whose pricer never finds a draft worth its pass: the edge stops drafting and uploading
     after 16 such steps, but for one short draft per 16, 32, 64, 64, ... steps, and the text is still
     cloud-only's. The first step that verifies a draft brings uploads back at once."""
-    from acespec.engine.follow import UplinkBackoff
+    from acespec.loop.follow import UplinkBackoff
 
     sp, rs = SamplingParams(0.0), RuleSpec.parse("greedy")
     outs = {}

@@ -325,7 +325,7 @@ def test_the_sampling_settings_are_fields_of_hello_edge_config_and_spec_config()
 
     from acespec import wire
     from acespec.edge.runtime import EdgeConfig
-    from acespec.engine.local import SpecConfig
+    from acespec.loop.local import SpecConfig
 
     names = {f.name for f in fields(SamplingConfig)}
     for cls in (wire.Hello, EdgeConfig, SpecConfig):

@@ -1,4 +1,4 @@
-"""The contention guard (`engine/contention.py`): an auto edge rests its drafter while its work slows
+"""The contention guard (`loop/contention.py`): an auto edge rests its drafter while its work slows
 the cloud's steps, as it does where the two share cores.
 
 - The guard's rules, step by step: a baseline of idle steps first; a window of dearer steps rests the
@@ -26,11 +26,11 @@ from acespec.control.lead import LeadConfig
 from acespec.draft.chain import ChainDrafter
 from acespec.edge.client import ConnectConfig
 from acespec.edge.runtime import EdgeConfig, run_edge
-from acespec.engine.contention import ContentionConfig, ContentionGuard, CoreLoad
-from acespec.engine.follow import FollowConfig, FollowLoop, StepChunk
-from acespec.engine.lead import LocalLeadLink
-from acespec.engine.records import Disconnected
-from acespec.engine.verifier import TargetVerifier
+from acespec.loop.contention import ContentionConfig, ContentionGuard, CoreLoad
+from acespec.loop.follow import FollowConfig, FollowLoop, StepChunk
+from acespec.loop.lead import LocalLeadLink
+from acespec.loop.records import Disconnected
+from acespec.loop.verifier import TargetVerifier
 from acespec.models.toy import ToyModel
 from acespec.verify import RuleSpec, SamplingParams
 

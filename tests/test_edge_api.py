@@ -26,7 +26,7 @@ from acespec.edge.api import EdgeApiThread, EdgeService
 from acespec.edge.client import ConnectConfig
 from acespec.edge.runtime import EdgeConfig
 from acespec.edge.service import ServeConfig
-from acespec.engine import SpecConfig, generate
+from acespec.loop import SpecConfig, generate
 from acespec.models import TextStream
 from acespec.models.toy import ToyModel
 

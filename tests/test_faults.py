@@ -24,7 +24,7 @@ from acespec import wire
 from acespec.bench.faults import SCENARIOS, FaultsConfig, run_faults
 from acespec.bench.fuzz import run_fuzz
 from acespec.cloud.server import CloudServerThread, ServerConfig
-from acespec.engine import SpecConfig, generate
+from acespec.loop import SpecConfig, generate
 from acespec.models.toy import ToyModel
 from acespec.wire import ErrorCode
 

@@ -28,7 +28,7 @@ from acespec.cloud.server import CloudServerThread, ServerConfig
 from acespec.edge.cli import parse_fleet
 from acespec.edge.client import CloudSession, ConnectConfig, EdgeError, Replica
 from acespec.edge.runtime import EdgeConfig, run_edge
-from acespec.engine.verifier import TargetVerifier
+from acespec.loop.verifier import TargetVerifier
 from acespec.models.toy import ToyModel
 from acespec.verify import SamplingParams
 

@@ -1,7 +1,7 @@
 """Losslessness of the lossless rules (greedy, strict, coupled), in the style of vLLM's sampler tests:
 hand-built distributions, parametrised sizes, seeded determinism and statistical convergence.
 
-The statistical tests run the whole engine (`acespec.engine.generate`: drafter, chain drafting, the loop,
+The statistical tests run the whole engine (`acespec.loop.generate`: drafter, chain drafting, the loop,
 the target-side verifier) on the exact toy model, and compare the empirical distribution of the first
 three emitted tokens with the target's exact distribution over 3-token sequences, computed analytically
 from `ToyModel.logits_for_context` and `probs_from_logits`. A chi-square test over sequences (rare cells
@@ -20,7 +20,7 @@ import numpy as np
 from scipy.stats import chi2
 import pytest
 
-from acespec.engine import SpecConfig, generate
+from acespec.loop import SpecConfig, generate
 from acespec.models.toy import ToyModel
 from acespec.verify import SamplingParams, coupled_sample, probs_from_logits, softmax, verify_block
 

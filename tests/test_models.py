@@ -18,7 +18,7 @@ import os
 import numpy as np
 import pytest
 
-from acespec.engine import SpecConfig, generate
+from acespec.loop import SpecConfig, generate
 from acespec.models import VocabMismatchError, check_compatible
 from acespec.models.base import ContextOverflowError, ModelError
 from acespec.models.toy import ToyModel

@@ -39,9 +39,9 @@ from acespec.draft.chain import ChainDrafter
 from acespec.edge import client as edge_client
 from acespec.edge.client import ConnectConfig, TcpTransport
 from acespec.edge.runtime import EdgeConfig, run_edge
-from acespec.engine import SpecConfig, generate
-from acespec.engine.loop import LocalTransport, LoopConfig, SpecLoop
-from acespec.engine.verifier import TargetVerifier
+from acespec.loop import SpecConfig, generate
+from acespec.loop.loop import LocalTransport, LoopConfig, SpecLoop
+from acespec.loop.verifier import TargetVerifier
 from acespec.models.toy import ToyModel
 from acespec.net import WanProfile, WanProxyThread
 from acespec.verify import RuleSpec, SamplingParams, probs_from_logits

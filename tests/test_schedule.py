@@ -12,14 +12,14 @@ import pytest
 from acespec.control.depth import FixedDepth
 from acespec.draft.cache import CacheConfig, StateCache
 from acespec.draft.chain import ChainDrafter
-from acespec.engine import SpecConfig, generate
-from acespec.engine.loop import LoopConfig, SpecLoop
-from acespec.engine.planner import CachePlanner
-from acespec.engine.records import Block, InFlight, LinkSample, Outcome
-from acespec.engine.schedule import Scheduler, uplink_bytes_per_token, uplink_rate
-from acespec.engine.stats import RunStats
-from acespec.engine.transport import LocalTransport, Transport
-from acespec.engine.verifier import TargetVerifier
+from acespec.loop import SpecConfig, generate
+from acespec.loop.loop import LoopConfig, SpecLoop
+from acespec.loop.planner import CachePlanner
+from acespec.loop.records import Block, InFlight, LinkSample, Outcome
+from acespec.loop.schedule import Scheduler, uplink_bytes_per_token, uplink_rate
+from acespec.loop.stats import RunStats
+from acespec.loop.transport import LocalTransport, Transport
+from acespec.loop.verifier import TargetVerifier
 from acespec.models.toy import ToyModel
 from acespec.verify import RuleSpec, SamplingParams
 

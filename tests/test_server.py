@@ -23,7 +23,7 @@ from acespec import wire
 from acespec.cloud.server import CloudServerThread, ServerConfig
 from acespec.edge.client import ConnectConfig, EdgeError
 from acespec.edge.runtime import EdgeConfig, run_edge
-from acespec.engine import SpecConfig, generate
+from acespec.loop import SpecConfig, generate
 from acespec.models.toy import ToyModel
 from acespec.net import WanProfile, WanProxyThread
 from acespec.wire import ErrorCode
@@ -1010,8 +1010,8 @@ def test_an_edge_keeps_bounded_state_over_a_long_generation():
     from acespec.draft.cache import CacheConfig, StateCache
     from acespec.draft.chain import ChainDrafter
     from acespec.edge.client import CloudSession, TcpTransport
-    from acespec.engine.transport import RTT_SAMPLES_KEPT
-    from acespec.engine.loop import LoopConfig, SpecLoop
+    from acespec.loop.transport import RTT_SAMPLES_KEPT
+    from acespec.loop.loop import LoopConfig, SpecLoop
     from acespec.verify import RuleSpec, SamplingParams
 
     n = 400

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from acespec.engine.follow import FollowConfig
+from acespec.loop.follow import FollowConfig
 from acespec.net.profile import WanProfile
 from acespec.sim.edge import SimConfig, parse_mode, simulate
 from acespec.sim.kernel import Kernel, Mailbox
@@ -476,7 +476,7 @@ def test_acceptance_from_logits():
 def test_recorded_trace_matches_what_the_engine_accepts(noise, k):
     """Toy models are batch-invariant, so the trace is exact: the engine accepts min(a_j, K) every round,
     for the K it recorded with and for any other K."""
-    from acespec.engine import SpecConfig, generate
+    from acespec.loop import SpecConfig, generate
     from acespec.models.toy import ToyModel
 
     target = ToyModel(vocab=64, seed=1)
@@ -516,7 +516,7 @@ def test_a_coupled_trace_holds_the_sampled_text_and_what_the_engine_accepts_for_
     """At T > 0 the trace is the coupled stream of one seed (cloud-only's text for that seed) and the
     drafter's coupled choices along it: the engine accepts min(a_j, K) every round, and replaying the
     greedy trace's chain instead would be right far less often along that stream."""
-    from acespec.engine import SpecConfig, generate
+    from acespec.loop import SpecConfig, generate
     from acespec.models.toy import ToyModel
 
     target = lambda: ToyModel(vocab=64, seed=1)  # noqa: E731

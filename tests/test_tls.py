@@ -22,7 +22,7 @@ from acespec import wire  # noqa: E402
 from acespec.cloud.server import CloudServerThread, ServerConfig  # noqa: E402
 from acespec.edge.client import ConnectConfig, EdgeError  # noqa: E402
 from acespec.edge.runtime import EdgeConfig, run_edge  # noqa: E402
-from acespec.engine import SpecConfig, generate  # noqa: E402
+from acespec.loop import SpecConfig, generate  # noqa: E402
 from acespec.models.toy import ToyModel  # noqa: E402
 from acespec.net import WanProfile, WanProxyThread  # noqa: E402
 from acespec.tls import client_context, server_context  # noqa: E402

@@ -266,7 +266,7 @@ def test_refuses_rules_that_need_the_full_distribution(engines):
 async def _native_run(vl, spec: SessionSpec, draft_at) -> tuple[list[int], dict]:
     """One native cloud-led session to its end; after every step the 'edge' uploads `draft_at(tokens)`
     (a (base, tokens) draft, or None), as a real edge's chain would follow the stream."""
-    from acespec.engine.board import BoardDraft, DraftBoard
+    from acespec.loop.board import BoardDraft, DraftBoard
 
     s = await vl.open(spec)
     assert vl.leads_natively(s)
@@ -383,7 +383,7 @@ def test_native_cloud_led_strict_keeps_the_targets_law(engines, temperature):
     transformers. The same chi-square rejects the law a sampler that always kept the draft would give."""
     import torch
 
-    from acespec.engine.board import BoardDraft, DraftBoard
+    from acespec.loop.board import BoardDraft, DraftBoard
     from acespec.verify import softmax
 
     lt, vl, hf = engines
@@ -438,7 +438,7 @@ def test_native_cloud_led_cactus_decides_with_the_q_rows_the_edge_sent(engines):
     plugin decides the drafted steps with them (the board counts each such step)."""
     import torch
 
-    from acespec.engine.board import BoardDraft, DraftBoard
+    from acespec.loop.board import BoardDraft, DraftBoard
     from acespec.verify import softmax
 
     lt, vl, _ = engines
@@ -987,7 +987,7 @@ def test_plugin_rule_asked_for_per_request_decides_inside_a_running_engine(engin
     submission."""
     from vllm import SamplingParams as VSP
 
-    from acespec.engine.board import BoardDraft
+    from acespec.loop.board import BoardDraft
 
     lt, vl, hf = engines
     prompt = list(_prompt(91, 10))

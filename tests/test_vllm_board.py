@@ -15,7 +15,7 @@ import pytest
 
 from acespec.cloud.vllm_board import CONFIG_KEY, BoardReader, BoardShape, SharedBoard, prompt_key
 from acespec.cloud.vllm_proposer import EdgeDraftProposer
-from acespec.engine.board import BoardDraft
+from acespec.loop.board import BoardDraft
 
 PROMPT = tuple(range(100, 120))
 OTHER = tuple(range(200, 213))

@@ -35,7 +35,7 @@ from acespec import wire
 from acespec.cloud.server import CloudServerThread, ServerConfig
 from acespec.edge.client import ConnectConfig
 from acespec.edge.runtime import EdgeConfig, run_edge
-from acespec.engine import SpecConfig, generate
+from acespec.loop import SpecConfig, generate
 from acespec.models.toy import ToyModel
 from acespec.wire import ErrorCode
 

@@ -11,7 +11,7 @@ import time
 import numpy as np
 
 from acespec.bench.replay_edge import EdgeRun, ReplayEdge
-from acespec.engine.stats import draft_timeliness
+from acespec.loop.stats import draft_timeliness
 from acespec.net.profile import profile_from_args
 from acespec.net.wan import WanProxyThread
 from acespec.sim.ceiling import against_ceiling, calibrate

@@ -33,7 +33,7 @@ from acespec.bench import write_result
 from acespec.cloud.server import CloudServerThread, ServerConfig
 from acespec.edge.client import ConnectConfig
 from acespec.edge.runtime import EdgeConfig, run_edge
-from acespec.engine import SpecConfig, generate
+from acespec.loop import SpecConfig, generate
 from acespec.models import load_model
 from acespec.net import WanProfile, WanProxyThread
 

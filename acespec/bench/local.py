@@ -44,9 +44,9 @@ from dataclasses import asdict, dataclass, field
 from acespec.argtypes import pos_int as _pos_int
 from acespec.bench import write_result
 from acespec.control.policy import DepthPolicy
-from acespec.engine import SpecConfig, generate
-from acespec.engine.local import local_policy
 from acespec.eval.humaneval import chat_message, load_problems
+from acespec.loop import SpecConfig, generate
+from acespec.loop.local import local_policy
 from acespec.models import load_model
 from acespec.models.base import check_compatible
 from acespec.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET

@@ -51,9 +51,9 @@ from typing import Any
 from acespec.argtypes import pos_int
 from acespec.bench import write_result
 from acespec.bench.peer_build import TOOLS, PeerError, build_steps, default_build_dir, ensure_built, peer_version
-from acespec.engine import SpecConfig, generate
-from acespec.engine.local import local_policy
 from acespec.eval.humaneval import load_problems
+from acespec.loop import SpecConfig, generate
+from acespec.loop.local import local_policy
 from acespec.models import load_model
 from acespec.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET, RegistryError, resolve
 

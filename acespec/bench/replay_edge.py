@@ -20,9 +20,9 @@ import time
 from dataclasses import dataclass, field
 
 from acespec import wire
-from acespec.engine.backoff import UplinkBackoff
-from acespec.engine.follow import FollowConfig
-from acespec.engine.stats import RunStats
+from acespec.loop.backoff import UplinkBackoff
+from acespec.loop.follow import FollowConfig
+from acespec.loop.stats import RunStats
 
 LEAD = 12  # cloud-led: tokens the replayed chain runs ahead of the stream
 K = 4  # draft depth of the replayed blocks (the trace's recording depth)

@@ -58,7 +58,7 @@ from acespec.bench.tenants_report import _line, plot, report
 from acespec.bench.vllm import cmd_tenants_vllm
 from acespec.cloud.engine import make_engine
 from acespec.cloud.server import CloudServerThread, ServerConfig
-from acespec.engine.verifier import TargetVerifier
+from acespec.loop.verifier import TargetVerifier
 from acespec.models.llama import LlamaCppModel
 from acespec.models.registry import DEFAULT_TARGET, installed_path, resolve
 

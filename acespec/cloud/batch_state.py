@@ -10,7 +10,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from acespec.cloud.engine_api import EngineSession
-from acespec.engine.verifier import VerifyJob
+from acespec.loop.verifier import VerifyJob
 
 
 @dataclass

@@ -46,7 +46,7 @@ from collections import deque
 
 from acespec.cloud.batch_state import BatchConfig, _fail, _Op, _resolve, _State
 from acespec.cloud.engine_api import EngineBusy, EngineSession, EngineStopped, SessionSpec, VerifyEngine
-from acespec.engine.verifier import BlockVerdict
+from acespec.loop.verifier import BlockVerdict
 from acespec.models.base import Model
 
 log = logging.getLogger("acespec.cloud.batched")

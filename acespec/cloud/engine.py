@@ -24,7 +24,7 @@ from acespec.cloud.engine_api import (
     VerifyEngine,
 )
 from acespec.cloud.vllm_engine import VllmConfig, VllmEngine
-from acespec.engine.verifier import BlockVerdict
+from acespec.loop.verifier import BlockVerdict
 from acespec.models.base import Model
 
 __all__ = [

@@ -11,7 +11,7 @@ auth, frames, resume. Everything that touches the target goes through one `Verif
     engine.close(s)                                   # the session is over: free its KV now
 
 The rules, the rng and seed derivation and the stale-prefix drops all stay in `TargetVerifier`
-(`engine/verifier.py`): an engine decides only *when* and *with whom* a session's rows are computed.
+(`loop/verifier.py`): an engine decides only *when* and *with whom* a session's rows are computed.
 Two engines sit behind this interface here:
 
 - `SerialEngine`: one model, one lock, sessions take turns and the KV cache is re-synced on every
@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from acespec.engine.board import DraftBoard
-from acespec.engine.verifier import BlockVerdict, TargetVerifier
+from acespec.loop.board import DraftBoard
+from acespec.loop.verifier import BlockVerdict, TargetVerifier
 from acespec.models.base import Model
 from acespec.verify import RuleSpec, SamplingParams
 

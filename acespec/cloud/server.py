@@ -4,7 +4,7 @@ One connection carries one session. The first frame is HELLO (new session) or RE
 after a dropped connection); then DRAFT -> VERDICT in speculative (edge-led) mode, or the server
 streams TOKENS in cloud-only mode, or in cloud-led mode, where it decodes without waiting and
 verifies, before each step, the priced part of any edge DRAFT that agrees with the stream
-(`engine/board.py`, `control/lead.py`). PING is answered with PONG at any time.
+(`loop/board.py`, `control/lead.py`). PING is answered with PONG at any time.
 
 This module is the connection lifecycle: `CloudServer` listens (TCP, and WebSocket with
 `ServerConfig.ws_port`), limits connections per address and in total, hands each connection to the

@@ -32,8 +32,8 @@ from acespec.cloud.engine import EngineBusy, EngineRefused, EngineSession, Engin
 from acespec.cloud.server_config import ServerConfig
 from acespec.cloud.websocket import ConnWriter
 from acespec.control.lead import LeadConfig, LeadMemory
-from acespec.engine.lead import LeadState
-from acespec.engine.verifier import TargetVerifier
+from acespec.loop.lead import LeadState
+from acespec.loop.verifier import TargetVerifier
 from acespec.verify import RuleSpec, RuleSpecError, SamplingParams
 
 log = logging.getLogger("acespec.cloud")

@@ -3,7 +3,7 @@ decodes and sends each step's tokens in a TOKENS frame, without waiting for the 
 
 `TokenStreamer.stream` runs for the life of one such connection after its handshake. A read side
 answers PING, ends the session on CLOSE and, in cloud-led mode, puts each DRAFT on the session's board
-(`engine/board.py`); the step loop then verifies, before each step, the priced part of the longest
+(`loop/board.py`); the step loop then verifies, before each step, the priced part of the longest
 draft that agrees with the stream (`control/lead.py`), or takes a plain step when none does. On an
 engine whose own decoding loop verifies the drafts (vLLM's speculative decoding), a step is whatever
 that loop committed since the last one.

@@ -44,7 +44,7 @@ from multiprocessing import shared_memory
 
 import numpy as np
 
-from acespec.engine.board import BoardDraft
+from acespec.loop.board import BoardDraft
 
 # header words of a slot
 SEQ, KEY, PLEN, GEN, LIVE, K_CAP, N_DRAFTS, STEPS, DRAFT_STEPS, PROPOSED, ACCEPTED, Q_USED = range(12)

@@ -51,7 +51,7 @@ import numpy as np
 from acespec.cloud.engine_api import EngineRefused, EngineSession, EngineStopped, SessionSpec, VerifyEngine
 from acespec.cloud.vllm_board import CONFIG_KEY, BoardShape, SharedBoard
 from acespec.cloud.vllm_plugin import RULE_ARG
-from acespec.engine.verifier import BlockVerdict
+from acespec.loop.verifier import BlockVerdict
 from acespec.models.base import ModelError, Tokenizer
 from acespec.models.hf import TOKENIZER_FILES, HFTokenizer, _IdTokenizer
 from acespec.verify.topk import TopKRuleError, dense_logits, tail_mass_bound, topk_exactness

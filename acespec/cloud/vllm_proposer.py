@@ -34,7 +34,7 @@ import numpy as np
 
 from acespec.cloud.vllm_board import CONFIG_KEY, BoardReader, SlotView, prompt_key
 from acespec.control.lead import LeadConfig, LeadMemory, LeadPricer
-from acespec.engine.board import DraftBoard
+from acespec.loop.board import DraftBoard
 
 log = logging.getLogger("acespec.vllm.proposer")
 

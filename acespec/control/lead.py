@@ -1,7 +1,7 @@
 """How much of an edge's draft a cloud-led step should verify: priced, so speculation never costs the user.
 
 A cloud-led session's cloud steps without waiting; before each step it may verify k tokens of a draft
-that agrees with the stream (`engine.board`). That step emits `E(k)` tokens on average and costs
+that agrees with the stream (`loop.board`). That step emits `E(k)` tokens on average and costs
 `t(k) + other` seconds (`other`: what the step waits for besides its own pass, e.g. other sessions in
 a CPU tick). The pricer picks the k that maximises tokens per second,
 

@@ -55,8 +55,8 @@ from acespec.edge.service import (
     edge_error_to_api,
     new_seed,
 )
-from acespec.engine.contention import ContentionGuard
-from acespec.engine.loop import Round
+from acespec.loop.contention import ContentionGuard
+from acespec.loop.loop import Round
 from acespec.models.base import Model, ModelError
 from acespec.verify import RuleSpec, RuleSpecError
 

@@ -1,6 +1,6 @@
 """The edge's connection to the cloud verifier: a blocking TCP transport with reconnect and RESUME.
 
-`TcpTransport` plugs the network into the same `SpecLoop` the single-process engine uses. A reader
+`TcpTransport` plugs the network into the same `SpecLoop` the single-process path uses. A reader
 thread decodes frames into a queue, so the drafter keeps working while verdicts are in flight.
 When the connection drops, `recv` reports `Disconnected`; the loop then calls `resume(committed)`,
 which reconnects with backoff and sends RESUME with the session's secret and the committed tokens
@@ -39,10 +39,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from acespec import wire
-from acespec.engine.follow import LeadLink, StepChunk
-from acespec.engine.records import Block, Disconnected, LinkSample
-from acespec.engine.transport import Transport
-from acespec.engine.verifier import BlockVerdict
+from acespec.loop.follow import LeadLink, StepChunk
+from acespec.loop.records import Block, Disconnected, LinkSample
+from acespec.loop.transport import Transport
+from acespec.loop.verifier import BlockVerdict
 
 
 class EdgeError(RuntimeError):
@@ -470,7 +470,7 @@ def sparse_rows(q: np.ndarray) -> tuple[tuple[tuple[int, float], ...], ...]:  # 
 
 class TcpTransport(Transport):
     """DRAFT frames up, VERDICT frames down, over a `CloudSession`. Its link timing (see
-    `acespec.engine.transport`) is stamped with time.perf_counter, the loop's default clock: the
+    `acespec.loop.transport`) is stamped with time.perf_counter, the loop's default clock: the
     reader thread stamps each frame as it is decoded, so a verdict's arrival does not wait for the
     loop to poll."""
 
@@ -542,7 +542,7 @@ class TcpTransport(Transport):
 
 
 class TcpLeadLink(LeadLink):
-    """A cloud-led session over a `CloudSession`: TOKENS steps down, DRAFT chains up (`engine.follow`).
+    """A cloud-led session over a `CloudSession`: TOKENS steps down, DRAFT chains up (`loop.follow`).
     PINGs every `ping_every_s` measure the round trip the edge's lead depth prices."""
 
     def __init__(self, session: CloudSession, *, send_q: bool, ping_every_s: float = 1.0) -> None:

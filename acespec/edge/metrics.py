@@ -21,7 +21,7 @@ import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 
-from acespec.engine.loop import Round
+from acespec.loop.loop import Round
 
 # buckets: seconds for latencies on a WAN (1 ms .. 60 s), tokens for K
 _LATENCY = (

@@ -8,7 +8,7 @@ Modes:
   a user would pick instead of speculative decoding).
 - `cloud-led`: the cloud decodes and streams as in cloud-only, never waiting for the edge; the edge
   follows the stream, drafts ahead of it and uploads its drafts, which the cloud verifies when they
-  agree with what it has committed and are worth their cost (`engine/follow.py`). A user is never
+  agree with what it has committed and are worth their cost (`loop/follow.py`). A user is never
   slower than cloud-only; the cloud pays for more target passes than in the edge-led modes.
 - `auto` (the default): cloud-led on the wire, arranged so that nothing on the edge can delay the
   stream either. The drafter joins once the first token is here (its prefill never competes with the
@@ -16,7 +16,7 @@ Modes:
   may be handed over late or never (`drafter_source`: an edge serving several apps lends its
   drafters to whichever stream gets one first; the others stream as cloud-only until one is free).
   Nor can the drafter slow the cloud: where the two share cores, its work would slow the cloud's
-  steps, and a `ContentionGuard` rests it while it does (`engine/contention.py`).
+  steps, and a `ContentionGuard` rests it while it does (`loop/contention.py`).
   What the cloud spends on the edge's drafts is the cloud operator's to bound
   (`acespec serve --lead-pass-budget`).
 """
@@ -37,12 +37,12 @@ from acespec.draft.cache import CacheConfig, StateCache
 from acespec.draft.chain import ChainDrafter
 from acespec.draft.prediction import PredictedDrafter, Prediction
 from acespec.edge.client import CloudSession, ConnectConfig, EdgeError, TcpLeadLink, TcpTransport, link_failure
-from acespec.engine.contention import ContentionGuard
-from acespec.engine.follow import FollowConfig, FollowLoop, StreamError
-from acespec.engine.handoff import ThreadJob
-from acespec.engine.loop import ORIGIN_TARGET, LoopConfig, LoopResult, Round, SpecLoop
-from acespec.engine.stats import RunStats
-from acespec.engine.transport import Clock, Transport
+from acespec.loop.contention import ContentionGuard
+from acespec.loop.follow import FollowConfig, FollowLoop, StreamError
+from acespec.loop.handoff import ThreadJob
+from acespec.loop.loop import ORIGIN_TARGET, LoopConfig, LoopResult, Round, SpecLoop
+from acespec.loop.stats import RunStats
+from acespec.loop.transport import Clock, Transport
 from acespec.models.base import Model
 from acespec.verify import RuleSpec, SamplingParams
 
@@ -103,7 +103,7 @@ def run_edge(
     between verdicts, ends the run early and closes the cloud session (the result has finished=False);
     `on_session_closed` gets the session once it is closed, however the run ended, for its byte and
     reconnect counts. `guard`: in auto, what earlier sessions learned of whether drafting slows this
-    cloud (`engine/contention.py`; a server keeps one for all its requests); None starts a fresh one
+    cloud (`loop/contention.py`; a server keeps one for all its requests); None starts a fresh one
     (with `cfg.contention_guard`)."""
     rule = RuleSpec.parse(cfg.rule)
     sp = SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p)

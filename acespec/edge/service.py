@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from acespec import wire
 from acespec.edge.client import CloudSession, EdgeError
 from acespec.edge.runtime import EdgeConfig, run_edge
-from acespec.engine.loop import LoopResult, Round
+from acespec.loop.loop import LoopResult, Round
 from acespec.models.base import Model, TextStream
 
 API_MODES = ("auto", "acespec", "pipelined", "sync", "cloud-only", "cloud-led")

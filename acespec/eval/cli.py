@@ -135,7 +135,7 @@ def register(subparsers) -> None:
     p = subparsers.add_parser(
         "eval",
         help="length-inflation harness: rules x prompts x seeds; lambda, net win, accuracy, plots",
-        description="Run verification rules over a data set with the single-process engine and report, per rule, "
+        description="Run verification rules over a data set with the single-process path and report, per rule, "
         "length ratio lambda, acceptance, the net-win verdict, accuracy and where extra tokens fall.",
         epilog=__doc__.split("\n\n", 1)[1],
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -215,7 +215,7 @@ def register(subparsers) -> None:
         "--engine",
         choices=["llama", "vllm"],
         default=S,
-        help="llama (default): AceSpec's single-process engine; vllm: vLLM's own speculative decoding "
+        help="llama (default): AceSpec's single-process path; vllm: vLLM's own speculative decoding "
         "(draft_model) with AceSpec's rules in its sampler; --target and --draft are Hugging Face directories",
     )
     p.add_argument(

@@ -70,7 +70,7 @@ class EvalConfig:
     batching: str = (
         "shared"  # --parallel: shared (one pass, weights read once) | exact (a pass per job, same bits as alone)
     )
-    engine: str = "llama"  # llama: the single-process engine | vllm: vLLM's own speculative decoding (vllm_runner)
+    engine: str = "llama"  # llama: the single-process path | vllm: vLLM's own speculative decoding (vllm_runner)
     concurrency: int = 16  # --engine vllm: jobs in flight at once (vLLM's max_num_seqs)
     humaneval_mode: str = "chat"  # chat | completion
     exec_timeout: float = 10.0  # HumanEval: seconds per program

@@ -1,6 +1,6 @@
 """One generation of the length-inflation harness, and what is measured on it (see `acespec.eval.runner`).
 
-`run_generation` prefills the prompt, then runs the single-process engine once (twice under budget
+`run_generation` prefills the prompt, then runs the single-process path once (twice under budget
 forcing: up to the forcing point, then after the end-of-thinking marker); `analyse` scores the output
 and says where its tokens fall.
 """
@@ -12,10 +12,10 @@ import time
 from dataclasses import dataclass, field
 
 from acespec.control.guards import BudgetForcer
-from acespec.engine import SpecConfig, generate
 from acespec.eval import humaneval, mathgen
 from acespec.eval.config import EvalConfig
 from acespec.eval.datasets import Item
+from acespec.loop import SpecConfig, generate
 from acespec.verify import RULES, RuleSpec
 from acespec.verify.guards import verify_with_support_filter
 

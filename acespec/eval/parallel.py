@@ -6,7 +6,7 @@ Evaluating eight sequences' tokens in one pass reads the weights once for all of
 step costs far less than eight steps. That is where the throughput comes from, for the drafter (one
 token per step: the most memory-bound of all) as much as for the target.
 
-**How.** Each running job is an ordinary `run_generation` (the single-process engine, the loop written
+**How.** Each running job is an ordinary `run_generation` (the single-process path, the loop written
 once) in a thread of its own, on a *lane*: a `LaneModel` view of one KV sequence of a shared model
 (llama.cpp with `n_slots = parallel`, one unified KV cache). A lane's `eval` does not run the model:
 it hands its tokens to the `Gang` and waits. When every running job is waiting, the last one to arrive

@@ -1,4 +1,4 @@
-"""The length-inflation harness: run every (rule, prompt, seed) through the single-process engine.
+"""The length-inflation harness: run every (rule, prompt, seed) through the single-process path.
 
 Acceptance is not speed: a relaxed rule that accepts more draft tokens per round (`l`) can also make
 the model write more tokens (`lambda = L / L_strict`). This module produces the raw observations; the

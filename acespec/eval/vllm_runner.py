@@ -23,12 +23,12 @@ token with no drafts: it is one round, so `rounds` = 1 + verify steps per segmen
 vLLM ran without drafts, worked out from the token count), one more than AceSpec's engine counts for
 the same text (its prompt is prefilled before the first round, which already carries drafts). A
 verify step cut short by the budget or a stop token counts only the drafts it emitted. Arms compare
-with each other within a run; l and tau are not those of the single-process engine.
+with each other within a run; l and tau are not those of the single-process path.
 
-**What differs from the single-process engine.**
+**What differs from the single-process path.**
 - `wall_s` / `ttft_s` run from the moment a job's first request is sent, prefill and the time spent
   queued behind other jobs included, in a batch shared with them: they are not comparable with the
-  single-process engine's (prompt prefilled off the clock, one job at a time).
+  single-process path's (prompt prefilled off the clock, one job at a time).
 - vLLM's drafter samples at the request's temperature only (no top-k / top-p) and without the
   request's seed, so drafts, and hence records, differ from run to run; the target side is seeded.
 - The accepted tokens' support statistics (`acc_p`, `acc_rank`) are not available: records carry

@@ -41,7 +41,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from acespec.engine.stats import RunStats
+from acespec.loop.stats import RunStats
 
 MODES = ("cloud-only", "sync", "pipelined", "cloud-led", "auto")
 MIN_PASSES = 5  # passes at one k before their median stands for t(k) instead of the line

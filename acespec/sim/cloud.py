@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from acespec.control.lead import LeadMemory
-from acespec.engine.lead import LeadState
-from acespec.engine.verifier import BlockVerdict, TargetVerifier, VerifyJob
+from acespec.loop.lead import LeadState
+from acespec.loop.verifier import BlockVerdict, TargetVerifier, VerifyJob
 from acespec.sim.kernel import Kernel, Mailbox
 from acespec.sim.link import FrameSizer, SimLink
 

@@ -24,14 +24,14 @@ import numpy as np
 from acespec.draft.cache import DRAFTER_SLOTS
 from acespec.draft.chain import ChainDrafter
 from acespec.edge.runtime import MODES, EdgeConfig, build_loop
-from acespec.engine.follow import FollowConfig, FollowLoop, LeadLink, StepChunk
-from acespec.engine.handoff import DrafterJob
-from acespec.engine.lead import LeadState
-from acespec.engine.loop import SpecLoop
-from acespec.engine.records import Block, LinkSample
-from acespec.engine.stats import RunStats
-from acespec.engine.transport import Transport
-from acespec.engine.verifier import BlockVerdict, TargetVerifier
+from acespec.loop.follow import FollowConfig, FollowLoop, LeadLink, StepChunk
+from acespec.loop.handoff import DrafterJob
+from acespec.loop.lead import LeadState
+from acespec.loop.loop import SpecLoop
+from acespec.loop.records import Block, LinkSample
+from acespec.loop.stats import RunStats
+from acespec.loop.transport import Transport
+from acespec.loop.verifier import BlockVerdict, TargetVerifier
 from acespec.net.profile import WanProfile
 from acespec.sim.cloud import CloudCost, SentBlock, SimCloud, SimCloudSession, Streamed
 from acespec.sim.kernel import Kernel, Mailbox, SimThread

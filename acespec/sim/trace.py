@@ -3,7 +3,7 @@
 Greedy mode makes a trace exact and cheap:
 
 1. `y` = the target's greedy output for the prompt, produced by the real engine
-   (`acespec.engine.generate`, rule `greedy`, K = 4, with the drafter), so `y` is exactly what the live
+   (`acespec.loop.generate`, rule `greedy`, K = 4, with the drafter), so `y` is exactly what the live
    system emits (up to llama.cpp numerics, which differ slightly between batched and single evals).
 2. The drafter is evaluated once, teacher-forced, over prompt + y (one batched `eval`), giving its logits
    at every position of y. A greedy draft token is accepted iff it equals y at its position, so while a
@@ -52,9 +52,9 @@ import numpy as np
 from acespec import env as acespec_env
 from acespec.control.policy import DepthPolicy
 from acespec.draft.chain import ChainDrafter
-from acespec.engine import SpecConfig, generate
-from acespec.engine.verifier import TargetVerifier
 from acespec.eval.datasets import sharegpt_prompts
+from acespec.loop import SpecConfig, generate
+from acespec.loop.verifier import TargetVerifier
 from acespec.verify import RuleSpec, SamplingParams, gumbel_noise, probs_from_logits
 
 BUNDLED = resources.files("acespec.sim").joinpath("traces")  # the default pair's recorded traces (package data)

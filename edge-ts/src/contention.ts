@@ -1,4 +1,4 @@
-// Whether the edge's drafting slows the cloud (a port of acespec/engine/contention.py): ContentionGuard.
+// Whether the edge's drafting slows the cloud (a port of acespec/loop/contention.py): ContentionGuard.
 //
 // An edge and a cloud that share cores (one laptop running both, an edge on the cloud's busy box) compete
 // for them: two llama.cpp instances each run a thread per core, and while the drafter computes, the

@@ -1,4 +1,4 @@
-// The edge side of a cloud-led session (a port of acespec/engine/follow.py, without branches): follow the
+// The edge side of a cloud-led session (a port of acespec/loop/follow.py, without branches): follow the
 // cloud's token stream and draft ahead of it.
 //
 // The cloud decodes without waiting and streams each step's tokens (TOKENS with HAS_STEP). The edge keeps

@@ -1,4 +1,4 @@
-// The edge-led pipelined mode (acespec/engine/loop.py, without the state cache or branches): the edge keeps
+// The edge-led pipelined mode (acespec/loop/loop.py, without the state cache or branches): the edge keeps
 // drafting past a block it has sent and sends the next one without waiting for its verdict, up to
 // `window` blocks in flight. A later block assumes the blocks before it are accepted in full: it starts
 // at the committed length they would leave less one, and its first token is the drafter's guess of the

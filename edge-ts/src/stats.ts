@@ -1,4 +1,4 @@
-// What one generation measured, named as the Python edge's RunStats names it (engine/stats.py).
+// What one generation measured, named as the Python edge's RunStats names it (loop/stats.py).
 
 export class RunStats {
   rounds = 0; // target passes (verdicts, cloud-led steps; cloud-only: one per token)

@@ -1,6 +1,6 @@
 """The target side of one generation: holds the committed prefix and verifies draft blocks.
 
-The cloud server runs one `TargetVerifier` per session; the single-process engine calls one
+The cloud server runs one `TargetVerifier` per session; the single-process path calls one
 directly. It is the source of truth for the committed prefix.
 
 A block names the committed length `base` it builds on and carries tokens `x`. Pipelined edges

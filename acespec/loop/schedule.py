@@ -19,9 +19,9 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from acespec.engine.records import InFlight, LinkSample, LoopConfig
-from acespec.engine.stats import RunStats
-from acespec.engine.transport import Clock, Transport
+from acespec.loop.records import InFlight, LinkSample, LoopConfig
+from acespec.loop.stats import RunStats
+from acespec.loop.transport import Clock, Transport
 
 RTT_WINDOW = 8  # recent round trips the path estimate takes its minimum over
 RATE_WINDOW = 16  # recent blocks the uplink fit uses: a few seconds of verdicts, so it follows a link that changes

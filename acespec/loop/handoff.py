@@ -1,6 +1,6 @@
 """Who may use the edge's drafter: the follow loop, or a job running beside it.
 
-A cloud-led edge (`engine/follow.py`) hands the user each streamed token from its loop, so the
+A cloud-led edge (`loop/follow.py`) hands the user each streamed token from its loop, so the
 drafter's long calls run beside the loop as a `DrafterJob`: the prompt's prefill (started while the
 handshake is in flight), a late drafter's prefill on everything streamed so far, and a catch-up on
 what the stream committed while the drafter rested. While a job runs, the loop leaves the drafter

@@ -23,8 +23,8 @@ from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable, Sequence
 
-from acespec.engine.records import Block, Disconnected, LinkSample
-from acespec.engine.verifier import BlockVerdict, TargetVerifier
+from acespec.loop.records import Block, Disconnected, LinkSample
+from acespec.loop.verifier import BlockVerdict, TargetVerifier
 
 Clock = Callable[[], float]  # seconds, monotonic: time.perf_counter, or a simulator's virtual clock
 
@@ -65,7 +65,7 @@ class Transport(ABC):
 
 
 class LocalTransport(Transport):
-    """Direct calls into a `TargetVerifier` in the same process: the single-process engine.
+    """Direct calls into a `TargetVerifier` in the same process: the single-process path.
 
     The verdict exists as soon as `send` returns, so its round trip is what the call cost beyond the
     verify itself (about zero), and that is what it reports: timing stays on, measuring a link that

@@ -1,6 +1,6 @@
 """When a cloud-led edge rests its drafter and its uplink: `UplinkBackoff`.
 
-In a cloud-led session (`engine/follow.py`) the cloud verifies an edge's draft only when its pricer
+In a cloud-led session (`loop/follow.py`) the cloud verifies an edge's draft only when its pricer
 finds it worth a pass; a draft nobody verifies still costs the cloud a frame to decode and the edge
 its drafter. The backoff counts the steps that judged our drafts and found none worth it, and spaces
 the uploads out while that lasts. The live edge's `FollowLoop` and the benchmarks' replay edges

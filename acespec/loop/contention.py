@@ -6,7 +6,7 @@ cloud's threads wait at their barriers for threads the drafter's displaced, and 
 times as long: measured on 2 cores with both unpinned, plain steps of the 1.5B target went from 82 ms
 to 250-400 ms while the 0.5B drafter worked, and to 3.2 s in the worst run (auto streamed at 0.05-0.23x
 cloud-only). No draft the cloud verifies can win that back on a CPU, where a verified row costs most
-of a step. The uplink's backoff (`engine/backoff.py`) cannot see it: there the cloud goes on
+of a step. The uplink's backoff (`loop/backoff.py`) cannot see it: there the cloud goes on
 verifying drafts, only slowly.
 
 The cloud reports each step's own time (`verify_s` in TOKENS). The guard compares the cloud's plain

@@ -30,11 +30,11 @@ The user's tokens never wait on the drafter's long calls: the prompt's prefill (
 takes seconds over a long prompt, where a GPU cloud streams from its first 50 ms), and catching up
 on what the stream committed while the drafter rested, run as a `DrafterJob` beside the loop, which
 goes on handing the stream's tokens over and leaves the drafter alone until the job is done
-(`engine/handoff.py`). Only the short draft calls (`chunk` tokens) run in the loop.
+(`loop/handoff.py`). Only the short draft calls (`chunk` tokens) run in the loop.
 
 The loop's state comes in parts, each a small class below: the stream (`_Stream`), the chain
 (`_Chain`), its branches (`_Branches`), the uploads (`_Uploads`, with the uplink's backoff,
-`engine/backoff.py`), and the drafter's hand-off (`DrafterHandoff`).
+`loop/backoff.py`), and the drafter's hand-off (`DrafterHandoff`).
 """
 
 from __future__ import annotations
@@ -48,13 +48,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from acespec.draft.chain import ChainDrafter
-from acespec.engine.backoff import UplinkBackoff
-from acespec.engine.contention import ContentionGuard
-from acespec.engine.handoff import DrafterHandoff, DrafterJob, Spawn
-from acespec.engine.loop import ORIGIN_DRAFT, ORIGIN_TARGET, LoopResult, Round
-from acespec.engine.records import Disconnected
-from acespec.engine.stats import RunStats
-from acespec.engine.transport import Clock
+from acespec.loop.backoff import UplinkBackoff
+from acespec.loop.contention import ContentionGuard
+from acespec.loop.handoff import DrafterHandoff, DrafterJob, Spawn
+from acespec.loop.loop import ORIGIN_DRAFT, ORIGIN_TARGET, LoopResult, Round
+from acespec.loop.records import Disconnected
+from acespec.loop.stats import RunStats
+from acespec.loop.transport import Clock
 
 
 class StreamError(RuntimeError):
@@ -308,7 +308,7 @@ class FollowLoop:
         everything committed so far. `after_first`: ask only once the stream's first token is here, so
         the drafter's prefill never competes with the cloud's for a first token (an edge and a cloud
         sharing one box's cores). Until then, and with neither, the loop just follows the stream.
-        `guard`: rests the drafter while its work slows the cloud's steps (`engine/contention.py`)."""
+        `guard`: rests the drafter while its work slows the cloud's steps (`loop/contention.py`)."""
         # fixed for the run: what the caller gave
         self.link = link  # steps down, drafts up
         self.cfg = config  # depths, chunk sizes, the backoff's and the branches' settings

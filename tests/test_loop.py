@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from acespec.control.depth import FixedDepth, PlusTwoMinusOne, make_policy
-from acespec.engine import LocalTransport, LoopConfig, SpecConfig, SpecLoop, TargetVerifier, generate
-from acespec.engine.stats import RunStats
+from acespec.loop import LocalTransport, LoopConfig, SpecConfig, SpecLoop, TargetVerifier, generate
+from acespec.loop.stats import RunStats
 from acespec.models.base import VocabMismatchError
 from acespec.models.toy import ToyModel
 from acespec.verify import SamplingParams, probs_from_logits
@@ -428,7 +428,7 @@ def _run_bounded(fn, seconds: float = 20.0):
 
 @pytest.mark.parametrize("mode", ["sync", "pipelined"])
 def test_rejection_recovering_the_draft_token_does_not_stall(monkeypatch, pipelined, mode):
-    import acespec.engine.verifier as verifier_mod
+    import acespec.loop.verifier as verifier_mod
 
     monkeypatch.setattr(verifier_mod, "verify_block", _echo_reject)
     cfg = SpecConfig(rule="strict", k=3, temperature=1.0, max_tokens=20)
@@ -452,7 +452,7 @@ def test_a_dropped_block_does_not_doom_the_next_one_that_still_extends_the_commi
     block on it: dooming N made the edge send a block on the committed length, which the target
     dropped once N committed past it, and so on every round."""
     from acespec.draft.chain import ChainDrafter
-    from acespec.engine.records import Block
+    from acespec.loop.records import Block
     from acespec.verify import RuleSpec
 
     t, ctx = [], list(PROMPT)
@@ -505,8 +505,8 @@ def test_a_drafter_that_sat_out_plain_steps_reports_its_catching_up_apart():
     reading is `catchup_s`, and the loop's per-token drafting cost (what the depth controller prices)
     leaves it out, so one return to drafting does not make every later draft token look dear."""
     from acespec.draft.chain import ChainDrafter
-    from acespec.engine.records import InFlight
-    from acespec.engine.schedule import Scheduler
+    from acespec.loop.records import InFlight
+    from acespec.loop.schedule import Scheduler
     from acespec.verify import RuleSpec
 
     model = _TimedToy(vocab=V, seed=3)

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from acespec.engine.records import Block, BonusGuess
-from acespec.engine.stats import RunStats
+from acespec.loop.records import Block, BonusGuess
+from acespec.loop.stats import RunStats
 
 DEFAULT_ACCEPT = 0.7  # acceptance assumed before any verdict
 

@@ -1,6 +1,6 @@
 """The cloud side of a cloud-led session, written once: which draft a step verifies, and what it learns.
 
-`LeadState` holds a session's draft board (`engine.board`) and its pricer (`control.lead`). Before each
+`LeadState` holds a session's draft board (`loop.board`) and its pricer (`control.lead`). Before each
 step the cloud asks `plan(verifier)` for the tokens to verify (none: a plain step, as cloud-only) and
 their q rows; after it, `observe` feeds the pricer. The cloud server runs one per cloud-led session;
 `LocalLeadLink` runs one in process, so the edge's `FollowLoop` can be tested (and its output law
@@ -16,11 +16,11 @@ from collections.abc import Sequence
 import numpy as np
 
 from acespec.control.lead import LeadConfig, LeadMemory, LeadPricer
-from acespec.engine.board import BoardDraft, DraftBoard, SparseRow
-from acespec.engine.follow import LeadLink, StepChunk
-from acespec.engine.records import Disconnected
-from acespec.engine.transport import Clock
-from acespec.engine.verifier import BlockVerdict, TargetVerifier
+from acespec.loop.board import BoardDraft, DraftBoard, SparseRow
+from acespec.loop.follow import LeadLink, StepChunk
+from acespec.loop.records import Disconnected
+from acespec.loop.transport import Clock
+from acespec.loop.verifier import BlockVerdict, TargetVerifier
 from acespec.verify.sampling import dense_row, sparse_top
 
 

@@ -1,4 +1,4 @@
-"""The single-process engine: drafter and target in one process, the loop with a direct-call transport."""
+"""The single-process path: drafter and target in one process, the loop with a direct-call transport."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 
 from acespec.control.depth import DepthPolicy, make_policy
 from acespec.draft.chain import ChainDrafter
-from acespec.engine.loop import LocalTransport, LoopConfig, LoopResult, SpecLoop
-from acespec.engine.verifier import TargetVerifier
+from acespec.loop.loop import LocalTransport, LoopConfig, LoopResult, SpecLoop
+from acespec.loop.verifier import TargetVerifier
 from acespec.models.base import Model, check_compatible
 from acespec.verify import RuleSpec, SamplingParams
 

@@ -34,12 +34,12 @@ import numpy as np
 
 from acespec.control.depth import DepthPolicy, FixedDepth
 from acespec.draft.chain import ChainDrafter, DraftBlock
-from acespec.engine.planner import CachePlanner
-from acespec.engine.records import Block, BonusGuess, Disconnected, InFlight, LoopConfig, Outcome
-from acespec.engine.schedule import Scheduler
-from acespec.engine.stats import RunStats
-from acespec.engine.transport import Clock, LocalTransport, Transport
-from acespec.engine.verifier import BlockVerdict
+from acespec.loop.planner import CachePlanner
+from acespec.loop.records import Block, BonusGuess, Disconnected, InFlight, LoopConfig, Outcome
+from acespec.loop.schedule import Scheduler
+from acespec.loop.stats import RunStats
+from acespec.loop.transport import Clock, LocalTransport, Transport
+from acespec.loop.verifier import BlockVerdict
 
 __all__ = [
     "Block",
