@@ -32,7 +32,8 @@ import time
 from typing import Any
 
 from acespec.bench import write_result
-from acespec.bench.children import ChildProcesses, wait_for_line
+from acespec.bench.children import ChildProcesses
+from acespec.bench.stack import start_stack
 
 PROMPTS = (
     "Write a Python function that checks whether a number is prime.",
@@ -140,71 +141,29 @@ def _figures(t0: float, first: float, last: float, n: int, text: str) -> dict:
 
 # ------------------------------------------------------------------------------------------ the bench
 def cmd_bench_api(args: argparse.Namespace) -> int:
-    import os
 
     from acespec.draft.cache import DRAFTER_SLOTS
     from acespec.edge.client import ConnectConfig
     from acespec.edge.runtime import EdgeConfig
     from acespec.edge.service import edge_config_for
     from acespec.models import load_model
-    from acespec.models.llama import on_cpus, split_cpus, split_threads
+    from acespec.models.llama import on_cpus
     from acespec.models.registry import resolve
 
-    exe = [sys.executable, "-m", "acespec.cli"]
-    edge_threads, cloud_threads = split_threads(args.cores)
-    cloud_env = {**os.environ, **({"ACESPEC_THREADS": str(cloud_threads)} if cloud_threads else {})}
-    edge_env = {**os.environ, **({"ACESPEC_THREADS": str(edge_threads)} if edge_threads else {})}
     kids = ChildProcesses()
     stack = contextlib.ExitStack()
     try:
-        edge_cpus, cloud_cpus = split_cpus(args.cores)
-        with on_cpus(
-            cloud_cpus
-        ):  # the cloud's process on its CPUs; the edges (both kinds) and the emulator on the edge's
-            cloud = kids.start(
-                [*exe, "serve", "--target", args.target, "--port", "0", "--n-ctx", str(args.n_ctx)], env=cloud_env
-            )
-        stack.enter_context(on_cpus(edge_cpus))
-        cloud_port = int(wait_for_line(cloud, r"listening on [\d.]+:(\d+)", 300, "the cloud").group(1))
-        if args.rtt > 0:
-            wan = kids.start(
-                [
-                    *exe,
-                    "wan",
-                    "--listen",
-                    "127.0.0.1:0",
-                    "--upstream",
-                    f"127.0.0.1:{cloud_port}",
-                    "--profile",
-                    "lan",
-                    "--rtt",
-                    f"{args.rtt:g}",
-                    "--jitter",
-                    "0",
-                ]
-            )
-            cloud_port = int(wait_for_line(wan, r"listening on [\d.]+:(\d+)", 60, "the WAN emulator").group(1))
-        api = kids.start(
-            [
-                *exe,
-                "edge",
-                "serve",
-                "--cloud",
-                f"127.0.0.1:{cloud_port}",
-                "--draft",
-                args.draft,
-                "--port",
-                "0",
-                "--n-ctx",
-                str(args.n_ctx),
-                "--rule",
-                args.rule,
-                "--mode",
-                args.mode,
-            ],
-            env=edge_env,
+        up = start_stack(
+            kids,
+            cores=args.cores,
+            target=args.target,
+            draft=args.draft,
+            n_ctx=args.n_ctx,
+            rtt_ms=args.rtt,
+            edge_serve=["--rule", args.rule, "--mode", args.mode],
         )
-        api_port = int(wait_for_line(api, r"http://[\d.]+:(\d+)", 300, "the edge API").group(1))
+        stack.enter_context(on_cpus(up.edge_cpus))  # this process's own edges run on the edge's CPUs too
+        cloud_port, api_port, edge_threads = up.cloud_port, up.api_port, up.edge_threads
         # as `edge serve` loads it
         slots: dict[str, Any] = {"n_slots": DRAFTER_SLOTS} if resolve(args.draft).kind == "gguf" else {}
         if edge_threads and resolve(args.draft).kind == "gguf":

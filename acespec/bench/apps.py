@@ -41,9 +41,9 @@ import time
 
 from acespec.argtypes import pos_float_or_inf, pos_int
 from acespec.bench import write_result
-from acespec.bench.children import ChildProcesses, wait_for_line
+from acespec.bench.children import ChildProcesses
+from acespec.bench.stack import start_stack
 from acespec.eval.datasets import load_items
-from acespec.models.llama import on_cpus, split_cpus, split_threads
 from acespec.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
 from acespec.verify import RuleSpec
 
@@ -198,72 +198,19 @@ def _prompts(sets: list[str], n: int, min_chars: int = 32) -> dict[str, list[tup
     }
 
 
-def _start_stack(args: argparse.Namespace, rtt: int, kids) -> int:
+def _start_stack(args: argparse.Namespace, rtt: int, kids: ChildProcesses) -> int:
     """Cloud, emulator and edge as child processes; the edge's HTTP port."""
-    exe = [sys.executable, "-m", "acespec.cli"]
-    edge_threads, cloud_threads = split_threads(args.cores)
-    cloud_env = {**os.environ, **({"ACESPEC_THREADS": str(cloud_threads)} if cloud_threads else {})}
-    edge_env = {**os.environ, **({"ACESPEC_THREADS": str(edge_threads)} if edge_threads else {})}
-    edge_cpus, cloud_cpus = split_cpus(args.cores)
-    with on_cpus(cloud_cpus):
-        cloud = kids.start(
-            [
-                *exe,
-                "serve",
-                "--target",
-                args.target,
-                "--port",
-                "0",
-                "--n-ctx",
-                str(args.n_ctx),
-                "--max-sessions",
-                "16",
-                "--lead-pass-budget",
-                str(args.lead_pass_budget),
-                *([] if args.prefix_reuse else ["--no-prefix-reuse"]),
-            ],
-            env=cloud_env,
-        )
-    port = int(wait_for_line(cloud, r"listening on [\d.]+:(\d+)", 300, "the cloud").group(1))
-    with on_cpus(edge_cpus):
-        if rtt > 0:
-            wan = kids.start(
-                [
-                    *exe,
-                    "wan",
-                    "--listen",
-                    "127.0.0.1:0",
-                    "--upstream",
-                    f"127.0.0.1:{port}",
-                    "--profile",
-                    "lan",
-                    "--rtt",
-                    str(rtt),
-                    "--jitter",
-                    "0",
-                ],
-                env=edge_env,
-            )
-            port = int(wait_for_line(wan, r"listening on [\d.]+:(\d+)", 60, "the WAN emulator").group(1))
-        api = kids.start(
-            [
-                *exe,
-                "edge",
-                "serve",
-                "--cloud",
-                f"127.0.0.1:{port}",
-                "--draft",
-                args.draft,
-                "--port",
-                "0",
-                "--n-ctx",
-                str(args.n_ctx),
-                "--drafters",
-                str(args.drafters),
-            ],
-            env=edge_env,
-        )
-    return int(wait_for_line(api, r"http://[\d.]+:(\d+)", 300, "the edge API").group(1))
+    serve = ["--max-sessions", "16", "--lead-pass-budget", str(args.lead_pass_budget)]
+    return start_stack(
+        kids,
+        cores=args.cores,
+        target=args.target,
+        draft=args.draft,
+        n_ctx=args.n_ctx,
+        rtt_ms=rtt,
+        serve=serve + ([] if args.prefix_reuse else ["--no-prefix-reuse"]),
+        edge_serve=["--drafters", str(args.drafters)],
+    ).api_port
 
 
 def cmd_bench_apps(args: argparse.Namespace) -> int:
