@@ -243,9 +243,12 @@ def test_cloud_led_in_the_browser_against_a_cloud_that_never_waits(chromium, sit
     assert r["stats"]["drafts_sent"] > 0, r["stats"]
 
 
-def test_the_pages_tokenizer_splits_text_as_the_clouds_does(chromium, site, cloud):
+def test_the_pages_tokenizer_splits_text_as_the_clouds_does_and_chat_1_takes_the_targets_template(
+    chromium, site, cloud
+):
     """?text= is split by wllama's tokenizer on the drafter's GGUF: the same ids as the cloud's tokenizer
-    (the Python edge's), for plain, spaced, accented, CJK and emoji text and a special token's name."""
+    (the Python edge's), for plain, spaced, accented, CJK and emoji text and a special token's name. With
+    ?chat=1 the text is one user turn in the target's chat template, as the edge's API renders a chat."""
     tok = cloud.server.target.tokenizer
     for text in (PROMPT, "  two  spaces\tand a tab\n", "héllo wörld ✓ 你好 🙂", "<|im_end|> is text here"):
         page = page_run(
@@ -259,3 +262,16 @@ def test_the_pages_tokenizer_splits_text_as_the_clouds_does(chromium, site, clou
         )
         assert page["state"] == "done", page["status"]
         assert page["result"]["prompt"] == tok.encode(text), text
+    page = page_run(
+        chromium,
+        site,
+        ws=f"ws://{HOST}:{cloud.server.ws_port}/",
+        gguf="/drafter.gguf",
+        text=PROMPT,
+        chat="1",
+        mode="cloud-only",
+        max_tokens=2,
+    )
+    assert page["state"] == "done", page["status"]
+    chat = tok.chat_prompt([{"role": "user", "content": PROMPT}])
+    assert page["result"]["prompt"] == chat and chat != tok.encode(PROMPT)

@@ -371,9 +371,11 @@ def test_the_port_tokenizes_and_detokenizes_with_the_targets_tokenizer(cloud):
             return json.loads(r.read())
 
     assert get("/tokenize?text=" + urllib.parse.quote("héllo")) == {"ids": tok.encode("héllo")}
+    chat = [{"role": "user", "content": "héllo"}]
+    assert get("/tokenize?chat=1&text=" + urllib.parse.quote("héllo")) == {"ids": tok.chat_prompt(chat)}
     out = get("/detokenize?ids=1,2,63")
     assert out["text"] == tok.decode([1, 2, 63]) and base64.b64decode(out["bytes_b64"]) == tok.decode_bytes([1, 2, 63])
-    for bad in ("/detokenize?ids=1,x", f"/detokenize?ids={V}"):  # not ids; an id outside the vocabulary
+    for bad in ("/detokenize?ids=1,x", f"/detokenize?ids={V}", "/tokenize?chat=yes&text=a"):  # not ids; out of vocab
         with pytest.raises(urllib.error.HTTPError) as e:
             urllib.request.urlopen(base + bad, timeout=IO_TIMEOUT_S)
         assert e.value.code == 400 and "error" in json.loads(e.value.read())

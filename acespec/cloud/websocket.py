@@ -298,12 +298,18 @@ class WsListener:
         return None
 
     def _tokens(self, conn: ServerConnection, path: str, query: dict[str, list[str]]) -> Response:
-        """/tokenize and /detokenize: the target's own tokenizer, for a page that sends and shows text. The
-        WebSocket library's HTTP parser takes request lines of at most 8 KiB, which bounds the work."""
+        """/tokenize and /detokenize: the target's own tokenizer, for a page that sends and shows text;
+        `/tokenize?chat=1` gives the ids of `text` as one user turn in the target's chat template, ready for
+        the assistant's reply (as the edge's API builds a chat's prompt). The WebSocket library's HTTP
+        parser takes request lines of at most 8 KiB, which bounds the work."""
         arg = (query.get("text") if path == "/tokenize" else query.get("ids")) or [""]
         body: dict[str, object]  # JSON
         if path == "/tokenize":
-            body = {"ids": self._tokenizer.encode(arg[0])}
+            chat = (query.get("chat") or ["0"])[0]
+            if chat not in ("0", "1"):
+                return _error(conn, http.HTTPStatus.BAD_REQUEST, f"chat must be 0 or 1, got {chat!r}")
+            turn = [{"role": "user", "content": arg[0]}]
+            body = {"ids": self._tokenizer.chat_prompt(turn) if chat == "1" else self._tokenizer.encode(arg[0])}
         else:
             try:
                 ids = [int(t) for t in arg[0].split(",") if t.strip()]
@@ -330,4 +336,8 @@ def _response(conn: ServerConnection, body: bytes, ctype: str) -> Response:
     r.headers["Content-Type"] = ctype
     r.headers["Content-Length"] = str(len(body))
     r.headers["Cache-Control"] = "no-cache"
+    if ctype == "application/json":
+        # a page served from elsewhere may read these too: /info and the tokenizer's answers are public
+        # facts of the target, and the sessions are behind the WebSocket's token, which no CORS rule governs
+        r.headers["Access-Control-Allow-Origin"] = "*"
     return r

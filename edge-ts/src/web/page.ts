@@ -4,6 +4,8 @@
 //   ws        the cloud's WebSocket URL (`acespec serve --ws-port`), e.g. ws://127.0.0.1:7071/
 //   gguf      the drafter GGUF's URL (the same file `acespec models install` puts in place)
 //   prompt    the prompt's token ids, comma-separated; or `text`, which the drafter's tokenizer splits
+//   chat      `1`: `text` is one user turn in the target's chat template (the cloud's /tokenize?chat=1
+//             builds the ids, as the edge's API does for a chat), so an instruct model answers it
 //   mode      cloud-led (default), sync or cloud-only; greedy in every mode
 //   max_tokens (default 32), k (sync: draft tokens per block, default 4), token (the tenant's auth token)
 //   wasm      wllama's single-thread wllama.wasm (default: beside the page)
@@ -24,7 +26,7 @@ import { wsConnector } from "./ws.js";
 const PAGE_MODES: EdgeMode[] = ["cloud-led", "sync", "cloud-only"];
 
 export interface PageResult extends RunJson {
-  prompt: number[]; // the prompt's ids as sent (the drafter's tokenizer split ?text=)
+  prompt: number[]; // the prompt's ids as sent (?text= split by the drafter's tokenizer, or by the cloud's chat template)
   passes_per_token: number;
   acceptance: number;
   model_id: string;
@@ -56,6 +58,16 @@ function intParam(q: URLSearchParams, name: string, dflt: number): number {
   return n;
 }
 
+/** `text` as one user turn in the target's chat template: the ids the cloud's WebSocket port gives
+ * (`/tokenize?chat=1`, on the same host and port as `ws`), since wllama's tokenizer knows no template. */
+async function chatPrompt(ws: URL, text: string): Promise<number[]> {
+  const http = new URL(`/tokenize?chat=1&text=${encodeURIComponent(text)}`, ws.href.replace(/^ws/, "http"));
+  const r = await fetch(http);
+  const body = await r.json();
+  if (!r.ok || !Array.isArray(body.ids)) throw new PageError(`the cloud's /tokenize?chat=1 answered ${r.status}: ${body.error ?? "no ids"}`);
+  return body.ids as number[];
+}
+
 async function run(q: URLSearchParams, out: HTMLElement, status: HTMLElement): Promise<PageResult> {
   const mode = (q.get("mode") || "cloud-led") as EdgeMode;
   if (!PAGE_MODES.includes(mode)) throw new PageError(`?mode= must be one of ${PAGE_MODES.join(", ")}, got ${mode}`);
@@ -74,11 +86,13 @@ async function run(q: URLSearchParams, out: HTMLElement, status: HTMLElement): P
   });
   const loadS = (performance.now() - t0) / 1000;
   const text = q.get("text");
+  const chat = q.get("chat") || "0";
+  if (chat !== "0" && chat !== "1") throw new PageError(`?chat= must be 0 or 1, got ${chat}`);
   const prompt = q.get("prompt") ? param(q, "prompt").split(",").map((s) => {
     const n = Number(s);
     if (!Number.isInteger(n) || n < 0 || n >= model.vocab.size) throw new PageError(`?prompt= holds ${JSON.stringify(s)}, not a token id`);
     return n;
-  }) : text !== null ? await model.encode(text) : [];
+  }) : text === null ? [] : chat === "1" ? await chatPrompt(url, text) : await model.encode(text);
   if (!prompt.length) throw new PageError("the page needs ?prompt= (token ids) or ?text=");
   const cfg: EdgeConfig = {
     mode, rule: "greedy", k, window: 2, temperature: 0, topK: 0, topP: 1, seed: 0n, maxTokens,
