@@ -34,6 +34,7 @@ from acespec.loop import SpecConfig, generate
 from acespec.models.base import vocab_fingerprint
 from acespec.models.toy import ToyModel
 from acespec.verify import coupled_sample, gumbel_noise
+from acespec.verify.sampling import SamplingParams, probs_from_logits
 
 HOST = "127.0.0.1"
 V = 64
@@ -700,6 +701,15 @@ def coupled_doc() -> dict[str, Any]:
     for k in range(8):
         d = np.random.default_rng([99, k]).dirichlet(np.full(8, 1.0))
         seq.append({"pos": str(P + k), "dist": [float(x) for x in d], "token": coupled_sample(d, 3, P + k)})
+    # a drafter that gets only the softmax row (temperature 1) makes its q from it as the cloud makes p
+    p1 = np.random.default_rng(5).dirichlet(np.full(12, 0.7))
+    p1[3] = p1[7]  # a tie at the cuts, broken by id
+    p1 /= p1.sum()
+    tempered = [
+        {"temperature": t, "top_k": k, "top_p": tp,
+         "q": [float(x) for x in probs_from_logits(np.log(p1), SamplingParams(temperature=t, top_k=k, top_p=tp))]}
+        for t, k, tp in ((1.0, 0, 1.0), (0.7, 0, 1.0), (0.7, 4, 1.0), (0.7, 3, 1.0), (1.3, 0, 0.6), (0.5, 5, 0.8))
+    ]
     return {
         "about": "The coupled sampler (docs/reference/wire.md, 'Coupled sampling'): noise for (seed, position) is "
                  "numpy's default_rng([seed, position]).gumbel(size=vocab), i.e. SeedSequence over the uint32 words "
@@ -708,11 +718,13 @@ def coupled_doc() -> dict[str, Any]:
                  "seeded 128-bit state and increment, its first outputs). `noise`: the Gumbel values. `samples`: "
                  "token = argmax(log dist + noise), lowest id on a tie, log 0 = -inf, and a point mass is its own "
                  "token. `text`: one seed (3), consecutive positions. 64/128-bit values are hex strings, seed and "
-                 "position decimal strings.",
+                 "position decimal strings. `tempered`: q after temperature, top-k and top-p from a softmax row `p1` "
+                 "(logits = log p1), ties at a cut broken by id, as both sides compute their rows.",
         "rng": rngs,
         "noise": noise,
         "samples": samples,
         "text": {"seed": "3", "steps": seq},
+        "tempered": {"p1": [float(x) for x in p1], "cases": tempered},
     }
 
 

@@ -183,7 +183,7 @@ def _check(page: dict, site: str, cloud, mode: str, n: int, want: list[int]) -> 
     assert page["state"] == "done", page["status"]
     r = page["result"]
     print(
-        f"\nbrowser edge ({mode}, WebAssembly drafter, greedy, {n} tokens): {r['tok_s']} tok/s, "
+        f"\nbrowser edge ({mode}, WebAssembly drafter, {n} tokens): {r['tok_s']} tok/s, "
         f"TTFT {r['ttft_s']} s, {r['passes_per_token']} target passes/token, acceptance {r['acceptance']} "
         f"({r['accepted']} of {r['drafted']} drafted), drafter load {r['load_s']} s, prefill {r['prefill_s']} s, "
         f"{r['stats']['draft_tokens']} tokens drafted in {r['stats']['draft_s']} s"
@@ -220,7 +220,7 @@ def _run(chromium, site: str, cloud, mode: str, prompt: list[int], n: int) -> di
 
 def test_sync_in_the_browser_writes_cloud_onlys_text_with_drafts_accepted(chromium, site, cloud, reference):
     prompt, want = reference(N)
-    r = _check(_run(chromium, site, cloud, "sync", prompt, N), site, cloud, "sync", N, want)
+    r = _check(_run(chromium, site, cloud, "sync", prompt, N), site, cloud, "sync, greedy", N, want)
     _accepted(r, N)
 
 
@@ -229,7 +229,7 @@ def test_cloud_led_in_the_browser_writes_cloud_onlys_text_with_drafts_accepted(
 ):
     """Against a cloud with a lead pass budget, which holds a step for the page's draft."""
     prompt, want = reference(N)
-    r = _check(_run(chromium, site, budget_cloud, "cloud-led", prompt, N), site, budget_cloud, "cloud-led", N, want)
+    r = _check(_run(chromium, site, budget_cloud, "cloud-led", prompt, N), site, budget_cloud, "cloud-led, greedy", N, want)
     assert r["stats"]["drafts_sent"] > 0, r["stats"]
     _accepted(r, N)
 
@@ -239,8 +239,40 @@ def test_cloud_led_in_the_browser_against_a_cloud_that_never_waits(chromium, sit
     where the drafter gets ahead of the stream, so acceptance depends on the drafter's speed against
     the cloud's; the text is cloud-only's whatever it is, and the figures are printed."""
     prompt, want = reference(N)
-    r = _check(_run(chromium, site, cloud, "cloud-led", prompt, N), site, cloud, "cloud-led (no lead budget)", N, want)
+    page = _run(chromium, site, cloud, "cloud-led", prompt, N)
+    r = _check(page, site, cloud, "cloud-led, greedy, no lead budget", N, want)
     assert r["stats"]["drafts_sent"] > 0, r["stats"]
+
+
+def test_coupled_sampling_in_the_browser_writes_the_text_the_cloud_samples_for_the_seed(chromium, site, cloud, reference):
+    """rule=coupled at temperature 0.7, seed 7: the page's drafter picks with the cloud's noise (its q from
+    wllama's whole softmax row), and the text is the one the Python edge's cloud-only run samples."""
+    prompt, _ = reference(N)
+    cfg = EdgeConfig(
+        mode="cloud-only",
+        rule="coupled",
+        temperature=0.7,
+        seed=7,
+        max_tokens=N,
+        connect=ConnectConfig(host=HOST, port=cloud.port, reply_timeout_s=120.0),
+    )
+    want = list(run_edge(None, prompt, cfg, model_id=cloud.server.target.tokenizer.fingerprint).tokens)
+    page = page_run(
+        chromium,
+        site,
+        ws=f"ws://{HOST}:{cloud.server.ws_port}/",
+        gguf="/drafter.gguf",
+        prompt=",".join(map(str, prompt)),
+        mode="sync",
+        max_tokens=N,
+        prefill="first",
+        rule="coupled",
+        temperature="0.7",
+        seed="7",
+    )
+    r = _check(page, site, cloud, "sync, coupled T=0.7", N, want)
+    assert r["rule"] == "coupled", r
+    _accepted(r, N)
 
 
 def test_the_pages_tokenizer_splits_text_as_the_clouds_does_and_chat_1_takes_the_targets_template(

@@ -33,7 +33,8 @@ function sleb64(v: bigint): number[] {
 
 const vec = (items: number[][]): number[] => [...uleb(items.length), ...items.flat()];
 const section = (id: number, body: number[]): number[] => [id, ...uleb(body.length), ...body];
-const name = (s: string): number[] => [...uleb(s.length), ...Buffer.from(s, "latin1")];
+// plain JS, no Buffer: the browser edge draws coupled noise with this module too
+const name = (s: string): number[] => [...uleb(s.length), ...Array.from(s, (c) => c.charCodeAt(0) & 0xff)];
 
 // opcodes
 const GET = 0x20, SET = 0x21, TEE = 0x22, I64C = 0x42, I32C = 0x41, F64C = 0x44;
@@ -49,9 +50,9 @@ function i64c(v: bigint): number[] {
 }
 
 function f64c(x: number): number[] {
-  const b = Buffer.alloc(8);
-  b.writeDoubleLE(x, 0);
-  return [F64C, ...b];
+  const b = new DataView(new ArrayBuffer(8));
+  b.setFloat64(0, x, true);
+  return [F64C, ...new Uint8Array(b.buffer)];
 }
 
 function body(): number[] {

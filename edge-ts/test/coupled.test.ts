@@ -4,6 +4,7 @@
 import assert from "node:assert/strict";
 import { describe, it } from "node:test";
 import { coupledSample, coupledTop, gumbelNoise, Pcg64, seedSequenceState } from "../src/coupled.js";
+import { tempered } from "../src/sampling.js";
 import { vectors, VECTORS_DIR } from "./helpers.js";
 
 const V = vectors("coupled.json");
@@ -86,5 +87,20 @@ describe("coupled sampling from the likeliest tokens only", () => {
       }
     }
     assert.ok(decided > 100, `decided only ${decided} of 200`);
+  });
+});
+
+describe("a drafter's q from a softmax row (the WebAssembly drafter's coupled picks)", { skip }, () => {
+  it("is the vectors' q after temperature, top-k and top-p, ties at a cut broken by id", () => {
+    const p1 = Float64Array.from(V.tempered.p1 as number[]);
+    for (const c of V.tempered.cases) {
+      const q = tempered(p1, { temperature: c.temperature, topK: c.top_k, topP: c.top_p });
+      const want = c.q as number[];
+      assert.equal(q.length, want.length);
+      for (let i = 0; i < want.length; i++) {
+        assert.ok(Math.abs(q[i] - want[i]) <= 1e-12 * Math.max(1, want[i]), `${JSON.stringify(c)} at ${i}: ${q[i]}`);
+        assert.equal(q[i] === 0, want[i] === 0, `${JSON.stringify(c)}: what is cut at ${i}`);
+      }
+    }
   });
 });

@@ -6,7 +6,9 @@
 //   prompt    the prompt's token ids, comma-separated; or `text`, which the drafter's tokenizer splits
 //   chat      `1`: `text` is one user turn in the target's chat template (the cloud's /tokenize?chat=1
 //             builds the ids, as the edge's API does for a chat), so an instruct model answers it
-//   mode      cloud-led (default), sync or cloud-only; greedy in every mode
+//   mode      cloud-led (default), sync or cloud-only
+//   rule      greedy (default) or coupled; temperature (default 0: greedy), seed (default 0), top_k (0: off),
+//             top_p (1: off): the session's sampling, which the cloud samples with and the drafter follows
 //   max_tokens (default 32), k (sync: draft tokens per block, default 4), token (the tenant's auth token)
 //   wasm      wllama's single-thread wllama.wasm (default: beside the page)
 //   prefill   `first`: the drafter reads the prompt before the session opens, so in cloud-led mode it
@@ -17,7 +19,7 @@
 // The text streams into #output; the result (text, tokens, drafted, accepted, target_passes, tok_s, ...)
 // lands on window.acespecResult and in #output's data-result, with data-state loading/running/done/error.
 
-import { EdgeConfig, EdgeMode, runSession } from "../run.js";
+import { EdgeConfig, EdgeMode, RULES, RuleName, runSession } from "../run.js";
 import { connectConfigWith } from "../session.js";
 import { runJson, RunJson } from "../stats.js";
 import { WllamaDraftModel } from "./wllama.js";
@@ -68,6 +70,14 @@ async function chatPrompt(ws: URL, text: string): Promise<number[]> {
   return body.ids as number[];
 }
 
+function numParam(q: URLSearchParams, name: string, dflt: number, ok: (v: number) => boolean, what: string): number {
+  const v = q.get(name);
+  if (v === null || v === "") return dflt;
+  const n = Number(v);
+  if (!Number.isFinite(n) || !ok(n)) throw new PageError(`?${name}= must be ${what}, got ${v}`);
+  return n;
+}
+
 async function run(q: URLSearchParams, out: HTMLElement, status: HTMLElement): Promise<PageResult> {
   const mode = (q.get("mode") || "cloud-led") as EdgeMode;
   if (!PAGE_MODES.includes(mode)) throw new PageError(`?mode= must be one of ${PAGE_MODES.join(", ")}, got ${mode}`);
@@ -75,6 +85,13 @@ async function run(q: URLSearchParams, out: HTMLElement, status: HTMLElement): P
   const ggufUrl = param(q, "gguf");
   const maxTokens = intParam(q, "max_tokens", 32);
   const k = intParam(q, "k", 4);
+  const rule = (q.get("rule") || "greedy") as RuleName;
+  if (!RULES.includes(rule)) throw new PageError(`?rule= must be one of ${RULES.join(", ")}, got ${rule}`);
+  const temperature = numParam(q, "temperature", 0, (v) => v >= 0, "a number >= 0");
+  const topK = intParam(q, "top_k", 0);
+  const topP = numParam(q, "top_p", 1, (v) => v > 0 && v <= 1, "a number in (0, 1]");
+  const seedText = q.get("seed") || "0";
+  if (!/^\d+$/.test(seedText) || BigInt(seedText) >= 1n << 64n) throw new PageError(`?seed= must be an integer in 0..2**64-1, got ${seedText}`);
   const url = new URL(wsUrl, location.href);
   const t0 = performance.now();
   status.textContent = "loading the drafter";
@@ -95,7 +112,7 @@ async function run(q: URLSearchParams, out: HTMLElement, status: HTMLElement): P
   }) : text === null ? [] : chat === "1" ? await chatPrompt(url, text) : await model.encode(text);
   if (!prompt.length) throw new PageError("the page needs ?prompt= (token ids) or ?text=");
   const cfg: EdgeConfig = {
-    mode, rule: "greedy", k, window: 2, temperature: 0, topK: 0, topP: 1, seed: 0n, maxTokens,
+    mode, rule, k, window: 2, temperature, topK, topP, seed: BigInt(seedText), maxTokens,
     connect: connectConfigWith(wsConnector(url.href), {
       host: url.hostname, port: Number(url.port) || (url.protocol === "wss:" ? 443 : 80),
       token: new TextEncoder().encode(q.get("token") ?? ""),

@@ -5,7 +5,9 @@
 
 import { LoggerWithoutDebug, Wllama } from "@wllama/wllama";
 import { type DraftBackend, type Picker, sharedPrefix } from "../chain.js";
+import { coupledSample } from "../coupled.js";
 import { chunksReader, parseGgufMetadata } from "../ggufmeta.js";
+import { tempered } from "../sampling.js";
 import { Vocab } from "../vocab.js";
 
 export class DrafterError extends Error {
@@ -23,7 +25,7 @@ export interface WllamaLoad {
 
 export class WllamaDraftModel implements DraftBackend {
   held: number[] = [];
-  readonly fallbacks = 0; // greedy only: no coupled picks
+  readonly fallbacks = 0; // every coupled pick reads the whole distribution: none falls back to it
   readonly threads = 1;
   evals = 0; // model passes run
 
@@ -79,9 +81,6 @@ export class WllamaDraftModel implements DraftBackend {
 
   async eval(tokens: readonly number[], picker: Picker | null): Promise<number | null> {
     if (tokens.length === 0) return null;
-    if (picker !== null && picker.mode !== "greedy") {
-      throw new DrafterError("the WebAssembly drafter drafts greedily only (rule greedy, or temperature 0)");
-    }
     if (this.held.length + tokens.length > this.w.getLoadedContextInfo().n_ctx) {
       throw new DrafterError(`the drafter's context (${this.w.getLoadedContextInfo().n_ctx} tokens) is full`);
     }
@@ -89,9 +88,16 @@ export class WllamaDraftModel implements DraftBackend {
     this.held.push(...tokens);
     this.evals++;
     if (picker === null) return null;
-    const top = await this.w.getLogits(1);
-    if (!top.length) throw new DrafterError("the drafter produced no distribution");
-    return top[0].token;
+    if (picker.mode === "greedy" || picker.sampling.temperature <= 0) {
+      const top = await this.w.getLogits(1);
+      if (!top.length) throw new DrafterError("the drafter produced no distribution");
+      return top[0].token;
+    }
+    // coupled: argmax(log q + g) with the cloud's noise g at this position, over the whole row (wllama
+    // gives no cheaper top-K with its probabilities renormalised, as llama.cpp does in drafter.ts)
+    const p1 = new Float64Array(this.vocab.size);
+    for (const { token, p } of await this.w.getLogits(-1)) if (token < p1.length) p1[token] = p;
+    return coupledSample(tempered(p1, picker.sampling), picker.seed, this.held.length);
   }
 
   async dispose(): Promise<void> {
