@@ -13,19 +13,17 @@ sent, and whether any is accepted depends on the drafter outrunning the cloud's 
 not asserted. Each run prints the browser's tok/s, time to first token, target passes per token,
 acceptance, and the drafter's load, prefill and drafting times; the cloud-only reference prints its own.
 
-edge-ts/scripts/test.sh builds the bundle and runs this file (CI runs it after the Python suite, with the
-models installed); without the bundle, the models or Chromium it skips, saying why.
+The page is driven through edge-ts/scripts/browser_edge.py (its static server, Chromium, `page_run`), the
+harness `bench-edges.ts --browser` runs too. edge-ts/scripts/test.sh builds the bundle and runs this file
+(CI runs it after the Python suite, with the models installed); without the bundle, the models or
+Chromium it skips, saying why.
 """
 
 from __future__ import annotations
 
-import functools
-import http.server
+import importlib.util
 import json
 import os
-import shutil
-import threading
-import urllib.parse
 from pathlib import Path
 
 import pytest
@@ -36,14 +34,14 @@ from acespec.edge.client import ConnectConfig
 from acespec.edge.runtime import EdgeConfig, run_edge
 
 ROOT = Path(__file__).resolve().parents[1]
-WEB = ROOT / "edge-ts" / "dist-web"
-BUNDLE = ("index.html", "edge.js", "wllama.wasm")
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
-HOST = "127.0.0.1"
+# the harness that drives the page: the same one `bench-edges.ts --browser` runs
+_spec = importlib.util.spec_from_file_location("browser_edge", ROOT / "edge-ts" / "scripts" / "browser_edge.py")
+browser_edge = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(browser_edge)
+page_run = browser_edge.page_run
+HOST = browser_edge.HOST
 PROMPT = "Write a Python function that returns the n-th Fibonacci number."
 N = 24  # tokens: a short run, as the target takes most of the time on two cores
-PAGE_TIMEOUT_S = 600.0  # loading the GGUF into WebAssembly and generating, on a busy two-core machine
 
 
 def _models() -> tuple[Path, Path]:
@@ -58,52 +56,24 @@ def _models() -> tuple[Path, Path]:
 @pytest.fixture(scope="module")
 def chromium():
     pytest.importorskip("selenium")
-    if not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)):
+    if not (os.path.exists(browser_edge.CHROMIUM) and os.path.exists(browser_edge.CHROMEDRIVER)):
         pytest.skip("Chromium is not installed: run scripts/setup-system.sh (scripts/test.sh does)")
-    missing = [name for name in BUNDLE if not (WEB / name).is_file()]
+    missing = [name for name in browser_edge.BUNDLE if not (browser_edge.WEB / name).is_file()]
     if missing:
         pytest.skip(
-            f"the browser edge is not built ({', '.join(missing)} missing in {WEB}): "
+            f"the browser edge is not built ({', '.join(missing)} missing in {browser_edge.WEB}): "
             "run `npm ci --ignore-scripts && npm run build:web` in edge-ts (edge-ts/scripts/test.sh does)"
         )
-    from test_ws_page import browser
-
-    d = browser()
-    d.set_script_timeout(30)
+    d = browser_edge.chromium()
     yield d
     d.quit()
-
-
-class _Static(http.server.SimpleHTTPRequestHandler):
-    """The page's files from edge-ts/dist-web, and the drafter's GGUF at /drafter.gguf."""
-
-    extensions_map = {
-        **http.server.SimpleHTTPRequestHandler.extensions_map,
-        ".wasm": "application/wasm",
-        ".js": "text/javascript",
-        ".gguf": "application/octet-stream",
-    }
-    gguf: Path
-
-    def translate_path(self, path: str) -> str:
-        if urllib.parse.urlsplit(path).path == "/drafter.gguf":
-            return str(self.gguf)
-        return super().translate_path(path)
-
-    def log_message(self, format, *args) -> None:  # noqa: A002  (the base class's name)
-        pass
 
 
 @pytest.fixture(scope="module")
 def site():
     draft, _ = _models()
-    handler = type("Static", (_Static,), {"gguf": draft})
-    srv = http.server.ThreadingHTTPServer((HOST, 0), functools.partial(handler, directory=str(WEB)))
-    t = threading.Thread(target=srv.serve_forever, daemon=True, name="wasm-page-static")
-    t.start()
-    yield f"http://{HOST}:{srv.server_address[1]}"
-    srv.shutdown()
-    srv.server_close()
+    with browser_edge.Site(draft) as s:
+        yield s.url
 
 
 def _serve(config: ServerConfig):
@@ -161,21 +131,6 @@ def reference(cloud):
         return prompt, runs[n]
 
     return get
-
-
-def page_run(driver, site: str, **params) -> dict:
-    from selenium.webdriver.support.ui import WebDriverWait
-
-    driver.get(f"{site}/index.html?{urllib.parse.urlencode({**params, 'run': '1'})}")
-    state = lambda d: d.execute_script("return document.getElementById('output').dataset.state")  # noqa: E731
-    WebDriverWait(driver, PAGE_TIMEOUT_S, poll_frequency=0.5).until(lambda d: state(d) in ("done", "error"))
-    return driver.execute_script("""
-        const out = document.getElementById('output');
-        return {state: out.dataset.state, error: out.dataset.error || null, shown: out.textContent,
-                result: out.dataset.result ? JSON.parse(out.dataset.result) : null,
-                status: document.getElementById('status').textContent,
-                resources: performance.getEntriesByType('resource').map(r => r.name)};
-    """)
 
 
 def _check(page: dict, site: str, cloud, mode: str, n: int, want: list[int]) -> dict:

@@ -1,18 +1,24 @@
-// Side by side: the same prompts through the Python edge (`acespec edge`) and this Node edge against one
-// cloud, per mode. Prints per edge and mode: tokens/s, time to first token, target passes per token,
-// acceptance, and whether the text equals cloud-only's; then Node's tokens/s over Python's (the bar: >= 0.9).
+// Side by side: the same prompts through the Python edge (`acespec edge`), this Node edge and, with
+// --browser, the browser edge (the page in headless Chromium, drafting in WebAssembly, over the cloud's
+// WebSocket port) against one cloud, per mode. Prints per edge and mode: tokens/s, time to first token,
+// target passes per token, acceptance, and whether the text equals cloud-only's; then Node's tokens/s over
+// Python's (the bar: >= 0.9), and the browser's.
 //
-//   node dist/scripts/bench-edges.js [--cloud HOST:PORT] [--modes auto,sync] [--prompts 3] [--max-tokens 32]
-//                                    [--python PATH] [--draft GGUF] [--target GGUF]
+//   node dist/scripts/bench-edges.js [--cloud HOST:PORT [--ws URL]] [--modes auto,sync] [--prompts 3]
+//                                    [--max-tokens 32] [--python PATH] [--draft GGUF] [--target GGUF] [--browser]
 //
-// Without --cloud it starts `acespec serve` with the default target on a free loopback port. Each run is a
-// fresh process (model load not counted: both edges time a generation from its own start).
+// Without --cloud it starts `acespec serve` with the default target on a free loopback port (and a
+// WebSocket port with --browser). Each run is a fresh process (model load not counted: every edge times a
+// generation from its own start). The browser edge runs through scripts/browser_edge.py (selenium and
+// Debian's Chromium: the Python `test` profile and scripts/setup-system.sh) with `prefill=first`: its
+// WebAssembly drafter reads the prompt before the session opens (seconds), which its figures leave out;
+// `auto` is `cloud-led` there (the same on the wire, without the contention guard).
 
 import { spawn } from "node:child_process";
 import { join } from "node:path";
 import { parseArgs } from "node:util";
 import { defaultDraftPath } from "../src/args.js";
-import { CLI, Cloud, pyEnv, python, startCloud } from "../test/helpers.js";
+import { CLI, Cloud, freePort, pyEnv, python, REPO_DIR, startCloud } from "../test/helpers.js";
 
 const PROMPTS = [
   "Write a Python function that returns the n-th Fibonacci number.",
@@ -22,7 +28,7 @@ const PROMPTS = [
 ];
 
 interface Row {
-  edge: "python" | "node";
+  edge: "python" | "node" | "browser";
   mode: string;
   prompt: number;
   tokS: number;
@@ -52,7 +58,7 @@ async function main(): Promise<void> {
     options: {
       cloud: { type: "string" }, modes: { type: "string", default: "auto,sync" }, prompts: { type: "string", default: "3" },
       "max-tokens": { type: "string", default: "32" }, python: { type: "string" }, draft: { type: "string" },
-      target: { type: "string" },
+      target: { type: "string" }, browser: { type: "boolean", default: false }, ws: { type: "string" },
     },
   });
   const py = values.python ?? python();
@@ -64,10 +70,15 @@ async function main(): Promise<void> {
   const prompts = PROMPTS.slice(0, Number(values.prompts));
   let cloud: Cloud | null = null;
   let addr = values.cloud;
+  let ws = values.ws ?? null;
+  if (values.browser && addr && !ws) throw new Error("--browser with --cloud needs --ws (the cloud's WebSocket URL)");
   if (!addr) {
-    cloud = await startCloud(py, ["--target", target]);
+    const wsPort = values.browser ? await freePort() : null;
+    cloud = await startCloud(py, ["--target", target, ...(wsPort === null ? [] : ["--ws-port", String(wsPort)])]);
     addr = `127.0.0.1:${cloud.port}`;
+    if (wsPort !== null) ws = `ws://127.0.0.1:${wsPort}/`;
   }
+  const browserEdge = join(REPO_DIR, "edge-ts", "scripts", "browser_edge.py");
   // the Python edge names the cloud-led preset `auto` once it has one; on the wire the two are the same
   const pyHelp = await exec(py, ["-m", "acespec.cli", "edge", "--help"], pyEnv());
   const pyModes = /--mode \{([^}]*)\}/.exec(pyHelp)?.[1].split(",") ?? [];
@@ -89,7 +100,18 @@ async function main(): Promise<void> {
             acceptance: s.acceptance_rate, tokens: o.tokens,
           });
         }
-        process.stderr.write(`prompt ${i} ${mode}: python ${pyOut.stats.tokens_per_s} tok/s, node ${nodeOut.stats.tokens_per_s} tok/s\n`);
+        let browserNote = "";
+        if (ws !== null) {
+          const pageMode = mode === "auto" ? "cloud-led" : mode;
+          const b = JSON.parse(await exec(py, [browserEdge, "--ws", ws, "--gguf", draft, "--text", p, "--chat", "--mode", pageMode,
+            "--max-tokens", maxTokens, "--prefill", "first"], pyEnv()));
+          rows.push({
+            edge: "browser", mode, prompt: i, tokS: b.tok_s, ttftS: b.ttft_s, passesPerToken: b.passes_per_token,
+            acceptance: b.acceptance, tokens: b.tokens,
+          });
+          browserNote = `, browser ${b.tok_s} tok/s (drafter load ${b.load_s} s, prefill ${b.prefill_s} s, not counted)`;
+        }
+        process.stderr.write(`prompt ${i} ${mode}: python ${pyOut.stats.tokens_per_s} tok/s, node ${nodeOut.stats.tokens_per_s} tok/s${browserNote}\n`);
       }
     }
   } finally {
@@ -98,6 +120,7 @@ async function main(): Promise<void> {
   const f = (x: number, d = 2): string => x.toFixed(d);
   const lines = [
     `prompts: ${prompts.length}, max tokens: ${maxTokens}, greedy, --chat; cloud ${values.cloud ? addr : "acespec serve (default target) on loopback"}; ` +
+      (ws !== null ? `browser edge over ${ws} (prefill=first, auto = cloud-led); ` : "") +
       `ACESPEC_THREADS=${process.env.ACESPEC_THREADS}`,
     "",
     `${"edge".padEnd(7)} ${"mode".padEnd(10)} ${"prompt".padStart(6)} ${"tok/s".padStart(8)} ${"ttft s".padStart(8)} ` +
@@ -117,6 +140,11 @@ async function main(): Promise<void> {
       `(bar 0.9: ${ratio >= 0.9 ? "met" : "NOT met"}); ttft python ${f(of("python", "ttftS"), 3)} s, node ${f(of("node", "ttftS"), 3)} s; ` +
       `passes/token python ${f(of("python", "passesPerToken"), 3)}, node ${f(of("node", "passesPerToken"), 3)}; ` +
       `acceptance python ${f(of("python", "acceptance"), 3)}, node ${f(of("node", "acceptance"), 3)}`);
+    if (ws !== null) {
+      lines.push(`${mode}: browser (WebAssembly drafter) mean tok/s ${f(of("browser", "tokS"))} -> browser/python ` +
+        `${f(of("browser", "tokS") / of("python", "tokS"), 3)}; ttft ${f(of("browser", "ttftS"), 3)} s; passes/token ` +
+        `${f(of("browser", "passesPerToken"), 3)}; acceptance ${f(of("browser", "acceptance"), 3)}`);
+    }
   }
   process.stdout.write(lines.join("\n") + "\n");
 }
