@@ -101,8 +101,10 @@ async function main(): Promise<void> {
           });
         }
         let browserNote = "";
-        if (ws !== null) {
-          const pageMode = mode === "auto" ? "cloud-led" : mode;
+        const pageMode = mode === "auto" ? "cloud-led" : mode;
+        if (ws !== null && !["cloud-led", "sync", "cloud-only"].includes(pageMode)) {
+          browserNote = `, browser: no ${mode} mode in the page`;
+        } else if (ws !== null) {
           const b = JSON.parse(await exec(py, [browserEdge, "--ws", ws, "--gguf", draft, "--text", p, "--chat", "--mode", pageMode,
             "--max-tokens", maxTokens, "--prefill", "first"], pyEnv()));
           rows.push({
@@ -140,7 +142,7 @@ async function main(): Promise<void> {
       `(bar 0.9: ${ratio >= 0.9 ? "met" : "NOT met"}); ttft python ${f(of("python", "ttftS"), 3)} s, node ${f(of("node", "ttftS"), 3)} s; ` +
       `passes/token python ${f(of("python", "passesPerToken"), 3)}, node ${f(of("node", "passesPerToken"), 3)}; ` +
       `acceptance python ${f(of("python", "acceptance"), 3)}, node ${f(of("node", "acceptance"), 3)}`);
-    if (ws !== null) {
+    if (rows.some((r) => r.edge === "browser" && r.mode === mode)) {
       lines.push(`${mode}: browser (WebAssembly drafter) mean tok/s ${f(of("browser", "tokS"))} -> browser/python ` +
         `${f(of("browser", "tokS") / of("python", "tokS"), 3)}; ttft ${f(of("browser", "ttftS"), 3)} s; passes/token ` +
         `${f(of("browser", "passesPerToken"), 3)}; acceptance ${f(of("browser", "acceptance"), 3)}`);
