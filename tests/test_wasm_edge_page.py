@@ -6,11 +6,12 @@ HTTP server on loopback serves the page, the bundle, wllama.wasm and the GGUF; t
 `acespec serve` with the default target over its WebSocket port.
 
 With the default pair, greedy, the page's tokens (and the text it shows) equal what a cloud-only edge
-gets over TCP for the same prompt, and the drafter drafted: in sync mode, and in cloud-led mode against a
-cloud with a lead pass budget (which holds a step for the edge's draft), drafts were verified and some
-accepted; in cloud-led mode against `acespec serve`'s defaults (a cloud that never waits) drafts were
-sent, and whether any is accepted depends on the drafter outrunning the cloud's steps, so it is printed,
-not asserted. Each run prints the browser's tok/s, time to first token, target passes per token,
+gets over TCP for the same prompt, and the drafter drafted: in sync and pipelined mode, and in cloud-led
+mode against a cloud with a lead pass budget (which holds a step for the edge's draft), drafts were
+verified and some accepted; in cloud-led mode against `acespec serve`'s defaults (a cloud that never
+waits) drafts were sent, and whether any is accepted depends on the drafter outrunning the cloud's steps,
+so it is printed, not asserted. With `coupled` at temperature 0.7 the page's text is the Python edge's
+cloud-only sample for the same seed, and `?chat=1` gives the target's chat-template ids. Each run prints the browser's tok/s, time to first token, target passes per token,
 acceptance, and the drafter's load, prefill and drafting times; the cloud-only reference prints its own.
 
 The page is driven through edge-ts/scripts/browser_edge.py (its static server, Chromium, `page_run`), the
@@ -176,6 +177,12 @@ def _run(chromium, site: str, cloud, mode: str, prompt: list[int], n: int) -> di
 def test_sync_in_the_browser_writes_cloud_onlys_text_with_drafts_accepted(chromium, site, cloud, reference):
     prompt, want = reference(N)
     r = _check(_run(chromium, site, cloud, "sync", prompt, N), site, cloud, "sync, greedy", N, want)
+    _accepted(r, N)
+
+
+def test_pipelined_in_the_browser_writes_cloud_onlys_text_with_drafts_accepted(chromium, site, cloud, reference):
+    prompt, want = reference(N)
+    r = _check(_run(chromium, site, cloud, "pipelined", prompt, N), site, cloud, "pipelined, greedy", N, want)
     _accepted(r, N)
 
 

@@ -102,7 +102,7 @@ async function main(): Promise<void> {
         }
         let browserNote = "";
         const pageMode = mode === "auto" ? "cloud-led" : mode;
-        if (ws !== null && !["cloud-led", "sync", "cloud-only"].includes(pageMode)) {
+        if (ws !== null && !["cloud-led", "sync", "pipelined", "cloud-only"].includes(pageMode)) {
           browserNote = `, browser: no ${mode} mode in the page`;
         } else if (ws !== null) {
           const b = JSON.parse(await exec(py, [browserEdge, "--ws", ws, "--gguf", draft, "--text", p, "--chat", "--mode", pageMode,

@@ -1,7 +1,7 @@
 """Run the browser edge once, in headless Chromium, and print its result as one JSON object.
 
     python edge-ts/scripts/browser_edge.py --ws ws://127.0.0.1:7071/ --gguf DRAFTER.gguf \
-        (--text TEXT [--chat] | --prompt 1,2,3) [--mode cloud-led|sync|cloud-only] [--max-tokens N] \
+        (--text TEXT [--chat] | --prompt 1,2,3) [--mode cloud-led|sync|pipelined|cloud-only] [--max-tokens N] \
         [--rule greedy|coupled --temperature T --seed S] [--prefill first]
 
 A static HTTP server on loopback serves the page (edge-ts/dist-web: `npm run build:web` writes it) and
@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     src.add_argument("--text", help="the prompt as text, split by the drafter's tokenizer")
     src.add_argument("--prompt", help="the prompt as token ids, comma-separated")
     ap.add_argument("--chat", action="store_true", help="--text is one user turn in the target's chat template")
-    ap.add_argument("--mode", default="cloud-led", choices=("cloud-led", "sync", "cloud-only"))
+    ap.add_argument("--mode", default="cloud-led", choices=("cloud-led", "sync", "pipelined", "cloud-only"))
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--rule", default="greedy", choices=("greedy", "coupled"))
     ap.add_argument("--temperature", default="0")

@@ -6,10 +6,11 @@
 //   prompt    the prompt's token ids, comma-separated; or `text`, which the drafter's tokenizer splits
 //   chat      `1`: `text` is one user turn in the target's chat template (the cloud's /tokenize?chat=1
 //             builds the ids, as the edge's API does for a chat), so an instruct model answers it
-//   mode      cloud-led (default), sync or cloud-only
+//   mode      cloud-led (default), sync, pipelined (edge-led with `window` blocks in flight) or cloud-only
 //   rule      greedy (default) or coupled; temperature (default 0: greedy), seed (default 0), top_k (0: off),
 //             top_p (1: off): the session's sampling, which the cloud samples with and the drafter follows
-//   max_tokens (default 32), k (sync: draft tokens per block, default 4), token (the tenant's auth token)
+//   max_tokens (default 32), k (sync, pipelined: draft tokens per block, default 4), window (pipelined:
+//             blocks in flight, default 2), token (the tenant's auth token)
 //   wasm      wllama's single-thread wllama.wasm (default: beside the page)
 //   prefill   `first`: the drafter reads the prompt before the session opens, so in cloud-led mode it
 //             starts drafting with the stream's first token instead of catching up with the stream (a
@@ -25,7 +26,7 @@ import { runJson, RunJson } from "../stats.js";
 import { WllamaDraftModel } from "./wllama.js";
 import { wsConnector } from "./ws.js";
 
-const PAGE_MODES: EdgeMode[] = ["cloud-led", "sync", "cloud-only"];
+const PAGE_MODES: EdgeMode[] = ["cloud-led", "sync", "pipelined", "cloud-only"];
 
 export interface PageResult extends RunJson {
   prompt: number[]; // the prompt's ids as sent (?text= split by the drafter's tokenizer, or by the cloud's chat template)
@@ -85,6 +86,8 @@ async function run(q: URLSearchParams, out: HTMLElement, status: HTMLElement): P
   const ggufUrl = param(q, "gguf");
   const maxTokens = intParam(q, "max_tokens", 32);
   const k = intParam(q, "k", 4);
+  const inFlight = intParam(q, "window", 2);
+  if (k < 1 || inFlight < 1) throw new PageError(`?k= and ?window= must be at least 1, got ${k} and ${inFlight}`);
   const rule = (q.get("rule") || "greedy") as RuleName;
   if (!RULES.includes(rule)) throw new PageError(`?rule= must be one of ${RULES.join(", ")}, got ${rule}`);
   const temperature = numParam(q, "temperature", 0, (v) => v >= 0, "a number >= 0");
@@ -112,7 +115,7 @@ async function run(q: URLSearchParams, out: HTMLElement, status: HTMLElement): P
   }) : text === null ? [] : chat === "1" ? await chatPrompt(url, text) : await model.encode(text);
   if (!prompt.length) throw new PageError("the page needs ?prompt= (token ids) or ?text=");
   const cfg: EdgeConfig = {
-    mode, rule, k, window: 2, temperature, topK, topP, seed: BigInt(seedText), maxTokens,
+    mode, rule, k, window: inFlight, temperature, topK, topP, seed: BigInt(seedText), maxTokens,
     connect: connectConfigWith(wsConnector(url.href), {
       host: url.hostname, port: Number(url.port) || (url.protocol === "wss:" ? 443 : 80),
       token: new TextEncoder().encode(q.get("token") ?? ""),
