@@ -11,29 +11,18 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import sys
 from pathlib import Path
 
 import pytest
+from chromium import CHROMEDRIVER, CHROMIUM, start_chromium
 
 ROOT = Path(__file__).resolve().parent.parent
 SHOT = ROOT / "docs" / "screenshots" / "edge-page.png"
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
 
 
 def browser():
-    from selenium import webdriver
-    from selenium.webdriver.chrome.options import Options
-    from selenium.webdriver.chrome.service import Service
-
-    opts = Options()
-    opts.binary_location = CHROMIUM
-    for a in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu", "--window-size=1280,900",
-              "--force-device-scale-factor=1"):
-        opts.add_argument(a)
-    return webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)  # explicit paths: selenium downloads nothing
+    return start_chromium(window=(1280, 900))
 
 
 def ask(driver, url: str, prompt: str, *, mode: str = "", max_tokens: int = 48, temperature: float = 0.0,
@@ -86,10 +75,10 @@ def chromium():
 
 def test_the_page_streams_the_apis_text_with_origin_marks(chromium):
     import openai
+    from test_edge_api import start_edge
 
     from acespec.cloud.server import CloudServerThread, ServerConfig
     from acespec.models.toy import ToyModel
-    from test_edge_api import start_edge
 
     prompt = "show me speculation"
     with CloudServerThread(ToyModel(vocab=64, seed=1), ServerConfig(port=0)) as cloud:

@@ -22,12 +22,12 @@ Chromium it skips, saying why.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 from pathlib import Path
 
 import pytest
+from chromium import browser_edge
 
 from acespec.cli_output import prompt_tokens
 from acespec.cloud.server import CloudServerThread, ServerConfig
@@ -36,9 +36,6 @@ from acespec.edge.runtime import EdgeConfig, run_edge
 
 ROOT = Path(__file__).resolve().parents[1]
 # the harness that drives the page: the same one `bench-edges.ts --browser` runs
-_spec = importlib.util.spec_from_file_location("browser_edge", ROOT / "edge-ts" / "scripts" / "browser_edge.py")
-browser_edge = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(browser_edge)
 page_run = browser_edge.page_run
 HOST = browser_edge.HOST
 PROMPT = "Write a Python function that returns the n-th Fibonacci number."

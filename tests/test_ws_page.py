@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sys
 import urllib.parse
 from pathlib import Path
 
 import pytest
+from chromium import CHROMEDRIVER, CHROMIUM, start_chromium
 from paced_toy import PassCostToy
 
 from acespec import wire
@@ -31,8 +31,6 @@ from acespec.edge.client import ConnectConfig
 from acespec.edge.runtime import EdgeConfig, run_edge
 from acespec.models.toy import ToyModel
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
 HOST = "127.0.0.1"
 V = 64
 MODEL_ID = f"toy:vocab={V}"
@@ -42,17 +40,7 @@ TOKEN = "page-key"
 
 
 def browser():
-    from selenium import webdriver
-    from selenium.webdriver.chrome.options import Options
-    from selenium.webdriver.chrome.service import Service
-
-    opts = Options()
-    opts.binary_location = CHROMIUM
-    for a in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-              "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-dev-shm-usage",
-              "--window-size=1100,700", "--force-device-scale-factor=1"):
-        opts.add_argument(a)
-    return webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)  # explicit paths: selenium downloads nothing
+    return start_chromium()
 
 
 @pytest.fixture(scope="module")

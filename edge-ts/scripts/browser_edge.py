@@ -78,8 +78,9 @@ class Site:
         self._srv.server_close()
 
 
-def chromium():
-    """Headless Chromium through its chromedriver, at explicit paths: selenium downloads nothing."""
+def chromium(window: tuple[int, int] = (1100, 700)):
+    """Headless Chromium through its chromedriver, at explicit paths: selenium downloads nothing. Every
+    browser test starts it here too (tests/chromium.py), so a page's screenshot has the size it asks for."""
     from selenium import webdriver
     from selenium.webdriver.chrome.options import Options
     from selenium.webdriver.chrome.service import Service
@@ -88,7 +89,7 @@ def chromium():
     opts.binary_location = CHROMIUM
     for a in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
               "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-dev-shm-usage",
-              "--window-size=1100,700", "--force-device-scale-factor=1"):
+              f"--window-size={window[0]},{window[1]}", "--force-device-scale-factor=1"):
         opts.add_argument(a)
     driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)
     driver.set_script_timeout(30)
