@@ -128,7 +128,8 @@ def wss_cloud_only(port: int, ctx, **kw) -> list[int]:
     connection. The sync client used elsewhere reads in a thread of its own while the caller writes, and an
     OpenSSL connection may not be driven by two threads at once: when a TLS 1.3 session ticket came in as
     the upgrade request went out, the request went unanswered (7 handshakes in 4,000 against websockets'
-    own server, none in 6,000 from one thread, none with the server's tickets off). The edge's client
+    own server, none in 6,000 from one thread, none with the server's tickets off: scripts/wss-client-stall.py
+    counts them). The edge's client
     holds one lock over its TLS object for the same reason (`acespec.edge.client._Link`)."""
 
     async def run() -> list[wire.Tokens]:
