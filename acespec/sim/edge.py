@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from acespec.config import OLD_CHOICES
 from acespec.draft.cache import DRAFTER_SLOTS
 from acespec.draft.chain import ChainDrafter
 from acespec.edge.runtime import MODES, EdgeConfig, build_loop
@@ -120,7 +121,7 @@ def parse_mode(spec: str, *, k: int = 4, window: int = 2) -> SimConfig:
     parts = [p.strip() for p in text.split("+") if p.strip()]
     if not parts:
         raise ValueError("empty mode")
-    base, mods = parts[0], {"plus2minus1" if m == "adaptive" else m for m in parts[1:]}  # adaptive: the old name
+    base, mods = parts[0], {OLD_CHOICES["policy"].get(m, m) for m in parts[1:]}  # +adaptive: the old name
     unknown = mods - {"cache", "branches", "plus2minus1", "ctrl", "autowin"}
     if unknown:
         raise ValueError(
