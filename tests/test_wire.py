@@ -95,10 +95,10 @@ def frame(kind: int, payload: bytes) -> bytes:
     return uv(1 + len(payload)) + bytes([kind]) + payload
 
 
-def hello_payload(version=2, auth=b"k", model=b"qwen", temp=f32(0.5), top_k=uv(20), top_p=f32(0.9),
-                  rule=b"strict", seed=u64(7), mode=0, max_tokens=uv(100), prompt=(1, 2, 3)) -> bytes:
+def hello_payload(version=3, auth=b"k", model=b"qwen", temp=f32(0.5), top_k=uv(20), top_p=f32(0.9),
+                  rule=b"strict", seed=u64(7), mode=0, max_tokens=uv(100), logprobs=0, prompt=(1, 2, 3)) -> bytes:
     return (bytes([version]) + blob(auth) + blob(model) + temp + top_k + top_p + blob(rule) + seed
-            + bytes([mode]) + max_tokens + toks(prompt))
+            + bytes([mode]) + max_tokens + bytes([logprobs]) + toks(prompt))
 
 
 def draft_payload(flags=0, tokens=(5, 6), extra=b"", session=1, seq=2, base=3) -> bytes:
@@ -130,6 +130,7 @@ def hellos(draw):
         seed=draw(uint64),
         mode=draw(st.sampled_from(Mode)),
         max_tokens=draw(uint64),
+        logprobs=draw(st.integers(0, 21)),
         prompt=draw(st.lists(token_ids, max_size=60)),
     )
 
@@ -171,9 +172,15 @@ closes = st.builds(Close, reason=st.sampled_from(CloseReason))
 def tokens_frames(draw):
     step = draw(st.booleans())  # a cloud-led step carries HAS_STEP
     drafted = draw(st.integers(0, DEFAULT_LIMITS.max_draft_tokens)) if step else None
-    return Tokens(start=draw(uint64), tokens=draw(st.lists(token_ids, max_size=100)), finished=draw(st.booleans()),
+    tokens = draw(st.lists(token_ids, max_size=100))
+    logprobs = None
+    if draw(st.booleans()):  # a session that asked for logprobs gets them on every TOKENS frame
+        lp = st.floats(-9999.0, 0.0, width=32)
+        top = st.dictionaries(token_ids, lp, max_size=20).map(lambda d: tuple(d.items()))
+        logprobs = draw(st.lists(st.tuples(lp, top), min_size=len(tokens), max_size=len(tokens)))
+    return Tokens(start=draw(uint64), tokens=tokens, finished=draw(st.booleans()),
                   drafted=drafted, accepted=draw(st.integers(0, drafted)) if step else 0,
-                  verify_us=draw(uint64) if step else 0)
+                  verify_us=draw(uint64) if step else 0, logprobs=logprobs)
 
 
 tokens_frames = tokens_frames()
@@ -281,7 +288,7 @@ GOLDEN = [
         frame(4, verdict_payload(flags=0x0F, extra=row([(9, 0.75)]) + uv(1) + uv(1))),
     ),
     (Resume(auth=b"k", session=5, secret=b"s3", committed=300, digest=b"d"),
-     frame(5, b"\x02" + blob(b"k") + uv(5) + blob(b"s3") + uv(300) + blob(b"d"))),
+     frame(5, b"\x03" + blob(b"k") + uv(5) + blob(b"s3") + uv(300) + blob(b"d"))),
     (Ping(nonce=2**64 - 1, sent_us=123), frame(6, u64(2**64 - 1) + u64(123))),
     (Pong(nonce=1, sent_us=2), frame(7, u64(1) + u64(2))),
     (Error(code=ErrorCode.BUSY, message="é"), frame(8, b"\x00\x06" + blob("é".encode()))),
@@ -289,6 +296,12 @@ GOLDEN = [
     (Tokens(start=10, tokens=[1, 300], finished=True), frame(10, uv(10) + toks([1, 300]) + b"\x01")),
     (Tokens(start=10, tokens=[1, 300], drafted=4, accepted=1, verify_us=200),
      frame(10, uv(10) + toks([1, 300]) + b"\x02" + uv(4) + uv(1) + uv(200))),
+    (Tokens(start=10, tokens=[1, 300], drafted=1, accepted=1, verify_us=200,
+            logprobs=[(-0.25, [(1, -0.25), (7, -2.0)]), (-1.5, [(300, -1.5), (2, -1.75)])]),
+     frame(10, uv(10) + toks([1, 300]) + b"\x06" + uv(1) + uv(1) + uv(200)
+           + f32(-0.25) + row([(1, -0.25), (7, -2.0)]) + f32(-1.5) + row([(300, -1.5), (2, -1.75)]))),
+    (Tokens(start=3, tokens=[4], finished=True, logprobs=[(-9999.0, [])]),
+     frame(10, uv(3) + toks([4]) + b"\x05" + f32(-9999.0) + row([]))),
 ]
 
 
@@ -580,19 +593,21 @@ MALFORMED = [
     ("bad UTF-8", frame(1, hello_payload(model=b"\xff\xfe")), BAD_FRAME, None),
     ("overlong UTF-8", frame(1, hello_payload(rule=b"\xc0\x80")), BAD_FRAME, None),
     ("UTF-8 surrogate", frame(8, b"\x00\x01" + blob(b"\xed\xa0\x80")), BAD_FRAME, None),
-    ("HELLO version 3", frame(1, hello_payload(version=3)), BAD_VERSION, None),
+    ("HELLO version 4", frame(1, hello_payload(version=4)), BAD_VERSION, None),
+    ("HELLO version 2 (its layout)", frame(1, hello_payload(version=2)[:-5] + toks((1, 2, 3))), BAD_VERSION, None),
     ("HELLO version 1", frame(1, hello_payload(version=1)), BAD_VERSION, None),
     ("HELLO version 0", frame(1, hello_payload(version=0)), BAD_VERSION, None),
-    ("HELLO version 3, unknown layout", frame(1, b"\x03\xff\xff"), BAD_VERSION, None),
-    ("RESUME version 3", frame(5, b"\x03" + blob(b"") + uv(1) + blob(b"") + uv(1) + blob(b"")), BAD_VERSION, None),
+    ("HELLO version 4, unknown layout", frame(1, b"\x04\xff\xff"), BAD_VERSION, None),
+    ("RESUME version 4", frame(5, b"\x04" + blob(b"") + uv(1) + blob(b"") + uv(1) + blob(b"")), BAD_VERSION, None),
     ("RESUME version 1 (its layout)", frame(5, b"\x01" + blob(b"") + uv(1) + uv(1)), BAD_VERSION, None),
-    ("RESUME secret too long", frame(5, b"\x02" + blob(b"") + uv(1) + blob(b"s" * 65) + uv(1) + blob(b"")),
+    ("RESUME secret too long", frame(5, b"\x03" + blob(b"") + uv(1) + blob(b"s" * 65) + uv(1) + blob(b"")),
      OVER_LIMIT, None),
-    ("RESUME digest too long", frame(5, b"\x02" + blob(b"") + uv(1) + blob(b"") + uv(1) + blob(b"d" * 65)),
+    ("RESUME digest too long", frame(5, b"\x03" + blob(b"") + uv(1) + blob(b"") + uv(1) + blob(b"d" * 65)),
      OVER_LIMIT, None),
     ("WELCOME secret too long", frame(2, uv(1) + uv(1) + uv(1) + blob(b"s" * 65)), OVER_LIMIT, None),
     ("WELCOME without its secret (v1 layout)", frame(2, uv(1) + uv(1) + uv(1)), BAD_FRAME, None),
     ("HELLO mode 3", frame(1, hello_payload(mode=3)), BAD_FRAME, None),
+    ("HELLO logprobs 22 (over 1 + 20 alternatives)", frame(1, hello_payload(logprobs=22)), BAD_FRAME, None),
     ("HELLO temperature NaN", frame(1, hello_payload(temp=f32(math.nan))), BAD_FRAME, None),
     ("HELLO temperature inf", frame(1, hello_payload(temp=f32(math.inf))), BAD_FRAME, None),
     ("HELLO temperature < 0", frame(1, hello_payload(temp=f32(-1.0))), BAD_FRAME, None),
@@ -632,7 +647,15 @@ MALFORMED = [
     ("ERROR message over 512 bytes", frame(8, b"\x00\x01" + blob(b"x" * 513)), OVER_LIMIT, None),
     ("CLOSE reason 4", frame(9, b"\x04"), BAD_FRAME, None),
     ("CLOSE without reason", frame(9, b""), BAD_FRAME, None),
-    ("TOKENS reserved flag", frame(10, uv(0) + toks([1]) + b"\x04"), BAD_FRAME, None),
+    ("TOKENS reserved flag", frame(10, uv(0) + toks([1]) + b"\x08"), BAD_FRAME, None),
+    ("TOKENS HAS_LOGPROBS truncated", frame(10, uv(0) + toks([1]) + b"\x04"), BAD_FRAME, None),
+    ("TOKENS logprob above 0", frame(10, uv(0) + toks([1]) + b"\x04" + f32(0.5) + row([])), BAD_FRAME, None),
+    ("TOKENS logprob below the floor", frame(10, uv(0) + toks([1]) + b"\x04" + f32(-1e4) + row([])), BAD_FRAME, None),
+    ("TOKENS logprob NaN", frame(10, uv(0) + toks([1]) + b"\x04" + f32(math.nan) + row([])), BAD_FRAME, None),
+    ("TOKENS 21 alternatives", frame(10, uv(0) + toks([1]) + b"\x04" + f32(0.0) + row([(i, -1.0) for i in range(21)])),
+     OVER_LIMIT, None),
+    ("TOKENS alternative listed twice", frame(10, uv(0) + toks([1]) + b"\x04" + f32(0.0) + row([(1, -1.0), (1, -1.0)])),
+     BAD_FRAME, None),
     ("TOKENS HAS_STEP truncated", frame(10, uv(0) + toks([1]) + b"\x02" + uv(2)), BAD_FRAME, None),
     ("TOKENS accepted > drafted", frame(10, uv(0) + toks([1]) + b"\x02" + uv(2) + uv(3) + uv(0)), BAD_FRAME, None),
     ("TOKENS drafted over limit", frame(10, uv(0) + toks([1]) + b"\x02" + uv(65) + uv(0) + uv(0)), OVER_LIMIT, None),
@@ -660,15 +683,17 @@ def test_well_formed_versions_of_the_malformed_examples_decode():
     decode(frame(3, draft_payload(flags=3, tokens=[1, 2], extra=row([(1, 0.5)]) + row([]) + uv(0) + uv(1))))
     decode(frame(4, verdict_payload(flags=6, accepted=2, extra=row([(1, 0.5)]) + toks([1, 3]))))
     decode(frame(8, b"\x00\x09" + blob(b"x" * 512)))
-    decode(frame(5, b"\x02" + blob(b"") + uv(1) + blob(b"s" * 64) + uv(1) + blob(b"d" * 64)))
+    decode(frame(1, hello_payload(logprobs=21)))
+    decode(frame(10, uv(0) + toks([1]) + b"\x04" + f32(0.0) + row([(1, 0.0)] + [(i, -9999.0) for i in range(2, 21)])))
+    decode(frame(5, b"\x03" + blob(b"") + uv(1) + blob(b"s" * 64) + uv(1) + blob(b"d" * 64)))
     decode(frame(2, uv(1) + uv(1) + uv(1) + blob(b"s" * 64)))
 
 
 def test_version_is_checked_before_the_rest_of_the_payload():
     assert decode(frame(1, hello_payload())).version == PROTOCOL_VERSION
     with pytest.raises(WireError) as info:
-        decode(frame(1, b"\x03"))
-    assert info.value.code == BAD_VERSION and "version 3" in str(info.value)
+        decode(frame(1, b"\x04"))
+    assert info.value.code == BAD_VERSION and "version 4" in str(info.value)
     with pytest.raises(WireError) as info:
         decode(frame(5, b"\x01"))  # a version 1 RESUME: refused on its version, not its layout
     assert info.value.code == BAD_VERSION and "version 1" in str(info.value)
@@ -692,7 +717,9 @@ NOT_ENCODABLE = [
     ("parents forward", Draft(session=1, seq=1, base=0, tokens=[1, 2], parents=[0, 2]), BAD_FRAME),
     ("parents != tokens", Draft(session=1, seq=1, base=0, tokens=[1, 2], parents=[0]), BAD_FRAME),
     ("seq over 2**64", Draft(session=1, seq=2**64, base=0, tokens=[]), BAD_FRAME),
-    ("HELLO version 3", Hello(model_id="m", max_tokens=1, prompt=[], version=3), BAD_VERSION),
+    ("HELLO version 4", Hello(model_id="m", max_tokens=1, prompt=[], version=4), BAD_VERSION),
+    ("HELLO version 2", Hello(model_id="m", max_tokens=1, prompt=[], version=2), BAD_VERSION),
+    ("HELLO logprobs 22", Hello(model_id="m", max_tokens=1, prompt=[], logprobs=22), BAD_FRAME),
     ("HELLO version 1", Hello(model_id="m", max_tokens=1, prompt=[], version=1), BAD_VERSION),
     ("RESUME secret too long", Resume(session=1, committed=1, secret=b"s" * 65), OVER_LIMIT),
     ("HELLO temperature NaN", Hello(model_id="m", max_tokens=1, prompt=[], temperature=math.nan), BAD_FRAME),
@@ -718,6 +745,11 @@ NOT_ENCODABLE = [
     ("TOKENS id >= max_vocab", Tokens(start=0, tokens=[2**22]), OVER_LIMIT),
     ("TOKENS accepted > drafted", Tokens(start=0, tokens=[1], drafted=1, accepted=2), BAD_FRAME),
     ("TOKENS step figures without HAS_STEP", Tokens(start=0, tokens=[1], accepted=1), BAD_FRAME),
+    ("TOKENS logprobs for fewer tokens", Tokens(start=0, tokens=[1, 2], logprobs=[(0.0, [])]), BAD_FRAME),
+    ("TOKENS logprob above 0", Tokens(start=0, tokens=[1], logprobs=[(0.5, [])]), BAD_FRAME),
+    ("TOKENS logprob -inf", Tokens(start=0, tokens=[1], logprobs=[(-math.inf, [])]), BAD_FRAME),
+    ("TOKENS 21 alternatives", Tokens(start=0, tokens=[1], logprobs=[(0.0, [(i, -1.0) for i in range(21)])]),
+     OVER_LIMIT),
 ]
 
 

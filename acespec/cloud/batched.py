@@ -54,6 +54,7 @@ log = logging.getLogger("acespec.cloud.batched")
 
 class BatchedEngine(VerifyEngine):
     name = "batched"
+    serves_logprobs = True
 
     def __init__(self, target: Model, config: BatchConfig | None = None) -> None:
         self.target = target

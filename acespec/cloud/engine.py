@@ -60,6 +60,7 @@ class SerialEngine(VerifyEngine):
     edge makes every edge slower. Kept as the baseline the batched engine is measured against."""
 
     name = "serial"
+    serves_logprobs = True
 
     def __init__(self, target: Model) -> None:
         self.target = target

@@ -59,6 +59,7 @@ class SessionSpec:
     cloud_led: bool = (
         False  # the cloud decodes without waiting and the edge's drafts follow it (engines may verify them natively)
     )
+    logprobs: int = 0  # 0: none; 1 + m: each committed token's log-probability and the m likeliest (HELLO.logprobs)
 
 
 @dataclass(eq=False)
@@ -72,6 +73,8 @@ class EngineSession:
 class VerifyEngine(ABC):
     name: str = "engine"
     target: Model  # the target model (its tokenizer fingerprint and vocabulary define what sessions may send)
+    # whether `finish` sees the target's whole logit rows, so a session may ask for logprobs (HELLO.logprobs)
+    serves_logprobs: bool = False
 
     @property
     @abstractmethod
@@ -148,4 +151,5 @@ class VerifyEngine(ABC):
             rule=spec.rule,
             seed=spec.seed,
             max_tokens=spec.max_tokens,
+            logprobs=spec.logprobs,
         )

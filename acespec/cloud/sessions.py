@@ -174,6 +174,13 @@ class SessionTable:
             )
         if any(t >= self.target.vocab_size for t in h.prompt):
             raise ProtocolError(wire.ErrorCode.OVER_LIMIT, "prompt token id outside the target vocabulary")
+        if h.logprobs and h.mode == wire.Mode.SPECULATIVE:
+            raise ProtocolError(
+                wire.ErrorCode.BAD_REQUEST,
+                "logprobs ride on TOKENS frames: ask for them in a streaming mode (cloud-only or cloud-led)",
+            )
+        if h.logprobs and not self.engine.serves_logprobs:
+            raise ProtocolError(wire.ErrorCode.BAD_REQUEST, f"the {self.engine.name} engine does not compute logprobs")
         if self._draining():  # a HELLO that was already on its way when stop() began: send it elsewhere
             raise ProtocolError(wire.ErrorCode.BUSY, "this replica is draining; open the session on another")
         if len(self.sessions) + self.opening > self.cfg.max_sessions:  # opening counts this one
@@ -185,6 +192,7 @@ class SessionTable:
             seed=h.seed,
             max_tokens=h.max_tokens,
             cloud_led=h.mode == wire.Mode.CLOUD_LED,
+            logprobs=h.logprobs,
         )
         try:
             handle = await self.engine.open(spec)

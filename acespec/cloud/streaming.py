@@ -28,6 +28,7 @@ from acespec.cloud.engine import VerifyEngine
 from acespec.cloud.server_config import ServerConfig
 from acespec.cloud.sessions import Session
 from acespec.cloud.websocket import ConnReader, ConnWriter
+from acespec.loop.verifier import TargetVerifier
 
 log = logging.getLogger("acespec.cloud")
 
@@ -104,6 +105,7 @@ class TokenStreamer:
                             start=start,
                             tokens=tuple(v.tokens[start : verdict.committed]),
                             finished=verdict.finished,
+                            logprobs=_logprobs(v, start, verdict.committed),
                             **step,
                         )
                     )
@@ -181,5 +183,14 @@ class TokenStreamer:
         step loop would send none, and the edge would wait for it until its own timeout
         (docs/reference/wire.md, section 9.3)."""
         step = {"drafted": 0} if s.mode == wire.Mode.CLOUD_LED else {}
-        writer.write(wire.encode(wire.Tokens(start=s.verifier.committed, tokens=(), finished=True, **step)))
+        v = s.verifier
+        lps = _logprobs(v, v.committed, v.committed)
+        writer.write(wire.encode(wire.Tokens(start=v.committed, tokens=(), finished=True, logprobs=lps, **step)))
         await writer.drain()
+
+
+def _logprobs(v: TargetVerifier, start: int, end: int) -> tuple | None:
+    """HAS_LOGPROBS for the tokens at positions start..end, when the session asked (HELLO.logprobs)."""
+    if not v.logprobs:
+        return None
+    return tuple(v.token_logprobs[start - v.prompt_len : end - v.prompt_len])

@@ -584,7 +584,9 @@ class TcpLeadLink(LeadLink):
                 return Disconnected("no step within the reply timeout") if timeout is None else None
             t, f = item
             if isinstance(f, wire.Tokens):
-                return StepChunk(f.start, tuple(f.tokens), f.finished, f.drafted or 0, f.accepted, f.verify_us / 1e6, t)
+                return StepChunk(
+                    f.start, tuple(f.tokens), f.finished, f.drafted or 0, f.accepted, f.verify_us / 1e6, t, f.logprobs
+                )
             if isinstance(f, wire.Pong):
                 rtt = max(0.0, t - f.sent_us / 1e6)
                 self._rtt = rtt if self._rtt is None else 0.7 * self._rtt + 0.3 * rtt

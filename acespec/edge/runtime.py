@@ -48,6 +48,7 @@ from acespec.verify import RuleSpec, SamplingParams
 
 MODES = ("auto", "sync", "pipelined", "cloud-only", "cloud-led")
 CLOUD_LED_MODES = ("auto", "cloud-led")  # the modes whose HELLO asks the cloud to lead
+STREAMING_MODES = (*CLOUD_LED_MODES, "cloud-only")  # the cloud streams TOKENS (and logprobs, when asked)
 
 
 @dataclass
@@ -72,10 +73,15 @@ class EdgeConfig:
     connect: ConnectConfig = field(default_factory=ConnectConfig)  # where the cloud is
     prediction: tuple[int, ...] = ()  # predicted output tokens (OpenAI's Predicted Outputs): drafts where they line up
     contention_guard: bool = True  # auto: rest the drafter while its work slows the cloud's steps (shared cores)
+    logprobs: int = 0  # 0 = none; 1 + m: the cloud streams each token's logprob and the m likeliest (streaming modes)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        if not 0 <= self.logprobs <= 1 + wire.MAX_TOP_LOGPROBS:
+            raise ValueError(f"logprobs must be 0 .. {1 + wire.MAX_TOP_LOGPROBS}, got {self.logprobs}")
+        if self.logprobs and self.mode not in STREAMING_MODES:
+            raise ValueError(f"logprobs come with the streaming modes ({', '.join(STREAMING_MODES)}), not {self.mode}")
         if not self.pass_budget > 0:  # also refuses nan
             raise ValueError(f"pass_budget must be > 0 (inf = no limit), got {self.pass_budget}")
 
@@ -117,6 +123,7 @@ def run_edge(
         top_p=cfg.top_p,
         rule=str(rule),
         seed=cfg.seed,
+        logprobs=cfg.logprobs,
         mode=(
             wire.Mode.CLOUD_ONLY
             if cfg.mode == "cloud-only"
@@ -383,6 +390,7 @@ def _cloud_only(
             new = list(f.tokens[committed - f.start :]) if f.start <= committed else []
             if f.start > committed:
                 raise EdgeError(f"cloud streamed from {f.start}, the edge holds {committed}")
+            lps = None if f.logprobs is None else f.logprobs[committed - f.start :]
             now = time.perf_counter() - t0
             if new:
                 out.extend(new)
@@ -401,6 +409,7 @@ def _cloud_only(
                             latency_s=None,
                             verify_s=0.0,
                             rtt_s=None,
+                            logprobs=lps,
                         )
                     )
             finished = f.finished

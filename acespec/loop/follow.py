@@ -72,6 +72,7 @@ class StepChunk:
     accepted: int  # of which kept
     verify_s: float  # the step's target time
     arrived: float  # when the edge received it (the loop's clock)
+    logprobs: tuple | None = None  # per token, when the session asked (TOKENS' HAS_LOGPROBS)
 
 
 class LeadLink(ABC):
@@ -568,6 +569,7 @@ class FollowLoop:
                     latency_s=None,
                     verify_s=c.verify_s,
                     rtt_s=self.link.rtt_s(),
+                    logprobs=None if c.logprobs is None else c.logprobs[have - c.start :],
                 )
             )
         return c.finished

@@ -74,6 +74,7 @@ class Round:
     )  # block sent -> verdict applied: round trip, queueing and verify time (None: cloud-only streaming)
     verify_s: float  # the target's verify time, as it reported it
     rtt_s: float | None  # the path's round trip estimate (None before the first sample)
+    logprobs: tuple | None = None  # per token, when the session asked: (log-probability, top (id, logprob) pairs)
 
 
 @dataclass

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from acespec.models.base import Model
-from acespec.verify import RuleSpec, SamplingParams, probs_from_logits, verify_block
+from acespec.verify import RuleSpec, SamplingParams, probs_from_logits, token_logprobs, verify_block
 
 
 @dataclass(frozen=True)
@@ -81,6 +81,7 @@ class TargetVerifier:
         seed: int = 0,
         max_tokens: int = 256,
         stop_ids: frozenset[int] | None = None,
+        logprobs: int = 0,  # 0: none; 1 + m: record each committed token's log-probability and the m likeliest
         clock: Callable[
             [], float
         ] = time.perf_counter,  # what a verify's cost is timed on (a test's or simulator's clock)
@@ -103,6 +104,9 @@ class TargetVerifier:
         self.record_accepted = False
         self.accepted_support: list[tuple[float, int]] = []
         self.last_p: np.ndarray | None = None  # [k+1, V] of the latest verify, for callers that report it
+        self.logprobs = int(logprobs)
+        # per generated token (index = position - prompt_len), when asked: (log-probability, top alternatives)
+        self.token_logprobs: list[tuple[float, tuple[tuple[int, float], ...]]] = []
 
     @property
     def committed(self) -> int:
@@ -157,7 +161,12 @@ class TargetVerifier:
         p = probs_from_logits(logits, self.sampling)  # [k+1, V]
         accepted, nxt = verify_block(self.rule, draft, job.q, p, self.rng, seed=self.seed, start_pos=C)
         self.last_p = p
-        return self.commit(job, accepted, int(nxt), seconds + self.clock() - t0, p)
+        verdict = self.commit(job, accepted, int(nxt), seconds + self.clock() - t0, p)
+        if self.logprobs:
+            # the tokens just committed stand at rows 0.. of this pass (accepted drafts, then the emitted one)
+            new = self.tokens[C : verdict.committed]
+            self.token_logprobs += token_logprobs(logits[: len(new)], np.asarray(new), self.logprobs - 1)
+        return verdict
 
     def commit(
         self, job: VerifyJob, accepted: int, nxt: int, seconds: float, p: np.ndarray | None = None
@@ -232,6 +241,7 @@ class TargetVerifier:
         if not self.prompt_len <= n <= self.committed:
             raise ValueError(f"cannot roll back to {n}: committed {self.committed}, prompt {self.prompt_len}")
         del self.tokens[n:]
+        del self.token_logprobs[n - self.prompt_len :]
         self.finished = (
             self.max_tokens <= 0
             or (n > self.prompt_len and self.tokens[-1] in self.stop_ids)

@@ -7,7 +7,7 @@ parameterised as `name` or `name:param=value,...` everywhere (CLI, reports, wire
 # importing the rule modules registers their rules (greedy, strict, coupled; then the relaxed ones)
 from acespec.verify.lossless import coupled_sample, gumbel_noise
 from acespec.verify.rules import RULES, RuleInfo, RuleSpec, RuleSpecError, register, template_verify, verify_block
-from acespec.verify.sampling import SamplingParams, probs_from_logits, sample, softmax
+from acespec.verify.sampling import SamplingParams, probs_from_logits, sample, softmax, token_logprobs
 
 # isort: split
 # after the lossless ones, so RULES lists them first
@@ -25,6 +25,7 @@ __all__ = [
     "probs_from_logits",
     "sample",
     "softmax",
+    "token_logprobs",
     "coupled_sample",
     "gumbel_noise",
     "relaxed",  # a module: importing it registers the relaxed rules

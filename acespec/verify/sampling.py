@@ -37,6 +37,27 @@ def softmax(logits: np.ndarray) -> np.ndarray:  # logits: [..., V]
     return e / e.sum(axis=-1, keepdims=True)
 
 
+def token_logprobs(
+    logits: np.ndarray, tokens: np.ndarray, m: int, floor: float = -9999.0
+) -> list[tuple[float, tuple[tuple[int, float], ...]]]:
+    """What OpenAI's `logprobs` report: per row i of `logits` [n, V], the log-probability of `tokens[i]`
+    and the `m` likeliest (token, log-probability) pairs, likeliest first (ties by id), from the raw
+    log-softmax (before temperature, top-k and top-p), each at least `floor`."""
+    x = np.asarray(logits, dtype=np.float64)
+    x = x - np.max(x, axis=-1, keepdims=True)
+    lp = x - np.log(np.exp(x).sum(axis=-1, keepdims=True))  # [n, V]
+    out = []
+    for row, tok in zip(lp, tokens):
+        top: tuple[tuple[int, float], ...] = ()
+        if m:
+            k = min(m, row.size)
+            cand = np.flatnonzero(row >= -np.partition(-row, k - 1)[k - 1])  # the m likeliest, and any tied with the last
+            cand = cand[np.lexsort((cand, -row[cand]))][:k]
+            top = tuple((int(t), max(floor, float(row[t]))) for t in cand)
+        out.append((max(floor, float(row[int(tok)])), top))
+    return out
+
+
 def probs_from_logits(logits: np.ndarray, sp: SamplingParams) -> np.ndarray:
     """Distribution after temperature, top-k and top-p. logits: [..., V] -> float64 [..., V].
 

@@ -21,8 +21,10 @@ from .codec import decode, encode
 from .errors import ErrorCode, WireError
 from .frames import (
     DEFAULT_LIMITS,
+    LOGPROB_FLOOR,
     MAX_ERROR_MESSAGE_BYTES,
     MAX_SECRET_BYTES,
+    MAX_TOP_LOGPROBS,
     PROTOCOL_VERSION,
     Close,
     CloseReason,
@@ -38,6 +40,7 @@ from .frames import (
     Pong,
     Resume,
     SparseRow,
+    TokenLogprob,
     Tokens,
     TokensFlag,
     Verdict,

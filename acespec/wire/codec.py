@@ -15,8 +15,10 @@ from .frames import (
     _U16_MAX,
     BAD_FRAME,
     DEFAULT_LIMITS,
+    LOGPROB_FLOOR,
     MAX_ERROR_MESSAGE_BYTES,
     MAX_SECRET_BYTES,
+    MAX_TOP_LOGPROBS,
     OVER_LIMIT,
     Close,
     CloseReason,
@@ -51,7 +53,7 @@ _V_DROPPED, _V_P, _V_PATH, _V_FINISHED = (
     int(VerdictFlag.HAS_PATH),
     int(VerdictFlag.FINISHED),
 )
-_T_FINISHED, _T_STEP = int(TokensFlag.FINISHED), int(TokensFlag.HAS_STEP)
+_T_FINISHED, _T_STEP, _T_LOGPROBS = int(TokensFlag.FINISHED), int(TokensFlag.HAS_STEP), int(TokensFlag.HAS_LOGPROBS)
 
 
 # One encoder and one decoder per frame type, written side by side so they stay mirror images.
@@ -70,7 +72,14 @@ def _enc_hello(w: _Writer, f: Hello) -> None:
     w.u64(f.seed, "HELLO.seed")
     w.u8(_enum(Mode, _uint(f.mode, "HELLO.mode", _U8_MAX), "HELLO.mode"), "HELLO.mode")
     w.uvarint(f.max_tokens, "HELLO.max_tokens")
+    w.u8(_hello_logprobs(_uint(f.logprobs, "HELLO.logprobs", _U8_MAX)), "HELLO.logprobs")
     w.tokens(f.prompt, limits.max_prompt_tokens, "HELLO.prompt")
+
+
+def _hello_logprobs(value: int) -> int:
+    if value > MAX_TOP_LOGPROBS + 1:
+        raise WireError(BAD_FRAME, f"HELLO.logprobs = {value}: at most 1 + {MAX_TOP_LOGPROBS} alternatives")
+    return value
 
 
 def _dec_hello(r: _Reader) -> Hello:
@@ -88,6 +97,7 @@ def _dec_hello(r: _Reader) -> Hello:
         seed=r.u64("HELLO.seed"),
         mode=_enum(Mode, r.u8("HELLO.mode"), "HELLO.mode"),
         max_tokens=r.uvarint("HELLO.max_tokens"),
+        logprobs=_hello_logprobs(r.u8("HELLO.logprobs")),
         prompt=r.tokens(limits.max_prompt_tokens, "HELLO.prompt"),
     )
 
@@ -285,39 +295,48 @@ def _dec_close(r: _Reader) -> Close:
 def _enc_tokens(w: _Writer, f: Tokens) -> None:
     w.uvarint(f.start, "TOKENS.start")
     w.tokens(f.tokens, w.limits.max_prompt_tokens, "TOKENS.tokens")
-    step = f.drafted is not None
-    w.out.append((_T_FINISHED if f.finished else 0) | (_T_STEP if step else 0))
-    if not step:
-        if f.accepted or f.verify_us:
-            raise WireError(BAD_FRAME, "TOKENS.accepted and verify_us need HAS_STEP (drafted set)")
-        return
-    drafted = _uint(f.drafted, "TOKENS.drafted")
-    w.count(drafted, w.limits.max_draft_tokens, "TOKENS.drafted")
-    if _uint(f.accepted, "TOKENS.accepted") > drafted:
-        raise WireError(BAD_FRAME, f"TOKENS.accepted {f.accepted} is more than drafted {drafted}")
-    w.uvarint(f.accepted, "TOKENS.accepted")
-    w.uvarint(f.verify_us, "TOKENS.verify_us")
+    step, lps = f.drafted is not None, f.logprobs is not None
+    w.out.append((_T_FINISHED if f.finished else 0) | (_T_STEP if step else 0) | (_T_LOGPROBS if lps else 0))
+    if step:
+        drafted = _uint(f.drafted, "TOKENS.drafted")
+        w.count(drafted, w.limits.max_draft_tokens, "TOKENS.drafted")
+        if _uint(f.accepted, "TOKENS.accepted") > drafted:
+            raise WireError(BAD_FRAME, f"TOKENS.accepted {f.accepted} is more than drafted {drafted}")
+        w.uvarint(f.accepted, "TOKENS.accepted")
+        w.uvarint(f.verify_us, "TOKENS.verify_us")
+    elif f.accepted or f.verify_us:
+        raise WireError(BAD_FRAME, "TOKENS.accepted and verify_us need HAS_STEP (drafted set)")
+    if lps:
+        assert f.logprobs is not None
+        if len(f.logprobs) != len(f.tokens):
+            raise WireError(BAD_FRAME, f"TOKENS.logprobs has {len(f.logprobs)} entries for {len(f.tokens)} tokens")
+        for i, entry in enumerate(f.logprobs):
+            if len(entry) != 2:
+                raise WireError(BAD_FRAME, f"TOKENS.logprobs[{i}] must be a (logprob, top) pair")
+            w.f32(entry[0], f"TOKENS.logprobs[{i}]", LOGPROB_FLOOR, 0.0)
+            w.row(entry[1], f"TOKENS.logprobs[{i}].top", limit=MAX_TOP_LOGPROBS, low=LOGPROB_FLOOR, high=0.0)
 
 
 def _dec_tokens(r: _Reader) -> Tokens:
     start = r.uvarint("TOKENS.start")
     tokens = r.tokens(r.limits.max_prompt_tokens, "TOKENS.tokens")
-    flags = r.flags(_T_FINISHED | _T_STEP, "TOKENS.flags")
-    finished = bool(flags & _T_FINISHED)
-    if not flags & _T_STEP:
-        return Tokens(start=start, tokens=tokens, finished=finished)
-    drafted = r.count(r.limits.max_draft_tokens, "TOKENS.drafted")
-    accepted = r.uvarint("TOKENS.accepted")
-    if accepted > drafted:
-        raise WireError(BAD_FRAME, f"TOKENS.accepted {accepted} is more than drafted {drafted}")
-    return Tokens(
-        start=start,
-        tokens=tokens,
-        finished=finished,
-        drafted=drafted,
-        accepted=accepted,
-        verify_us=r.uvarint("TOKENS.verify_us"),
-    )
+    flags = r.flags(_T_FINISHED | _T_STEP | _T_LOGPROBS, "TOKENS.flags")
+    step: dict = {}
+    if flags & _T_STEP:
+        drafted = r.count(r.limits.max_draft_tokens, "TOKENS.drafted")
+        accepted = r.uvarint("TOKENS.accepted")
+        if accepted > drafted:
+            raise WireError(BAD_FRAME, f"TOKENS.accepted {accepted} is more than drafted {drafted}")
+        step = {"drafted": drafted, "accepted": accepted, "verify_us": r.uvarint("TOKENS.verify_us")}
+    if flags & _T_LOGPROBS:
+        step["logprobs"] = tuple(
+            (
+                r.f32(f"TOKENS.logprobs[{i}]", LOGPROB_FLOOR, 0.0),
+                r.row(f"TOKENS.logprobs[{i}].top", limit=MAX_TOP_LOGPROBS, low=LOGPROB_FLOOR, high=0.0),
+            )
+            for i in range(len(tokens))
+        )
+    return Tokens(start=start, tokens=tokens, finished=bool(flags & _T_FINISHED), **step)
 
 
 # each encoder takes its own frame type; Any, as one dict cannot say which type goes with which key

@@ -138,18 +138,19 @@ class _Writer:
             raise WireError(BAD_FRAME, f"{what} is not valid Unicode: {exc.reason}") from None
         self.blob(raw, what, max_bytes)
 
-    def row(self, row, what):
-        self.count(len(row), self.limits.max_sparse_k, f"{what} size")
+    def row(self, row, what, *, limit: int | None = None, low: float = 0.0, high: float = 1.0):
+        """A sparse row; its floats are probabilities (0..1) unless `low`/`high` say otherwise (an lrow)."""
+        self.count(len(row), self.limits.max_sparse_k if limit is None else limit, f"{what} size")
         seen = set()
         for pair in row:
             if len(pair) != 2:
-                raise WireError(BAD_FRAME, f"{what} entries must be (token, prob) pairs")
+                raise WireError(BAD_FRAME, f"{what} entries must be (token, value) pairs")
             token, prob = pair
             self.token(token, f"{what} token")
             if token in seen:
                 raise WireError(BAD_FRAME, f"{what} lists token {token} twice")
             seen.add(token)
-            self.f32(prob, f"{what} prob", 0.0, 1.0)
+            self.f32(prob, f"{what} value", low, high)
 
 
 class _Reader:
@@ -243,9 +244,9 @@ class _Reader:
         except UnicodeDecodeError as exc:
             raise WireError(BAD_FRAME, f"{what} is not valid UTF-8: {exc.reason}") from None
 
-    def row(self, what) -> SparseRow:
-        n = self.count(self.limits.max_sparse_k, f"{what} size")
-        pairs = tuple((self.token(f"{what} token"), self.f32(f"{what} prob", 0.0, 1.0)) for _ in range(n))
+    def row(self, what, *, limit: int | None = None, low: float = 0.0, high: float = 1.0) -> SparseRow:
+        n = self.count(self.limits.max_sparse_k if limit is None else limit, f"{what} size")
+        pairs = tuple((self.token(f"{what} token"), self.f32(f"{what} value", low, high)) for _ in range(n))
         if len({token for token, _ in pairs}) != n:
             raise WireError(BAD_FRAME, f"{what} lists a token twice")
         return pairs

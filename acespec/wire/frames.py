@@ -1,4 +1,4 @@
-r"""AceSpec wire format, protocol version 2: the binary frames between edge and cloud.
+r"""AceSpec wire format, protocol version 3: the binary frames between edge and cloud.
 
 This docstring specifies the frames; docs/reference/wire.md is the whole protocol (the frames with
 every limit and error, the session state machine of every mode, RESUME's agreement rule, the tokenizer
@@ -13,7 +13,7 @@ varint   Unsigned LEB128: 7 bits per byte, least significant group first, the hi
          A varint is at most 10 bytes, its value is < 2**64, and it must be minimal (a multi-byte
          varint never ends in 0x00). So each value has exactly one encoding.
 zigzag   Signed integers would be mapped 0, -1, 1, -2, ... -> 0, 1, 2, 3, ... and sent as varints
-         (`zigzag_encode`). No field of version 2 is signed.
+         (`zigzag_encode`). No field of version 3 is signed.
 u8 u16 u64
          Fixed-width unsigned integers, big-endian.
 f32      IEEE 754 binary32, big-endian. Always finite on the wire; each field states its range.
@@ -39,7 +39,7 @@ refused as OVER_LIMIT as soon as that many bytes are in.
 Frames (field | encoding | meaning)
 -----------------------------------
 1  HELLO    edge -> cloud. Opens a session.
-       version      u8      PROTOCOL_VERSION (2)
+       version      u8      PROTOCOL_VERSION (3)
        auth         bytes   the tenant's token; the cloud checks it (BAD_AUTH) and binds the session to
                             that tenant
        model_id     str     tokenizer fingerprint; the cloud refuses a mismatch (MODEL_MISMATCH)
@@ -53,6 +53,10 @@ Frames (field | encoding | meaning)
                             2 = cloud-led (the cloud decodes and streams TOKENS without waiting; DRAFTs
                             are suggestions it verifies when they agree with the stream, see TOKENS)
        max_tokens   varint  generation budget, in new tokens
+       logprobs     u8      0 = none; 1 + m (m <= MAX_TOP_LOGPROBS = 20): every TOKENS frame carries each
+                            token's log-probability and the m likeliest tokens at its position
+                            (HAS_LOGPROBS). Streaming modes only: the cloud refuses it in mode 0
+                            (BAD_REQUEST), and an engine that cannot compute it refuses it too
        prompt       tokens  at most Limits.max_prompt_tokens
 2  WELCOME  cloud -> edge. Answers HELLO or RESUME.
        session      varint  id to name in DRAFT and RESUME (random, not sequential; < 2**21 from this
@@ -118,11 +122,19 @@ Frames (field | encoding | meaning)
        tokens       tokens  at most Limits.max_prompt_tokens
        flags        u8      0x01 FINISHED: the last chunk of the generation (a stream with nothing left to
                             generate, e.g. max_tokens 0, gets one empty FINISHED chunk right after WELCOME);
-                            0x02 HAS_STEP; other bits must be 0
+                            0x02 HAS_STEP; 0x04 HAS_LOGPROBS; other bits must be 0
        drafted      varint  only if HAS_STEP: draft tokens the step verified (0: a plain step),
                             <= Limits.max_draft_tokens
        accepted     varint  only if HAS_STEP: how many of them were kept, <= drafted
        verify_us    varint  only if HAS_STEP: the step's target time in microseconds
+       logprobs     n x (logprob f32, top lrow)   only if HAS_LOGPROBS (set on every TOKENS frame of a
+                            session whose HELLO asked, never otherwise; n = len(tokens)): the token's
+                            log-probability under the target, then the m likeliest tokens there, most
+                            likely first. An lrow is a row whose floats are log-probabilities in
+                            LOGPROB_FLOOR..0 (LOGPROB_FLOOR = -9999, which also stands for any smaller
+                            value, e.g. a probability that is 0 in f32) and whose count is at most
+                            MAX_TOP_LOGPROBS. The distribution is the target's log-softmax over its whole
+                            vocabulary at that position, before temperature, top-k and top-p.
        In cloud-led mode each TOKENS is one target step and carries HAS_STEP. There a DRAFT names no
        block to answer: `base` is the committed length its first token follows (at most what the
        edge has seen streamed), and the draft (a chain, or a tree of alternatives with HAS_TREE)
@@ -172,8 +184,9 @@ return, so they need no state between calls.
 Evolving the protocol
 ---------------------
 New frame types, new fields, new flag bits and new enum values all need a new PROTOCOL_VERSION: a
-version 2 peer refuses each of them. Version 2 added WELCOME.secret and RESUME.secret and .digest
-(per-session credentials); a version 1 HELLO or RESUME gets BAD_VERSION.
+version 3 peer refuses each of them. Version 3 added HELLO.logprobs and TOKENS' HAS_LOGPROBS; version 2
+added WELCOME.secret and RESUME.secret and .digest (per-session credentials). A HELLO or RESUME of
+another version gets BAD_VERSION.
 
 committed_digest(tokens) = SHA-256 over the `tokens` encoding above (varint count, then one varint per
 id) of the whole committed sequence, prompt included: 32 bytes. Python floats are f64, so a float field that is not an exact
@@ -201,6 +214,9 @@ __all__ = [
     "Limits",
     "DEFAULT_LIMITS",
     "SparseRow",
+    "TokenLogprob",
+    "MAX_TOP_LOGPROBS",
+    "LOGPROB_FLOOR",
     "Hello",
     "Welcome",
     "Draft",
@@ -215,7 +231,9 @@ __all__ = [
     "MAX_SECRET_BYTES",
 ]
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
+MAX_TOP_LOGPROBS = 20  # alternatives per token that HELLO.logprobs may ask for (OpenAI's top_logprobs limit)
+LOGPROB_FLOOR = -9999.0  # the smallest log-probability on the wire; it stands for anything below it too
 MAX_ERROR_MESSAGE_BYTES = 512
 MAX_SECRET_BYTES = 64  # longest WELCOME/RESUME secret and RESUME digest
 
@@ -279,6 +297,7 @@ class VerdictFlag(IntFlag):
 class TokensFlag(IntFlag):
     FINISHED = 0x01
     HAS_STEP = 0x02
+    HAS_LOGPROBS = 0x04
 
 
 @dataclass(frozen=True, slots=True)
@@ -303,6 +322,9 @@ DEFAULT_LIMITS = Limits()
 
 SparseRow = tuple[tuple[int, float], ...]
 """A sparse probability row: (token id, probability) pairs with distinct ids."""
+
+TokenLogprob = tuple[float, SparseRow]
+"""One streamed token's log-probability and its position's top alternatives as (token id, log-probability)."""
 
 
 # Frames. Sequence fields are normalised to tuples so that a frame built from lists equals its decoded
@@ -337,6 +359,7 @@ class Hello:
     rule: str = "strict"
     seed: int = 0
     mode: Mode = Mode.SPECULATIVE
+    logprobs: int = 0  # 0: none; 1 + m: each streamed token's log-probability and the m likeliest
     version: int = PROTOCOL_VERSION
 
     def __post_init__(self):
@@ -450,9 +473,12 @@ class Tokens:
     drafted: int | None = None  # HAS_STEP: draft tokens the step verified
     accepted: int = 0  # HAS_STEP: of which kept
     verify_us: int = 0  # HAS_STEP: the step's target time
+    logprobs: tuple[TokenLogprob, ...] | None = None  # HAS_LOGPROBS: one per token
 
     def __post_init__(self):
         _set(self, "tokens", _tuple(self.tokens))
+        if self.logprobs is not None:
+            _set(self, "logprobs", tuple((lp, _row(top)) for lp, top in self.logprobs))
 
 
 Frame = Hello | Welcome | Draft | Verdict | Resume | Ping | Pong | Error | Close | Tokens
