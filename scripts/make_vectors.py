@@ -59,7 +59,7 @@ def frame_json(f) -> dict[str, Any]:
     if isinstance(f, wire.Hello):
         out.update(version=f.version, auth=f.auth.hex(), model_id=f.model_id, temperature=f.temperature, top_k=f.top_k,
                    top_p=f.top_p, rule=f.rule, seed=str(f.seed), mode=int(f.mode), max_tokens=f.max_tokens,
-                   prompt=list(f.prompt))
+                   logprobs=f.logprobs, prompt=list(f.prompt))
     elif isinstance(f, wire.Welcome):
         out.update(session=f.session, committed=f.committed, max_draft_tokens=f.max_draft_tokens, secret=f.secret.hex())
     elif isinstance(f, wire.Draft):
@@ -84,10 +84,12 @@ def frame_json(f) -> dict[str, Any]:
     elif isinstance(f, wire.Close):
         out.update(reason=int(f.reason))
     elif isinstance(f, wire.Tokens):
-        flags = (1 if f.finished else 0) | (2 if f.drafted is not None else 0)
+        flags = (1 if f.finished else 0) | (2 if f.drafted is not None else 0) | (4 if f.logprobs is not None else 0)
         out.update(start=f.start, tokens=list(f.tokens), flags=flags)
         if f.drafted is not None:
             out.update(drafted=f.drafted, accepted=f.accepted, verify_us=f.verify_us)
+        if f.logprobs is not None:
+            out.update(logprobs=[[lp, [list(pair) for pair in top]] for lp, top in f.logprobs])
     return out
 
 
@@ -150,6 +152,13 @@ def valid_frames() -> list[tuple[str, Any]]:
         ("tokens-cloud-led-plain-step-finished", wire.Tokens(start=24, tokens=(5,), finished=True, drafted=0,
                                                              accepted=0, verify_us=12000)),
         ("tokens-cloud-led-empty-finished", wire.Tokens(start=8, tokens=(), finished=True, drafted=0)),
+        ("hello-cloud-only-logprobs-top-3", wire.Hello(model_id=MODEL_ID, max_tokens=4, prompt=PROMPT, temperature=0.0,
+                                                       rule="greedy", mode=wire.Mode.CLOUD_ONLY, logprobs=4)),
+        ("tokens-with-logprobs", wire.Tokens(start=8, tokens=(42, 7), logprobs=(
+            (-0.125, ((42, -0.125), (3, -2.5))), (-3.25, ((5, -0.5), (9, -1.5)))))),
+        ("tokens-cloud-led-step-with-logprobs-only-the-token", wire.Tokens(
+            start=20, tokens=(1, 9), drafted=2, accepted=1, verify_us=31000, logprobs=((-0.0, ()), (-9999.0, ())))),
+        ("tokens-empty-finished-with-logprobs", wire.Tokens(start=12, tokens=(), finished=True, logprobs=())),
     ]
 
 
@@ -166,11 +175,11 @@ def _blob(b: bytes) -> bytes:
     return _v(len(b)) + b
 
 
-def _hello_body(version=2, auth=b"", model=b"toy:vocab=64", temp=b"\x00\x00\x00\x00", top_k=b"\x00",
+def _hello_body(version=3, auth=b"", model=b"toy:vocab=64", temp=b"\x00\x00\x00\x00", top_k=b"\x00",
                 top_p=b"\x3f\x80\x00\x00", rule=b"greedy", seed=b"\x00" * 8, mode=b"\x00", max_tokens=b"\x05",
-                prompt=b"\x01\x03") -> bytes:
+                logprobs=b"\x00", prompt=b"\x01\x03") -> bytes:
     return (bytes([version]) + _blob(auth) + _blob(model) + temp + top_k + top_p + _blob(rule) + seed + mode
-            + max_tokens + prompt)
+            + max_tokens + logprobs + prompt)
 
 
 def malformed_frames() -> list[tuple[str, bytes, str, str]]:
@@ -200,7 +209,9 @@ def malformed_frames() -> list[tuple[str, bytes, str, str]]:
         ("error-message-bad-utf8", _payload(8, b"\x00\x01" + _blob(b"\xc3\x28")), BF, "payload"),
         ("error-message-utf8-surrogate", _payload(8, b"\x00\x01" + _blob(b"\xed\xa0\x80")), BF, "payload"),
         ("hello-version-1", _payload(1, _hello_body(version=1)), BV, "payload"),
-        ("hello-version-3-any-layout", _payload(1, b"\x03\xff\xff"), BV, "payload"),
+        ("hello-version-2-its-layout", _payload(1, _hello_body(version=2, logprobs=b"")), BV, "payload"),
+        ("hello-version-4-any-layout", _payload(1, b"\x04\xff\xff"), BV, "payload"),
+        ("hello-logprobs-22", _payload(1, _hello_body(logprobs=b"\x16")), BF, "payload"),
         ("hello-mode-3", _payload(1, _hello_body(mode=b"\x03")), BF, "payload"),
         ("hello-temperature-nan", _payload(1, _hello_body(temp=b"\x7f\xc0\x00\x00")), BF, "payload"),
         ("hello-temperature-infinite", _payload(1, _hello_body(temp=b"\x7f\x80\x00\x00")), BF, "payload"),
@@ -235,10 +246,18 @@ def malformed_frames() -> list[tuple[str, bytes, str, str]]:
          "payload"),
         ("welcome-secret-65-bytes", _payload(2, _v(1) + _v(8) + _v(64) + _blob(b"s" * 65)), OL, "payload"),
         ("resume-version-1", _payload(5, b"\x01" + _blob(b"") + _v(1) + _v(8)), BV, "payload"),
-        ("resume-digest-65-bytes", _payload(5, b"\x02" + _blob(b"") + _v(1) + _blob(b"") + _v(8) + _blob(b"d" * 65)),
+        ("resume-digest-65-bytes", _payload(5, b"\x03" + _blob(b"") + _v(1) + _blob(b"") + _v(8) + _blob(b"d" * 65)),
          OL, "payload"),
         ("ping-truncated", _payload(6, b"\x00" * 15), BF, "payload"),
-        ("tokens-reserved-flag-bit", tokens(b"\x00\x04"), BF, "payload"),
+        ("tokens-reserved-flag-bit", tokens(b"\x00\x08"), BF, "payload"),
+        ("tokens-logprobs-missing", tokens(b"\x01\x05\x04"), BF, "payload"),
+        ("tokens-logprob-above-0", tokens(b"\x01\x05\x04" + half + b"\x00"), BF, "payload"),
+        ("tokens-logprob-below-the-floor", tokens(b"\x01\x05\x04" + b"\xc6\x1c\x40\x00" + b"\x00"), BF, "payload"),
+        ("tokens-logprob-minus-infinity", tokens(b"\x01\x05\x04" + b"\xff\x80\x00\x00" + b"\x00"), BF, "payload"),
+        ("tokens-logprobs-21-alternatives", tokens(b"\x01\x05\x04" + b"\x00" * 4 + _v(21)
+                                                  + b"".join(_v(i) + b"\xbf\x80\x00\x00" for i in range(21))), OL, "payload"),
+        ("tokens-logprobs-alternative-twice", tokens(b"\x01\x05\x04" + b"\x00" * 4 + _v(2)
+                                                    + (_v(5) + b"\xbf\x80\x00\x00") * 2), BF, "payload"),
         ("tokens-accepted-over-drafted", tokens(b"\x00\x02" + _v(1) + _v(2) + _v(0)), BF, "payload"),
         ("tokens-drafted-65", tokens(b"\x00\x02" + _v(65) + _v(0) + _v(0)), OL, "payload"),
         ("tokens-32769", tokens(_v(32769) + b"\x01" * 32769 + b"\x00"), OL, "payload"),
@@ -283,7 +302,7 @@ def frames_doc() -> dict[str, Any]:
     pieces = [[], [b"a"], [b"", b"<|im_end|>", "é".encode(), b"\x00\xff"], [b"ab", b"c"], [b"a", b"bc"]]
     prints = [{"pieces_hex": [p.hex() for p in ps], "fingerprint": vocab_fingerprint(len(ps), ps)} for ps in pieces]
     return {
-        "about": "AceSpec wire protocol version 2 frame vectors; the format is docs/reference/wire.md. "
+        "about": "AceSpec wire protocol version 3 frame vectors; the format is docs/reference/wire.md. "
                  "`valid`: encode(frame) must give exactly `hex`, and decoding `hex` must give `frame` "
                  "(floats are the exact value of the f32 on the wire; u64 fields seed, nonce and sent_us are "
                  "decimal strings; bytes fields are hex). `malformed`: decoding `hex` as one whole frame must fail "
@@ -295,7 +314,8 @@ def frames_doc() -> dict[str, Any]:
         "limits": {"max_frame_bytes": limits.max_frame_bytes, "max_draft_tokens": limits.max_draft_tokens,
                    "max_prompt_tokens": limits.max_prompt_tokens, "max_sparse_k": limits.max_sparse_k,
                    "max_str_bytes": limits.max_str_bytes, "max_vocab": limits.max_vocab,
-                   "max_secret_bytes": wire.MAX_SECRET_BYTES, "max_error_message_bytes": wire.MAX_ERROR_MESSAGE_BYTES},
+                   "max_secret_bytes": wire.MAX_SECRET_BYTES, "max_error_message_bytes": wire.MAX_ERROR_MESSAGE_BYTES,
+                   "max_top_logprobs": wire.MAX_TOP_LOGPROBS, "logprob_floor": wire.LOGPROB_FLOOR},
         "valid": valid,
         "malformed": bad,
         "committed_digest": digests,
@@ -416,6 +436,23 @@ def sessions_doc() -> dict[str, Any]:
     out.append(record("cloud-only", "A greedy cloud-only session: one TOKENS frame per step, the last FINISHED at "
                       "max_tokens; a PING after it is answered; the edge closes.", {"vocab": V, "seed": 1}, {},
                       cloud_only))
+
+    def cloud_only_logprobs(r: Recorder) -> None:
+        r.send(0, hello(mode=wire.Mode.CLOUD_ONLY, max_tokens=3, logprobs=1 + 2))
+        r.recv(0, WELCOME_VARY)
+        while not r.recv(0).finished:
+            pass
+        r.send(0, wire.Close(reason=wire.CloseReason.NORMAL))
+        r.eof(0)
+        r.send(1, hello(mode=wire.Mode.SPECULATIVE, max_tokens=3, logprobs=1))
+        r.recv(1)
+        r.recv(1)
+        r.eof(1)
+
+    out.append(record("cloud-only-logprobs", "A greedy cloud-only session that asks for logprobs with 2 alternatives "
+                      "(HELLO.logprobs = 3): every TOKENS frame carries HAS_LOGPROBS, each token's log-probability "
+                      "under the toy target and its 2 likeliest tokens. The same HELLO in edge-led mode is refused "
+                      "(BAD_REQUEST).", {"vocab": V, "seed": 1}, {}, cloud_only_logprobs))
 
     eos = next(t for i, t in enumerate(text) if i >= 2 and t not in text[:i])
     n_eos = greedy_text(20, eos=eos).index(eos) + 1
@@ -609,7 +646,7 @@ def sessions_doc() -> dict[str, Any]:
         r.recv(1)
         r.recv(1)
         r.eof(1)
-        r.send_raw(2, _payload(1, _hello_body(version=3)), "a HELLO of protocol version 3")
+        r.send_raw(2, _payload(1, _hello_body(version=2, logprobs=b"")), "a HELLO of protocol version 2")
         r.recv(2)
         r.recv(2)
         r.eof(2)

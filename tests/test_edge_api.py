@@ -213,7 +213,8 @@ def test_errors_come_back_in_openais_shape_and_the_server_stays_up(client, edge)
         client.chat.completions.create(model="gpt-4", messages=msgs)
     assert _assert_openai_error(e.value.body, param="model")["code"] == "model_not_found"
     cases = [
-        (dict(n=2), "n"), (dict(extra_body={"rule": "no-such-rule"}), "rule"), (dict(logprobs=True), "logprobs"),
+        (dict(n=2), "n"), (dict(extra_body={"rule": "no-such-rule"}), "rule"), (dict(logprobs=True, extra_body={"mode": "sync"}), "logprobs"),
+        (dict(top_logprobs=2), "top_logprobs"),
         (dict(max_tokens=5000), None),  # past the cloud's max_new_tokens: the cloud's OVER_LIMIT comes back as 400
     ]
     for kw, param in cases:

@@ -11,13 +11,16 @@ import math
 import socket
 
 import numpy as np
+import openai
 import pytest
 
 from acespec import wire
 from acespec.cloud.server import CloudServerThread, ServerConfig
+from acespec.edge.api import EdgeApiThread, EdgeService
 from acespec.edge.client import ConnectConfig
 from acespec.edge.runtime import EdgeConfig, run_edge
-from acespec.loop import Round
+from acespec.edge.service import ServeConfig
+from acespec.loop import Round, SpecConfig, generate
 from acespec.models.toy import ToyModel
 from acespec.verify import token_logprobs
 
@@ -125,3 +128,71 @@ def test_an_edge_led_config_that_asks_for_logprobs_is_refused_before_it_connects
         EdgeConfig(mode="sync", logprobs=1)
     with pytest.raises(ValueError, match="logprobs must be"):
         EdgeConfig(mode="cloud-only", logprobs=22)
+
+
+# ------------------------------------------------------------------------------------------ through the API
+
+
+@pytest.fixture(scope="module")
+def api(cloud):
+    defaults = EdgeConfig(rule="greedy", temperature=0.0, max_tokens=12, connect=ConnectConfig(port=cloud.port))
+    svc = EdgeService([ToyModel(vocab=V, seed=1, noise=0.3, noise_seed=2)], ServeConfig(port=0, defaults=defaults))
+    with EdgeApiThread(svc) as edge:
+        yield openai.OpenAI(base_url=edge.url + "/v1", api_key="unused", max_retries=0, timeout=30), svc
+
+
+def _greedy_reference(prompt: list[int], n: int) -> list[int]:
+    return generate(toy_target(), prompt, SpecConfig(rule="greedy", temperature=0.0, max_tokens=n, spec=False)).tokens
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("mode", ["auto", "cloud-only"])
+def test_chat_logprobs_through_the_api_are_the_targets_for_every_token_of_the_text(api, stream, mode):
+    client, svc = api
+    messages = [{"role": "user", "content": "hello logprobs"}]
+    args = dict(model="acespec", messages=messages, max_tokens=12, logprobs=True, top_logprobs=3,
+                extra_body={"mode": mode})
+    if stream:
+        text, content = "", []
+        for c in client.chat.completions.create(**args, stream=True):
+            for ch in c.choices:
+                text += ch.delta.content or ""
+                content += ch.logprobs.content if ch.logprobs else []
+    else:
+        r = client.chat.completions.create(**args)
+        text, content = r.choices[0].message.content, r.choices[0].logprobs.content
+    prompt = svc.tokenizer.chat_prompt(messages)
+    tokens = _greedy_reference(prompt, 12)
+    assert b"".join(bytes(e.bytes) for e in content) == svc.tokenizer.decode_bytes(tokens)
+    assert text == svc.tokenizer.decode(tokens)
+    model = toy_target()
+    for i, e in enumerate(content):
+        model.reset()
+        [(lp, top)] = token_logprobs(model.eval(prompt + tokens[:i], last=1), np.asarray([tokens[i]]), 3)
+        assert e.logprob == pytest.approx(lp, abs=1e-5)
+        assert [a.logprob for a in e.top_logprobs] == pytest.approx([x for _, x in top], abs=1e-5)
+        assert [bytes(a.bytes) for a in e.top_logprobs] == [svc.tokenizer.decode_bytes([t]) for t, _ in top]
+
+
+def test_completion_logprobs_end_with_the_token_that_completed_the_stop_string(api):
+    client, svc = api
+    prompt = svc.tokenizer.encode("hello")
+    tokens = _greedy_reference(prompt, 12)
+    whole = client.completions.create(model="acespec", prompt=prompt, max_tokens=12, logprobs=2)
+    lp = whole.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == whole.usage.completion_tokens == 12
+    assert all(len(alts) == 2 for alts in lp.top_logprobs)
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(12)]
+    stop = svc.tokenizer.decode(tokens[4:6])  # a stop string made of the 5th and 6th tokens' text
+    cut = client.completions.create(model="acespec", prompt=prompt, max_tokens=12, logprobs=0, stop=[stop])
+    n = cut.usage.completion_tokens
+    assert cut.choices[0].finish_reason == "stop" and n <= 6
+    assert cut.choices[0].logprobs.token_logprobs == lp.token_logprobs[:n]
+
+
+def test_logprobs_in_an_edge_led_mode_get_a_400_that_names_the_streaming_modes(api):
+    client, _ = api
+    for mode in ("sync", "pipelined", "acespec"):
+        with pytest.raises(openai.BadRequestError) as e:
+            client.completions.create(model="acespec", prompt="hi", max_tokens=4, logprobs=1, extra_body={"mode": mode})
+        assert e.value.body["param"] == "logprobs" and "cloud-only" in e.value.body["message"]

@@ -49,7 +49,7 @@ def frame_of(d: dict):
         return wire.Hello(version=d["version"], auth=bytes.fromhex(d["auth"]), model_id=d["model_id"],
                           temperature=d["temperature"], top_k=d["top_k"], top_p=d["top_p"], rule=d["rule"],
                           seed=int(d["seed"]), mode=wire.Mode(d["mode"]), max_tokens=d["max_tokens"],
-                          prompt=tuple(d["prompt"]))
+                          logprobs=d["logprobs"], prompt=tuple(d["prompt"]))
     if t == "WELCOME":
         return wire.Welcome(session=d["session"], committed=d["committed"], max_draft_tokens=d["max_draft_tokens"],
                             secret=bytes.fromhex(d["secret"]))
@@ -77,11 +77,12 @@ def frame_of(d: dict):
     if t == "CLOSE":
         return wire.Close(reason=wire.CloseReason(d["reason"]))
     if t == "TOKENS":
-        step = d["flags"] & 2
-        assert bool(step) == ("drafted" in d)
+        step, lps = d["flags"] & 2, d["flags"] & 4
+        assert bool(step) == ("drafted" in d) and bool(lps) == ("logprobs" in d)
         return wire.Tokens(start=d["start"], tokens=tuple(d["tokens"]), finished=bool(d["flags"] & 1),
                            drafted=d["drafted"] if step else None, accepted=d.get("accepted", 0),
-                           verify_us=d.get("verify_us", 0))
+                           verify_us=d.get("verify_us", 0),
+                           logprobs=tuple((float(lp), _row(top)) for lp, top in d["logprobs"]) if lps else None)
     raise AssertionError(f"unknown frame type {t}")
 
 
@@ -124,7 +125,8 @@ def test_the_vectors_cover_every_frame_type_and_every_error_the_codec_raises():
 def test_the_limits_in_the_vectors_are_the_codecs():
     limits = wire.Limits()
     got = {f.name: getattr(limits, f.name) for f in dataclasses.fields(limits)}
-    got.update(max_secret_bytes=wire.MAX_SECRET_BYTES, max_error_message_bytes=wire.MAX_ERROR_MESSAGE_BYTES)
+    got.update(max_secret_bytes=wire.MAX_SECRET_BYTES, max_error_message_bytes=wire.MAX_ERROR_MESSAGE_BYTES,
+               max_top_logprobs=wire.MAX_TOP_LOGPROBS, logprob_floor=wire.LOGPROB_FLOOR)
     assert FRAMES["limits"] == got
     assert FRAMES["protocol_version"] == wire.PROTOCOL_VERSION == SESSIONS["protocol_version"]
 

@@ -4,8 +4,8 @@
     GET  /v1/models, /health, /metrics (Prometheus), /  (the live web page)
 
 Requests speak OpenAI's schema (`model`, `max_tokens` / `max_completion_tokens`, `temperature`, `top_p`,
-`seed`, `stop`, `n` = 1, `stream`, `stream_options.include_usage`); AceSpec's own choices ride in extra
-body fields, as vLLM's do: `rule` (e.g. coupled, strict, cactus:delta=0.35), `k`, `top_k`, `mode`
+`seed`, `stop`, `n` = 1, `stream`, `stream_options.include_usage`, and `logprobs` / `top_logprobs` in the
+streaming modes, see `edge/logprobs.py`); AceSpec's own choices ride in extra body fields, as vLLM's do: `rule` (e.g. coupled, strict, cactus:delta=0.35), `k`, `top_k`, `mode`
 (auto, the default; acespec, pipelined, sync, cloud-only, cloud-led) and `marks` (stream every token's text and origin and the
 round's K, RTT and acceptance under `acespec` in each chunk; the web page asks for it). What a request
 leaves out takes the value the server was started with. `usage` adds `accepted_tokens`,
@@ -13,7 +13,7 @@ leaves out takes the value the server was started with. `usage` adds `accepted_t
 
 Errors have OpenAI's shape, `{"error": {"message", "type", "param", "code"}}`: 422 for a body that
 does not fit the schema (or is not JSON), 400 for values the edge cannot serve (n > 1, a bad rule,
-a prompt past the context, `logprobs`, `tools`, a `response_format` other than text), 404 for an unknown model or path, 503 when the drafter queue is full or
+a prompt past the context, `logprobs` in an edge-led mode, `tools`, a `response_format` other than text), 404 for an unknown model or path, 503 when the drafter queue is full or
 the cloud cannot be reached. A streaming request's errors before its first token come back the same
 way (the response starts only with the first token); a failure later ends the stream with an `error`
 event. A client that goes away stops its generation and closes its cloud session.
@@ -40,7 +40,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from acespec import wire
 from acespec.draft.prediction import prediction_usage
 from acespec.edge.client import EdgeError
+from acespec.edge.logprobs import LogprobLog
 from acespec.edge.metrics import EdgeMetrics
+from acespec.edge.runtime import STREAMING_MODES
 from acespec.edge.service import (
     MAX_STOP,
     ApiError,
@@ -63,8 +65,6 @@ from acespec.verify import RuleSpec, RuleSpecError
 DISCONNECT_POLL_S = 0.25  # how often a request that is not streaming yet checks that its client is still there
 # OpenAI fields the edge cannot honour: refused when set to anything but their neutral value
 _UNSUPPORTED: dict[str, tuple] = {
-    "logprobs": (None, False, 0),
-    "top_logprobs": (None, 0),
     "echo": (None, False),
     "best_of": (None, 1),
     "suffix": (None, ""),
@@ -140,10 +140,22 @@ class ChatMessage(BaseModel):
 
 class ChatBody(_Body):
     messages: list[ChatMessage] = Field(min_length=1)
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=wire.MAX_TOP_LOGPROBS)
+
+    def logprobs_asked(self) -> int:
+        """HELLO.logprobs for this body (0: none; 1 + m: each token's and the m likeliest)."""
+        if self.top_logprobs and not self.logprobs:
+            raise ApiError(400, "`top_logprobs` needs `logprobs: true`", param="top_logprobs")
+        return 1 + (self.top_logprobs or 0) if self.logprobs else 0
 
 
 class CompletionBody(_Body):
     prompt: str | list[int] | list[str]
+    logprobs: int | None = Field(None, ge=0, le=wire.MAX_TOP_LOGPROBS, strict=True)
+
+    def logprobs_asked(self) -> int:
+        return 0 if self.logprobs is None else 1 + self.logprobs
 
 
 # ------------------------------------------------------------------------------------------ service
@@ -221,6 +233,14 @@ class EdgeService:
         if len(stop) > MAX_STOP:
             raise ApiError(400, f"at most {MAX_STOP} stop strings", param="stop")
         mode = body.mode or self.cfg.default_mode
+        logprobs = body.logprobs_asked()  # type: ignore[attr-defined]  # both routes' bodies define it
+        if logprobs and mode not in STREAMING_MODES:
+            raise ApiError(
+                400,
+                f"logprobs come from the cloud's token stream: ask in a streaming mode ({', '.join(STREAMING_MODES)}),"
+                f" not {mode}",
+                param="logprobs",
+            )
         seed = body.seed if body.seed is not None else self.cfg.seed if self.cfg.seed is not None else new_seed()
         try:
             rule = str(RuleSpec.parse(body.rule)) if body.rule is not None else None
@@ -234,6 +254,7 @@ class EdgeService:
                 top_k=body.top_k,
                 seed=seed,
                 max_tokens=max_tokens,
+                logprobs=logprobs,
             )
         except (RuleSpecError, ValueError) as e:
             raise ApiError(400, str(e), param="rule" if isinstance(e, RuleSpecError) else None) from None
@@ -291,7 +312,18 @@ class _Answer:
         self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         self.created = int(time.time())
         self.text = TextAssembler(svc.tokenizer, req.stop)
+        self.lp = LogprobLog(svc.tokenizer, chat=chat) if req.cfg.logprobs else None
         self.done: Done | None = None
+
+    def feed(self, r: Round) -> list[tuple[str, str]]:
+        """A round's text pieces (its logprobs wait for `logprobs`)."""
+        if self.lp is not None and not self.text.stopped:
+            self.lp.take(r.tokens, r.logprobs)
+        return self.text.feed(r.tokens, r.origins)
+
+    def logprobs(self) -> dict | None:
+        """The logprobs not sent yet, up to the token that completed a stop string."""
+        return None if self.lp is None else self.lp.pop(self.text.stopped_at)
 
     def finish_reason(self) -> str:
         if self.text.stopped:
@@ -330,7 +362,9 @@ class _Answer:
             }
         }
 
-    def _choice(self, text: str | None, finish: str | None, *, delta: bool, first: bool = False) -> dict:
+    def _choice(
+        self, text: str | None, finish: str | None, *, delta: bool, first: bool = False, logprobs: dict | None = None
+    ) -> dict:
         c: dict = {"index": 0}
         if not self.chat:
             c["text"] = text or ""
@@ -338,7 +372,7 @@ class _Answer:
             c["delta"] = ({"role": "assistant"} if first else {}) | ({"content": text} if text is not None else {})
         else:
             c["message"] = {"role": "assistant", "content": text}
-        c["logprobs"] = None
+        c["logprobs"] = logprobs
         c["finish_reason"] = finish
         return c
 
@@ -352,8 +386,9 @@ class _Answer:
             "choices": choices,
         }
 
-    def chunk(self, pieces: list[tuple[str, str]], r: Round | None, *, first: bool = False) -> dict:
-        obj = self._obj([self._choice("".join(t for t, _ in pieces), None, delta=True, first=first)], chunk=True)
+    def chunk(self, pieces: list[tuple[str, str]], r: Round | None, *, first: bool = False, logprobs=None) -> dict:
+        text = "".join(t for t, _ in pieces)
+        obj = self._obj([self._choice(text, None, delta=True, first=first, logprobs=logprobs)], chunk=True)
         if self.req.marks and r is not None:
             obj["acespec"] = {
                 "tokens": [[t, o] for t, o in pieces],
@@ -366,14 +401,16 @@ class _Answer:
         return obj
 
     def last_chunks(self, tail: list[tuple[str, str]], include_usage: bool) -> list[dict]:
-        out = [self.chunk(tail, None)] if tail else []
+        lps = self.logprobs()
+        out = [self.chunk(tail, None, logprobs=lps)] if tail or lps else []
         out.append(self._obj([self._choice(None if self.chat else "", self.finish_reason(), delta=True)], chunk=True))
         if include_usage:
             out.append(self._obj([], chunk=True) | {"usage": self.usage()})
         return out
 
     def whole(self, text: str) -> dict:
-        return self._obj([self._choice(text, self.finish_reason(), delta=False)], chunk=False) | {"usage": self.usage()}
+        choice = self._choice(text, self.finish_reason(), delta=False, logprobs=self.logprobs())
+        return self._obj([choice], chunk=False) | {"usage": self.usage()}
 
 
 def _failure(e: BaseException) -> ApiError:
@@ -505,7 +542,7 @@ def create_app(svc: EdgeService) -> FastAPI:
                 if isinstance(ev, Done):
                     ans.done = ev
                     break
-                pieces += ans.text.feed(ev.tokens, ev.origins)
+                pieces += ans.feed(ev)
                 if ans.text.stopped:
                     gen.stop.set()
                 ev = await _unless_gone(request, gen.events.get())
@@ -526,11 +563,12 @@ def create_app(svc: EdgeService) -> FastAPI:
                 yield _sse(ans.chunk([], None, first=True))
             ev = first
             while not isinstance(ev, Done):
-                pieces = ans.text.feed(ev.tokens, ev.origins)
+                pieces = ans.feed(ev)
                 if ans.text.stopped:
                     gen.stop.set()
-                if pieces or ans.req.marks:
-                    yield _sse(ans.chunk(pieces, ev))
+                lps = ans.logprobs()
+                if pieces or ans.req.marks or lps:
+                    yield _sse(ans.chunk(pieces, ev, logprobs=lps))
                 ev = await gen.events.get()
             ans.done = ev
             if ev.error is not None:
