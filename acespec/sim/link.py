@@ -83,8 +83,12 @@ class FrameSizer:
         self, start: int, toks: tuple[int, ...], finished: bool, step: tuple[int, int, int] | None = None
     ) -> int:
         """A TOKENS frame; `step` = (drafted, accepted, verify_us) for a cloud-led step."""
-        extra = {} if step is None else dict(zip(("drafted", "accepted", "verify_us"), step))
-        return self._enc(self.wf.Tokens(start=start, tokens=toks, finished=finished, **extra))
+        drafted, accepted, verify_us = (None, 0, 0) if step is None else step
+        return self._enc(
+            self.wf.Tokens(
+                start=start, tokens=toks, finished=finished, drafted=drafted, accepted=accepted, verify_us=verify_us
+            )
+        )
 
 
 class SimLink:

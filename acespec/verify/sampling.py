@@ -51,7 +51,8 @@ def token_logprobs(
         top: tuple[tuple[int, float], ...] = ()
         if m:
             k = min(m, row.size)
-            cand = np.flatnonzero(row >= -np.partition(-row, k - 1)[k - 1])  # the m likeliest, and any tied with the last
+            # the m likeliest, and any tied with the last of them (argpartition would pick among ties at random)
+            cand = np.flatnonzero(row >= -np.partition(-row, k - 1)[k - 1])
             cand = cand[np.lexsort((cand, -row[cand]))][:k]
             top = tuple((int(t), max(floor, float(row[t]))) for t in cand)
         out.append((max(floor, float(row[int(tok)])), top))

@@ -108,10 +108,17 @@ describe("the codec's own promises", () => {
     assert.equal(wireError(() => encode({ ...draft, tokens: [1, 2], parents: [0, 2] })).code, ErrorCode.BAD_FRAME);
     assert.equal(wireError(() => encode({ ...draft, tokens: [1 << 22] })).code, ErrorCode.OVER_LIMIT);
     assert.equal(wireError(() => encode({ ...draft, tokens: [1.5] })).code, ErrorCode.BAD_FRAME);
-    const hello = { type: FrameType.HELLO, version: 2, auth: new Uint8Array(0), model_id: "m", temperature: NaN, top_k: 0,
-      top_p: 1, rule: "greedy", seed: 0, mode: 2, max_tokens: 1, prompt: [1] as number[] } as const;
+    const hello = { type: FrameType.HELLO, version: 3, auth: new Uint8Array(0), model_id: "m", temperature: NaN, top_k: 0,
+      top_p: 1, rule: "greedy", seed: 0, mode: 2, max_tokens: 1, logprobs: 0, prompt: [1] as number[] } as const;
     assert.equal(wireError(() => encode(hello)).code, ErrorCode.BAD_FRAME);
-    assert.equal(wireError(() => encode({ ...hello, temperature: 0, version: 3 })).code, ErrorCode.BAD_VERSION);
+    assert.equal(wireError(() => encode({ ...hello, temperature: 0, version: 4 })).code, ErrorCode.BAD_VERSION);
+    assert.equal(wireError(() => encode({ ...hello, temperature: 0, version: 2 })).code, ErrorCode.BAD_VERSION);
+    assert.equal(wireError(() => encode({ ...hello, temperature: 0, logprobs: 22 })).code, ErrorCode.BAD_FRAME);
+    const tokens = { type: FrameType.TOKENS as const, start: 0, tokens: [1], finished: false, drafted: null, accepted: 0, verify_us: 0 };
+    const lp = (entries: unknown) => ({ ...tokens, logprobs: entries as [number, [number, number][]][] });
+    assert.equal(wireError(() => encode(lp([[0.5, []]]))).code, ErrorCode.BAD_FRAME);
+    assert.equal(wireError(() => encode(lp([]))).code, ErrorCode.BAD_FRAME);
+    assert.equal(wireError(() => encode(lp([[-1, Array.from({ length: 21 }, (_, i) => [i, -1])]]))).code, ErrorCode.OVER_LIMIT);
     assert.equal(wireError(() => encode({ ...hello, temperature: 0, model_id: "\ud800" })).code, ErrorCode.BAD_FRAME);
   });
 

@@ -47,6 +47,7 @@ export function frameFromJson(j: Record<string, any>): Frame {
   } else if (f.type === FrameType.TOKENS) {
     f.finished = Boolean(j.flags & 1);
     if (!(j.flags & 2)) Object.assign(f, { drafted: null, accepted: 0, verify_us: 0 });
+    if (!(j.flags & 4)) f.logprobs = null;
     delete f.flags;
   } else if (f.type === FrameType.DRAFT) {
     delete f.flags;
@@ -66,8 +67,9 @@ export function frameToJson(f: Frame): Record<string, any> {
     delete j.dropped;
     delete j.finished;
   } else if (f.type === FrameType.TOKENS) {
-    j.flags = (f.finished ? 1 : 0) | (f.drafted !== null ? 2 : 0);
+    j.flags = (f.finished ? 1 : 0) | (f.drafted !== null ? 2 : 0) | (f.logprobs !== null ? 4 : 0);
     delete j.finished;
+    if (f.logprobs === null) delete j.logprobs;
     if (f.drafted === null) {
       delete j.drafted;
       delete j.accepted;

@@ -1,4 +1,4 @@
-// A browser edge for AceSpec's cloud over WebSocket: the wire format (protocol version 2, specified in
+// A browser edge for AceSpec's cloud over WebSocket: the wire format (protocol version 3, specified in
 // acespec/wire/frames.py) for the frames a cloud-only or cloud-led session uses, and a session that
 // streams the cloud's tokens, answers PING, measures the round trip with its own PINGs, and after a
 // dropped connection or a drain (CLOSE(GOING_AWAY)) reconnects and RESUMEs, or, when the cloud has
@@ -8,7 +8,7 @@
 // drafter streams exactly the cloud-only text (each TOKENS frame then also says the step verified
 // no draft).
 
-export const PROTOCOL_VERSION = 2;
+export const PROTOCOL_VERSION = 3;
 export const FrameType = Object.freeze({
   HELLO: 1, WELCOME: 2, DRAFT: 3, VERDICT: 4, RESUME: 5, PING: 6, PONG: 7, ERROR: 8, CLOSE: 9, TOKENS: 10,
 });
@@ -76,7 +76,7 @@ export function encodeHello({ auth = "", modelId, temperature = 1.0, topK = 0, t
   if (!prompt || !prompt.length) throw new WireError("BAD_REQUEST", "an empty prompt");
   return frame(FrameType.HELLO, (w) => {
     w.u8(PROTOCOL_VERSION); w.blob(bytesOf(auth)); w.text(modelId); w.f32(temperature); w.varint(topK);
-    w.f32(topP); w.text(rule); w.u64(seed); w.u8(mode); w.varint(maxTokens); w.tokens(prompt);
+    w.f32(topP); w.text(rule); w.u64(seed); w.u8(mode); w.varint(maxTokens); w.u8(0 /* logprobs: none */); w.tokens(prompt);
   });
 }
 

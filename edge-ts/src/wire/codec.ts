@@ -3,9 +3,9 @@
 // with the same code. The stream splitter and the small helpers of the format are in framing.ts.
 
 import {
-  CloseReason, DEFAULT_LIMITS, Draft, ErrorCode, ErrorFrame, F32_MAX, Frame, FrameType, Hello, Limits,
-  MAX_ERROR_MESSAGE_BYTES, MAX_SECRET_BYTES, Mode, Resume, SparseRow, Tokens, UInt, Verdict,
-  Welcome, WireError,
+  CloseReason, DEFAULT_LIMITS, Draft, ErrorCode, ErrorFrame, F32_MAX, Frame, FrameType, Hello, Limits, LOGPROB_FLOOR,
+  MAX_ERROR_MESSAGE_BYTES, MAX_SECRET_BYTES, MAX_TOP_LOGPROBS, Mode, Resume, SparseRow, TokenLogprob, Tokens, UInt,
+  Verdict, Welcome, WireError,
 } from "./frames.js";
 import { checkVersion, enumValue, Reader, typeName, uint, varintSize, Writer } from "./fields.js";
 
@@ -13,7 +13,7 @@ const BAD_FRAME = ErrorCode.BAD_FRAME;
 const OVER_LIMIT = ErrorCode.OVER_LIMIT;
 const D_Q = 0x01, D_TREE = 0x02;
 const V_DROPPED = 0x01, V_P = 0x02, V_PATH = 0x04, V_FINISHED = 0x08;
-const T_FINISHED = 0x01, T_STEP = 0x02;
+const T_FINISHED = 0x01, T_STEP = 0x02, T_LOGPROBS = 0x04;
 const utf8 = new TextEncoder();
 const LONE_SURROGATES = /[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/g;
 
@@ -32,7 +32,15 @@ function encHello(w: Writer, f: Hello): void {
   w.u64(f.seed, "HELLO.seed");
   w.u8(enumValue(Mode, Number(uint(f.mode, "HELLO.mode", 0xffn)), "HELLO.mode"), "HELLO.mode");
   w.uvarint(f.max_tokens, "HELLO.max_tokens");
+  w.u8(helloLogprobs(Number(uint(f.logprobs ?? 0, "HELLO.logprobs", 0xffn))), "HELLO.logprobs");
   w.tokens(f.prompt, limits.maxPromptTokens, "HELLO.prompt");
+}
+
+function helloLogprobs(value: number): number {
+  if (value > MAX_TOP_LOGPROBS + 1) {
+    throw new WireError(BAD_FRAME, `HELLO.logprobs = ${value}: at most 1 + ${MAX_TOP_LOGPROBS} alternatives`);
+  }
+  return value;
 }
 
 function decHello(r: Reader): Hello {
@@ -51,6 +59,7 @@ function decHello(r: Reader): Hello {
     seed: r.u64("HELLO.seed"),
     mode: enumValue(Mode, r.u8("HELLO.mode"), "HELLO.mode") as Mode,
     max_tokens: r.uvarint("HELLO.max_tokens"),
+    logprobs: helloLogprobs(r.u8("HELLO.logprobs")),
     prompt: r.tokens(limits.maxPromptTokens, "HELLO.prompt"),
   };
 }
@@ -229,35 +238,55 @@ function encTokens(w: Writer, f: Tokens): void {
   w.uvarint(f.start, "TOKENS.start");
   w.tokens(f.tokens, w.limits.maxPromptTokens, "TOKENS.tokens");
   const step = f.drafted !== null && f.drafted !== undefined;
-  w.byte((f.finished ? T_FINISHED : 0) | (step ? T_STEP : 0));
-  if (!step) {
-    if ((f.accepted && f.accepted !== 0n) || (f.verify_us && f.verify_us !== 0n)) {
-      throw new WireError(BAD_FRAME, "TOKENS.accepted and verify_us need HAS_STEP (drafted set)");
+  const lps = f.logprobs !== null && f.logprobs !== undefined;
+  w.byte((f.finished ? T_FINISHED : 0) | (step ? T_STEP : 0) | (lps ? T_LOGPROBS : 0));
+  if (step) {
+    const drafted = uint(f.drafted, "TOKENS.drafted");
+    if (BigInt(drafted) > BigInt(w.limits.maxDraftTokens)) {
+      throw new WireError(OVER_LIMIT, `TOKENS.drafted: ${drafted} exceeds the limit of ${w.limits.maxDraftTokens}`);
     }
-    return;
+    w.putVarint(drafted);
+    if (BigInt(uint(f.accepted, "TOKENS.accepted")) > BigInt(drafted)) {
+      throw new WireError(BAD_FRAME, `TOKENS.accepted ${f.accepted} is more than drafted ${drafted}`);
+    }
+    w.uvarint(f.accepted, "TOKENS.accepted");
+    w.uvarint(f.verify_us, "TOKENS.verify_us");
+  } else if ((f.accepted && f.accepted !== 0n) || (f.verify_us && f.verify_us !== 0n)) {
+    throw new WireError(BAD_FRAME, "TOKENS.accepted and verify_us need HAS_STEP (drafted set)");
   }
-  const drafted = uint(f.drafted, "TOKENS.drafted");
-  if (BigInt(drafted) > BigInt(w.limits.maxDraftTokens)) {
-    throw new WireError(OVER_LIMIT, `TOKENS.drafted: ${drafted} exceeds the limit of ${w.limits.maxDraftTokens}`);
+  if (!lps) return;
+  const entries = f.logprobs!;
+  if (!Array.isArray(entries) || entries.length !== f.tokens.length) {
+    throw new WireError(BAD_FRAME, `TOKENS.logprobs must have one entry per token (${f.tokens.length})`);
   }
-  w.putVarint(drafted);
-  if (BigInt(uint(f.accepted, "TOKENS.accepted")) > BigInt(drafted)) {
-    throw new WireError(BAD_FRAME, `TOKENS.accepted ${f.accepted} is more than drafted ${drafted}`);
-  }
-  w.uvarint(f.accepted, "TOKENS.accepted");
-  w.uvarint(f.verify_us, "TOKENS.verify_us");
+  entries.forEach((entry, i) => {
+    if (!Array.isArray(entry) || entry.length !== 2) throw new WireError(BAD_FRAME, `TOKENS.logprobs[${i}] must be a (logprob, top) pair`);
+    w.f32(entry[0], `TOKENS.logprobs[${i}]`, LOGPROB_FLOOR, 0.0);
+    w.row(entry[1], `TOKENS.logprobs[${i}].top`, MAX_TOP_LOGPROBS, LOGPROB_FLOOR, 0.0);
+  });
 }
 
 function decTokens(r: Reader): Tokens {
   const start = r.uvarint("TOKENS.start");
   const tokens = r.tokens(r.limits.maxPromptTokens, "TOKENS.tokens");
-  const flags = r.flags(T_FINISHED | T_STEP, "TOKENS.flags");
-  const finished = Boolean(flags & T_FINISHED);
-  if (!(flags & T_STEP)) return { type: FrameType.TOKENS, start, tokens, finished, drafted: null, accepted: 0, verify_us: 0 };
-  const drafted = r.count(r.limits.maxDraftTokens, "TOKENS.drafted");
-  const accepted = r.uvarint("TOKENS.accepted");
-  if (BigInt(accepted) > BigInt(drafted)) throw new WireError(BAD_FRAME, `TOKENS.accepted ${accepted} is more than drafted ${drafted}`);
-  return { type: FrameType.TOKENS, start, tokens, finished, drafted, accepted, verify_us: r.uvarint("TOKENS.verify_us") };
+  const flags = r.flags(T_FINISHED | T_STEP | T_LOGPROBS, "TOKENS.flags");
+  const out: Tokens = {
+    type: FrameType.TOKENS, start, tokens, finished: Boolean(flags & T_FINISHED), drafted: null, accepted: 0, verify_us: 0,
+    logprobs: null,
+  };
+  if (flags & T_STEP) {
+    const drafted = r.count(r.limits.maxDraftTokens, "TOKENS.drafted");
+    const accepted = r.uvarint("TOKENS.accepted");
+    if (BigInt(accepted) > BigInt(drafted)) throw new WireError(BAD_FRAME, `TOKENS.accepted ${accepted} is more than drafted ${drafted}`);
+    Object.assign(out, { drafted, accepted, verify_us: r.uvarint("TOKENS.verify_us") });
+  }
+  if (flags & T_LOGPROBS) {
+    out.logprobs = tokens.map((_, i): TokenLogprob => [
+      r.f32(`TOKENS.logprobs[${i}]`, LOGPROB_FLOOR, 0.0),
+      r.row(`TOKENS.logprobs[${i}].top`, MAX_TOP_LOGPROBS, LOGPROB_FLOOR, 0.0),
+    ]);
+  }
+  return out;
 }
 
 function encPing(w: Writer, f: { nonce: UInt; sent_us: UInt }, name: string): void {

@@ -175,9 +175,10 @@ export class Writer {
     this.blob(utf8.encode(value), what, maxBytes);
   }
 
-  row(row: unknown, what: string): void {
+  /** A sparse row; its floats are probabilities (0..1) unless `low`/`high` say otherwise (an lrow). */
+  row(row: unknown, what: string, limit?: number, low = 0.0, high = 1.0): void {
     if (!Array.isArray(row)) throw new WireError(BAD_FRAME, `${what} must be a list of pairs, not ${typeName(row)}`);
-    this.count(row.length, this.limits.maxSparseK, `${what} size`);
+    this.count(row.length, limit ?? this.limits.maxSparseK, `${what} size`);
     const seen = new Set<number>();
     for (const pair of row) {
       if (!Array.isArray(pair) || pair.length !== 2) throw new WireError(BAD_FRAME, `${what} entries must be (token, prob) pairs`);
@@ -185,7 +186,7 @@ export class Writer {
       this.token(token, `${what} token`);
       if (seen.has(Number(token))) throw new WireError(BAD_FRAME, `${what} lists token ${token} twice`);
       seen.add(Number(token));
-      this.f32(prob, `${what} prob`, 0.0, 1.0);
+      this.f32(prob, `${what} value`, low, high);
     }
   }
 }
@@ -285,10 +286,10 @@ export class Reader {
     }
   }
 
-  row(what: string): SparseRow {
-    const n = this.count(this.limits.maxSparseK, `${what} size`);
+  row(what: string, limit?: number, low = 0.0, high = 1.0): SparseRow {
+    const n = this.count(limit ?? this.limits.maxSparseK, `${what} size`);
     const pairs: SparseRow = [];
-    for (let i = 0; i < n; i++) pairs.push([this.token(`${what} token`), this.f32(`${what} prob`, 0.0, 1.0)]);
+    for (let i = 0; i < n; i++) pairs.push([this.token(`${what} token`), this.f32(`${what} value`, low, high)]);
     if (new Set(pairs.map((p) => p[0])).size !== n) throw new WireError(BAD_FRAME, `${what} lists a token twice`);
     return pairs;
   }

@@ -1,8 +1,10 @@
-// AceSpec wire format, protocol version 2: the frame types, limits and errors. The format is specified
+// AceSpec wire format, protocol version 3: the frame types, limits and errors. The format is specified
 // in the Python package's `acespec/wire/frames.py` docstring (and docs/reference/wire.md); this module
 // and codec.ts implement the same format, with the same checks and the same error codes.
 
-export const PROTOCOL_VERSION = 2;
+export const PROTOCOL_VERSION = 3;
+export const MAX_TOP_LOGPROBS = 20; // alternatives per token that HELLO.logprobs may ask for
+export const LOGPROB_FLOOR = -9999.0; // the smallest log-probability on the wire; it stands for anything below it too
 export const MAX_ERROR_MESSAGE_BYTES = 512;
 export const MAX_SECRET_BYTES = 64; // longest WELCOME/RESUME secret and RESUME digest
 
@@ -99,6 +101,7 @@ export interface Hello {
   seed: UInt;
   mode: Mode;
   max_tokens: UInt;
+  logprobs: number; // 0: none; 1 + m: each streamed token's log-probability and the m likeliest
   prompt: number[];
 }
 
@@ -174,7 +177,11 @@ export interface Tokens {
   drafted: number | null; // HAS_STEP: draft tokens the step verified
   accepted: UInt; // HAS_STEP: of which kept
   verify_us: UInt; // HAS_STEP: the step's target time
+  logprobs: TokenLogprob[] | null; // HAS_LOGPROBS: one per token
 }
+
+/** One streamed token's log-probability and its position's top alternatives as [token id, log-probability]. */
+export type TokenLogprob = [number, SparseRow];
 
 export type Frame = Hello | Welcome | Draft | Verdict | Resume | Ping | Pong | ErrorFrame | Close | Tokens;
 
@@ -183,7 +190,7 @@ export type Frame = Hello | Welcome | Draft | Verdict | Resume | Ping | Pong | E
 export function hello(f: Partial<Omit<Hello, "type">> & Pick<Hello, "model_id" | "max_tokens" | "prompt">): Hello {
   return {
     type: FrameType.HELLO, version: PROTOCOL_VERSION, auth: new Uint8Array(0), temperature: 1.0, top_k: 0, top_p: 1.0,
-    rule: "strict", seed: 0, mode: Mode.SPECULATIVE, ...f,
+    rule: "strict", seed: 0, mode: Mode.SPECULATIVE, logprobs: 0, ...f,
   };
 }
 
@@ -208,5 +215,5 @@ export function resume(f: Pick<Resume, "session" | "committed"> & Partial<Omit<R
 }
 
 export function tokensFrame(f: Pick<Tokens, "start" | "tokens"> & Partial<Omit<Tokens, "type">>): Tokens {
-  return { type: FrameType.TOKENS, finished: false, drafted: null, accepted: 0, verify_us: 0, ...f };
+  return { type: FrameType.TOKENS, finished: false, drafted: null, accepted: 0, verify_us: 0, logprobs: null, ...f };
 }
