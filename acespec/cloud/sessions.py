@@ -156,7 +156,7 @@ class SessionTable:
         if h.model_id != self.target.tokenizer.fingerprint:
             raise ProtocolError(
                 wire.ErrorCode.MODEL_MISMATCH,
-                f"drafter tokenizer {h.model_id!r} does not match the target's {self.target.tokenizer.fingerprint!r}",
+                f"tokenizer fingerprint {h.model_id!r} does not match the target's {self.target.tokenizer.fingerprint!r}",
             )
         try:
             rule = RuleSpec.parse(h.rule)
