@@ -196,3 +196,38 @@ def test_logprobs_in_an_edge_led_mode_get_a_400_that_names_the_streaming_modes(a
         with pytest.raises(openai.BadRequestError) as e:
             client.completions.create(model="acespec", prompt="hi", max_tokens=4, logprobs=1, extra_body={"mode": mode})
         assert e.value.body["param"] == "logprobs" and "cloud-only" in e.value.body["message"]
+
+
+# ------------------------------------------------------------------------------------------ real pair
+@pytest.mark.real
+def test_real_target_logprobs_through_the_api_match_its_own_rows(real_draft, real_target):
+    """The default pair: the API's logprobs are the 1.5B target's own log-softmax at each prefix, each
+    prefix evaluated afresh here. llama.cpp's quantized kernels round differently for a whole prefix
+    in one pass and for one token at a time after it (the cloud's way): by up to ~0.03 in a likely
+    token's logprob here and ~5% in an alternative's, so values agree to 0.05 (alternatives: 10%). A row
+    off by one position would be off by far more, and would list other alternatives (the first two
+    tokens' logprobs are -1.50 and -0.36)."""
+    messages, n = [{"role": "user", "content": "Name three prime numbers."}], 8
+    ids = real_target.tokenizer.chat_prompt(messages)
+    real_target.reset()
+    with CloudServerThread(real_target, ServerConfig(port=0, max_sessions=2)) as cloud:
+        defaults = EdgeConfig(rule="greedy", max_tokens=n, connect=ConnectConfig(port=cloud.port))
+        with EdgeApiThread(EdgeService([real_draft], ServeConfig(port=0, defaults=defaults))) as api:
+            c = openai.OpenAI(base_url=api.url + "/v1", api_key="x", max_retries=0, timeout=120)
+            r = c.chat.completions.create(model="acespec", messages=messages, max_tokens=n, temperature=0.0,
+                                          logprobs=True, top_logprobs=3, extra_body={"mode": "cloud-only"})
+    content = r.choices[0].logprobs.content
+    assert len(content) == n and b"".join(bytes(e.bytes) for e in content) == r.choices[0].message.content.encode()
+    real_target.reset()
+    ref = generate(real_target, ids, SpecConfig(rule="greedy", temperature=0.0, max_tokens=n, spec=False)).tokens
+    for i, e in enumerate(content):
+        real_target.reset()
+        [(lp, top)] = token_logprobs(real_target.eval(ids + ref[:i], last=1), np.asarray([ref[i]]), 5)
+        assert bytes(e.bytes) == real_target.tokenizer.decode_bytes([ref[i]]), i
+        assert e.logprob == pytest.approx(lp, abs=0.05)
+        assert len(e.top_logprobs) == 3 and e.top_logprobs[0].bytes == e.bytes  # greedy: the token is the likeliest
+        # near-ties among the alternatives may change places under other rounding: each listed one must be
+        # among the reference's five likeliest, at its value
+        ref_top = {real_target.tokenizer.decode_bytes([t]): x for t, x in top}
+        for a in e.top_logprobs:
+            assert a.logprob == pytest.approx(ref_top[bytes(a.bytes)], rel=0.1, abs=0.05), (i, a)
