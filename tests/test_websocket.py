@@ -361,6 +361,10 @@ def test_the_port_serves_the_browser_edge_and_its_info(cloud):
     with pytest.raises(urllib.error.HTTPError) as e:
         urllib.request.urlopen(base + "/elsewhere", timeout=IO_TIMEOUT_S)
     assert e.value.code == 426  # not a page, and not a WebSocket upgrade
+    for path in ("/", "/info", "/elsewhere"):  # the port answers GET only
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(urllib.request.Request(base + path, method="POST"), timeout=IO_TIMEOUT_S)
+        assert e.value.code == 405 and "GET only" in json.loads(e.value.read())["error"]
 
 
 def test_the_port_tokenizes_and_detokenizes_with_the_targets_tokenizer(cloud):

@@ -20,7 +20,8 @@ codec), `/info` (the target's name and tokenizer fingerprint, which HELLO must n
 tokenizer, so a page can send text and show text: `/tokenize?text=...` -> {"ids": [...]} and
 `/detokenize?ids=1,2,3` -> {"text": "...", "bytes_b64": "..."} (the bytes, for a chunk that ends inside
 a character). A request line is at most 8 KiB (the WebSocket library's HTTP limit).
-Any other request that is not a WebSocket upgrade gets the library's own refusal (426).
+A request with another method gets 405, and any other GET that is not a WebSocket upgrade gets the
+library's own refusal (426).
 """
 
 from __future__ import annotations
@@ -287,6 +288,8 @@ class WsListener:
     def _static(self, conn: ServerConnection, request: Request) -> Response | None:
         if request.headers.get("Upgrade", "").lower() == "websocket":
             return None  # the opening handshake goes on
+        if request.method != "GET":
+            return _error(conn, http.HTTPStatus.METHOD_NOT_ALLOWED, f"{request.method}: this port answers GET only")
         path, _, query = request.path.partition("?")
         if path == "/info":
             return _response(conn, self._info, "application/json")
