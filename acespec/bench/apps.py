@@ -91,6 +91,11 @@ def add_parser(bench_subparsers: argparse._SubParsersAction) -> argparse.Argumen
     )
     p.add_argument("--drafters", type=pos_int, default=1, help="drafters the edge loads (default 1)")
     p.add_argument(
+        "--shared-drafter",
+        action="store_true",
+        help="the edge's drafters are views of one model (edge serve --shared-drafter): concurrent drafts share a pass",
+    )
+    p.add_argument(
         "--lead-pass-budget",
         type=pos_float_or_inf,
         default=math.inf,
@@ -209,7 +214,7 @@ def _start_stack(args: argparse.Namespace, rtt: int, kids: ChildProcesses) -> in
         n_ctx=args.n_ctx,
         rtt_ms=rtt,
         serve=serve + ([] if args.prefix_reuse else ["--no-prefix-reuse"]),
-        edge_serve=["--drafters", str(args.drafters)],
+        edge_serve=["--drafters", str(args.drafters)] + (["--shared-drafter"] if args.shared_drafter else []),
     ).api_port
 
 

@@ -29,6 +29,7 @@ _BENCH_MODULES = (
     "acespec.bench.plugin_cost",
     "acespec.bench.peer",
     "acespec.bench.apps",
+    "acespec.bench.drafters",
 )
 
 

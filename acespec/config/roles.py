@@ -206,6 +206,7 @@ class EdgeServeRole(EdgeOptions):
     port: int = 8000  # HTTP port; 0 = any free port, printed at start
     served_model_name: str = "acespec"  # the model name clients use
     drafters: int = 1  # drafters loaded, i.e. generations that draft at once; more requests wait in line
+    shared_drafter: bool = False  # the drafters are views of one model: drafts asked at once share one batched pass
     max_waiting: int = 64  # requests that may wait for a drafter; more get 503
     sampling: SamplingConfig = field(default_factory=lambda: SamplingConfig(rule="coupled", seed=None))
 

@@ -19,7 +19,8 @@ import sys
 
 from acespec.config import EdgeServeRole, add_cli_args, add_config_arg, resolve
 from acespec.edge.options import serve_config, serve_drafter_options
-from acespec.models import load_model
+from acespec.models import Model, load_model
+from acespec.models.shared import SharedModel
 
 # whole seconds: uvicorn types its timeout_graceful_shutdown as an int
 SHUTDOWN_GRACE_S = 5  # on Ctrl-C / SIGTERM, requests in flight get this long to finish before they are stopped
@@ -36,9 +37,21 @@ def build_service(role: EdgeServeRole):
     """The EdgeService the settings describe, drafters loaded."""
     from acespec.edge.api import EdgeService  # heavy: FastAPI and pydantic, only for the command that serves HTTP
 
-    cfg = serve_config(role)
-    drafters = [load_model(role.draft, n_ctx=role.n_ctx, **serve_drafter_options(role)) for _ in range(role.drafters)]
-    return EdgeService(drafters, cfg)
+    return EdgeService(load_drafters(role), serve_config(role))
+
+
+def load_drafters(role: EdgeServeRole) -> list[Model]:
+    """`--drafters N` models, or, with `--shared-drafter`, N views of one model that holds every view's KV
+    sequences (and N times the context), whose drafts asked at once run as one batched pass."""
+    opts = serve_drafter_options(role)
+    if not role.shared_drafter or role.drafters == 1:
+        return [load_model(role.draft, n_ctx=role.n_ctx, **opts) for _ in range(role.drafters)]
+    per = opts.get("n_slots", 1)  # each view's own sequences (its forks)
+    if opts:  # llama.cpp: one unified KV cache for every view's sequences
+        base = load_model(role.draft, n_ctx=role.n_ctx * role.drafters, n_slots=per * role.drafters)
+    else:
+        base = load_model(role.draft, n_ctx=role.n_ctx)
+    return list(SharedModel(base, role.drafters, slots_per_view=per, n_ctx=role.n_ctx).views)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
