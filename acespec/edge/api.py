@@ -5,9 +5,10 @@
 
 Requests speak OpenAI's schema (`model`, `max_tokens` / `max_completion_tokens`, `temperature`, `top_p`,
 `seed`, `stop`, `n` = 1, `stream`, `stream_options.include_usage`, and `logprobs` / `top_logprobs` in the
-streaming modes, see `edge/logprobs.py`); AceSpec's own choices ride in extra body fields, as vLLM's do: `rule` (e.g. coupled, strict, cactus:delta=0.35), `k`, `top_k`, `mode`
-(auto, the default; acespec, pipelined, sync, cloud-only, cloud-led) and `marks` (stream every token's text and origin and the
-round's K, RTT and acceptance under `acespec` in each chunk; the web page asks for it). What a request
+streaming modes, see `edge/logprobs.py`); AceSpec's own choices ride in extra body fields, as vLLM's do:
+`rule` (e.g. coupled, strict, cactus:delta=0.35), `k`, `top_k`, `mode` (auto, the default; acespec,
+pipelined, sync, cloud-only, cloud-led) and `marks` (stream every token's text and origin and the round's
+K, RTT and acceptance under `acespec` in each chunk; the web page asks for it). What a request
 leaves out takes the value the server was started with. `usage` adds `accepted_tokens`,
 `drafted_tokens`, `target_passes`, `cache_hits` and `cache_lookups` to OpenAI's token counts.
 
@@ -114,6 +115,10 @@ class _Body(BaseModel):
         _no_lone_surrogates(data)
         return data
 
+    def logprobs_asked(self) -> int:
+        """HELLO.logprobs for this body (0: none; 1 + m: each token's log-probability and the m likeliest)."""
+        return 0
+
     model: str
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)  # chat's newer name; validated on both routes
@@ -144,7 +149,6 @@ class ChatBody(_Body):
     top_logprobs: int | None = Field(None, ge=0, le=wire.MAX_TOP_LOGPROBS)
 
     def logprobs_asked(self) -> int:
-        """HELLO.logprobs for this body (0: none; 1 + m: each token's and the m likeliest)."""
         if self.top_logprobs and not self.logprobs:
             raise ApiError(400, "`top_logprobs` needs `logprobs: true`", param="top_logprobs")
         return 1 + (self.top_logprobs or 0) if self.logprobs else 0
@@ -233,7 +237,7 @@ class EdgeService:
         if len(stop) > MAX_STOP:
             raise ApiError(400, f"at most {MAX_STOP} stop strings", param="stop")
         mode = body.mode or self.cfg.default_mode
-        logprobs = body.logprobs_asked()  # type: ignore[attr-defined]  # both routes' bodies define it
+        logprobs = body.logprobs_asked()
         if logprobs and mode not in STREAMING_MODES:
             raise ApiError(
                 400,
