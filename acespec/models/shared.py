@@ -29,7 +29,6 @@ import numpy as np
 
 from acespec.models.base import ContextOverflowError, Model, ModelError
 
-
 GATHER_PASSES = 4  # a view that asked within this many passes' time counts as drafting
 GATHER_SHARE = 0.2  # the longest wait for drafting views to queue, as a share of a pass
 GATHER_MAX_S = 0.01  # ... and in seconds
