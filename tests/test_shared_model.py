@@ -79,8 +79,17 @@ def test_a_views_forks_and_rollbacks_touch_only_its_own_sequences():
         SharedModel(drafter(n_slots=4), 2, slots_per_view=3)
 
 
-def test_a_bad_request_fails_alone_and_the_ones_sharing_its_pass_still_get_their_rows():
-    shared = SharedModel(drafter(pass_s=0.05), 3)
+class FailsOn13(PassCostToy):
+    """A model whose pass fails when any sequence in it holds token 13 (as a runtime's decode can fail)."""
+
+    def _eval_batch(self, items):
+        if any(13 in new for _, new, _ in items):
+            raise ModelError("decode failed")
+        return super()._eval_batch(items)
+
+
+def test_a_request_whose_pass_fails_fails_alone_and_the_ones_sharing_its_pass_still_get_their_rows():
+    shared = SharedModel(FailsOn13(vocab=V, seed=1, pass_s=0.3), 3)
     first = threading.Event()
     out: dict = {}
 
@@ -94,17 +103,20 @@ def test_a_bad_request_fails_alone_and_the_ones_sharing_its_pass_still_get_their
 
     threads = [threading.Thread(target=ask, args=(0, [1, 2]))]
     threads[0].start()
-    while shared.requests < 1:  # the first pass is under way (it takes 50 ms): the next two share one
+    while shared.requests < 1:  # the first pass is under way (it takes 300 ms): the next two share one
         pass
     first.set()
-    threads += [threading.Thread(target=ask, args=(1, [1, V + 5])), threading.Thread(target=ask, args=(2, [4, 5]))]
+    threads += [threading.Thread(target=ask, args=(1, [1, 13])), threading.Thread(target=ask, args=(2, [4, 5]))]
     for t in threads[1:]:
         t.start()
     for t in threads:
         t.join(10)
-    assert isinstance(out[1], ModelError) and "outside the vocabulary" in str(out[1])
+    assert isinstance(out[1], ModelError) and "decode failed" in str(out[1])
     assert out[0].shape == (1, V) and out[2].shape == (1, V) and shared.views[2].tokens == [4, 5]
-    assert shared.views[1].tokens == []  # nothing of the bad request was kept
+    assert shared.views[1].tokens == []  # nothing of the failed request was kept
+    assert shared.passes == 2 < shared.requests  # 1 and 2 shared the second pass (then each ran alone)
+    with pytest.raises(ModelError, match="outside the vocabulary"):  # what the view can check, it checks first
+        shared.views[1].eval([V + 5])
 
 
 def test_four_chats_at_once_through_the_api_on_one_shared_drafter_give_cloud_only_text():

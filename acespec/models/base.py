@@ -100,9 +100,17 @@ class Model(ABC):
 
     def eval(self, new: Sequence[int], last: int | None = None) -> np.ndarray:
         """Append `new` to the KV cache; return logits [len(new), vocab_size], or only the `last` rows."""
-        new = [int(t) for t in new]
+        new, want = self._checked(new, last)
         if not new:
             return np.zeros((0, self.vocab_size), dtype=np.float32)
+        logits = self._eval(new, want)
+        self.tokens.extend(new)
+        return logits
+
+    def _checked(self, new: Sequence[int], last: int | None) -> tuple[list[int], int]:
+        """`eval`'s arguments checked against the active sequence's room and the vocabulary: (the tokens as
+        ints, how many logits rows to return)."""
+        new = [int(t) for t in new]
         if len(self.tokens) + len(new) > self.n_ctx:
             raise ContextOverflowError(
                 f"{self.name}: {len(self.tokens)} + {len(new)} tokens exceed the context window of {self.n_ctx}"
@@ -110,10 +118,7 @@ class Model(ABC):
         for t in new:
             if not 0 <= t < self.vocab_size:
                 raise ModelError(f"{self.name}: token id {t} outside the vocabulary [0, {self.vocab_size})")
-        want = len(new) if last is None else max(0, min(int(last), len(new)))
-        logits = self._eval(new, want)
-        self.tokens.extend(new)
-        return logits
+        return new, len(new) if last is None else max(0, min(int(last), len(new)))
 
     def eval_many(self, items: Sequence[tuple[int, Sequence[int]]]) -> list[np.ndarray]:
         """Append tokens to several sequences at once: `items` is (slot, new tokens) per sequence, each

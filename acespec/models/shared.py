@@ -168,14 +168,10 @@ class SlotView(Model):
         return self.first + slot
 
     def eval(self, new: Sequence[int], last: int | None = None) -> np.ndarray:
-        new = [int(t) for t in new]
+        # the base model appends the tokens to this view's sequence (the same list) in the shared pass
+        new, want = self._checked(new, last)
         if not new:
             return np.zeros((0, self.vocab_size), dtype=np.float32)
-        if len(self.tokens) + len(new) > self.n_ctx:
-            raise ContextOverflowError(
-                f"{self.name}: {len(self.tokens)} + {len(new)} tokens exceed the context window of {self.n_ctx}"
-            )
-        want = len(new) if last is None else max(0, min(int(last), len(new)))
         return self.shared.evaluate(self.first, [(self._base(self.slot), new, want)])[0]
 
     def eval_batch(self, items: Sequence[tuple[int, Sequence[int], int]]) -> list[np.ndarray]:
