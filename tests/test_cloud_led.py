@@ -386,7 +386,11 @@ def test_a_branch_the_stream_takes_becomes_the_chain_and_the_text_stays_exact():
 def test_the_uplink_backs_off_while_the_cloud_verifies_none_of_its_drafts():
     """A cloud whose pricer never finds a draft worth its pass: the edge stops drafting and uploading
     after 16 such steps, but for one short draft per 16, 32, 64, 64, ... steps, and the text is still
-    cloud-only's. The first step that verifies a draft brings uploads back at once."""
+    cloud-only's. The first step that verifies a draft brings uploads back at once. This is about the
+    cloud's verdicts, so the drafts always arrive in time (a lazy cloud steps only when the edge waits)
+    and the drafter's clock is frozen: on a loaded machine a toy cloud outruns the drafter, its steps
+    then verify none of the late drafts in either run, and the uplink rightly backs off in both (a CI run
+    beside a busy suite sent 23 drafts in the priced run, not > 30)."""
     from acespec.loop.follow import UplinkBackoff
 
     sp, rs = SamplingParams(0.0), RuleSpec.parse("greedy")
@@ -394,8 +398,8 @@ def test_the_uplink_backs_off_while_the_cloud_verifies_none_of_its_drafts():
     for name, cfg in (("never", LeadConfig(k_max=4, prior_accept=1e-3, probe_every=10**9)),
                       ("priced", LeadConfig(k_max=4, prior_row_cost=0.0))):
         v = TargetVerifier(TARGET, PROMPT, sampling=sp, rule=rs, max_tokens=200)
-        link = LocalLeadLink(v, config=cfg)
-        drafter = ChainDrafter(GOOD_DRAFT, sampling=sp, rule=rs)
+        link = LocalLeadLink(v, config=cfg, lazy=True)
+        drafter = ChainDrafter(GOOD_DRAFT, sampling=sp, rule=rs, clock=lambda: 0.0)
         drafter.model.reset()
         loop = FollowLoop(link, PROMPT, drafter=drafter, config=FollowConfig(max_tokens=200, max_lead=6))
         outs[name] = (loop.run(), loop.drafts_sent)
