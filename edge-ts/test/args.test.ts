@@ -1,12 +1,11 @@
 // The command line: bad arguments get a clear error and a non-zero exit, before anything is loaded.
 
 import assert from "node:assert/strict";
-import { mkdtempSync, writeFileSync } from "node:fs";
-import { tmpdir } from "node:os";
+import { writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { describe, it } from "node:test";
 import { parseCli, UsageError } from "../src/args.js";
-import { CLI, run } from "./helpers.js";
+import { CLI, run, scratchDir } from "./helpers.js";
 
 const ok = ["--cloud", "127.0.0.1:7070", "--prompt", "hi", "--draft", CLI]; // any existing file stands in for the GGUF
 
@@ -27,7 +26,7 @@ describe("the command line", () => {
   });
 
   it("sends the token file's bytes less surrounding ASCII whitespace, as the Python edge does", () => {
-    const file = join(mkdtempSync(join(tmpdir(), "acespec-edge-ts-")), "token");
+    const file = join(scratchDir(), "token");
     writeFileSync(file, Buffer.from([0x20, 0x0a, 0xa0, 0x61, 0x62, 0x20, 0x63, 0xa0, 0x0d, 0x0a]));
     assert.deepEqual(Array.from(parseCli([...ok, "--token-file", file]).cfg.connect.token), [0xa0, 0x61, 0x62, 0x20, 0x63, 0xa0]);
     writeFileSync(file, " \n");

@@ -3,14 +3,13 @@
 
 import assert from "node:assert/strict";
 import { spawnSync } from "node:child_process";
-import { mkdtempSync, writeFileSync } from "node:fs";
-import { tmpdir } from "node:os";
+import { writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { after, before, describe, it } from "node:test";
 import { CloudSession, ConnectConfig, connectConfig, EdgeError, sleep } from "../src/client.js";
 import { cloudOnly } from "../src/modes.js";
 import { ErrorCode, FrameType, hello, Mode } from "../src/wire/frames.js";
-import { Cloud, pyEnv, python, PY_ROOT, run, startCloud } from "./helpers.js";
+import { Cloud, pyEnv, python, PY_ROOT, run, scratchDir, startCloud } from "./helpers.js";
 
 const py = python(false);
 const skip = py === null ? "no Python with acespec to run `acespec serve` (set ACESPEC_PYTHON)" : false;
@@ -36,7 +35,7 @@ async function generate(cfg: ConnectConfig, maxTokens: number): Promise<number[]
 }
 
 describe("the session client against a live toy cloud", { skip, timeout: 120_000 }, () => {
-  const dir = mkdtempSync(join(tmpdir(), "acespec-edge-ts-"));
+  const dir = scratchDir();
   let plain: Cloud, tls: Cloud, busy: Cloud;
   let reference: number[];
   const quick = { reconnectAttempts: 3, backoffMs: 10, replyTimeoutMs: 10_000 };

@@ -2,8 +2,9 @@
 // `acespec serve` started on loopback for the live tests.
 
 import { ChildProcess, spawn, spawnSync } from "node:child_process";
-import { existsSync, readFileSync } from "node:fs";
+import { existsSync, mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { createServer } from "node:net";
+import { tmpdir } from "node:os";
 import { dirname, join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 import { Frame, FrameType } from "../src/wire/frames.js";
@@ -98,6 +99,17 @@ export function python(llama = true): string | null {
 
 /** Where the acespec package that the Python side runs lives: this repository, or ACESPEC_PYTHONPATH. */
 export const PY_ROOT = process.env.ACESPEC_PYTHONPATH || REPO_DIR;
+
+const scratch: string[] = [];
+process.on("exit", () => { for (const d of scratch) rmSync(d, { recursive: true, force: true }); });
+
+/** A fresh directory under the system's temporary one, removed when the test process exits (a CI machine
+ *  runs the suite many times; nothing a test writes should outlive it). */
+export function scratchDir(): string {
+  const d = mkdtempSync(join(tmpdir(), "acespec-edge-ts-"));
+  scratch.push(d);
+  return d;
+}
 
 export function pyEnv(): NodeJS.ProcessEnv {
   // the repository's own acespec package, whichever interpreter runs it (`python -m` puts the working

@@ -5,13 +5,12 @@
 
 import assert from "node:assert/strict";
 import { writeFileSync } from "node:fs";
-import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { after, describe, it } from "node:test";
 import { connectConfig, Link, tcpConnect } from "../src/client.js";
 import { encode } from "../src/wire/codec.js";
 import { Frame, FrameType } from "../src/wire/frames.js";
-import { Cloud, frameFromJson, frameToJson, hex, python, startCloud, vectors, VECTORS_DIR } from "./helpers.js";
+import { Cloud, frameFromJson, frameToJson, hex, python, scratchDir, startCloud, vectors, VECTORS_DIR } from "./helpers.js";
 
 const V = vectors("sessions.json");
 const py = V === null ? null : python(false);
@@ -29,7 +28,7 @@ function cloudFor(session: any): Promise<Cloud> {
   const srv = session.server ?? {};
   if (srv.max_sessions) args.push("--max-sessions", String(srv.max_sessions));
   if (srv.tenants) {
-    const file = join(tmpdir(), `acespec-edge-ts-tenants-${process.pid}-${clouds.size}`);
+    const file = join(scratchDir(), "tenants");
     writeFileSync(file, Object.entries(srv.tenants).map(([name, tok]) => `${name}:${tok}`).join("\n") + "\n");
     args.push("--token-file", file);
   }

@@ -3,12 +3,12 @@
 // unused ids empty), the fingerprint over them, and plain text that leaves control tokens out.
 
 import assert from "node:assert/strict";
-import { mkdtempSync, writeFileSync } from "node:fs";
-import { tmpdir } from "node:os";
+import { writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { describe, it } from "node:test";
 import { readGgufMetadata } from "../src/gguf.js";
 import { Vocab, vocabFingerprint } from "../src/vocab.js";
+import { scratchDir } from "./helpers.js";
 
 function str(s: string): Buffer {
   const b = Buffer.from(s, "utf8");
@@ -38,7 +38,7 @@ function tinyGguf(tokens: string[], types: number[]): string {
     Buffer.concat([str("tokenizer.ggml.eos_token_id"), u32(4), u32(3)]),
     Buffer.concat([str("tokenizer.chat_template"), u32(8), str("{{ messages[0]['content'] }}")]),
   ];
-  const file = join(mkdtempSync(join(tmpdir(), "acespec-edge-ts-")), "tiny.gguf");
+  const file = join(scratchDir(), "tiny.gguf");
   writeFileSync(file, Buffer.concat([Buffer.from("GGUF"), u32(3), u64(0), u64(kv.length), ...kv]));
   return file;
 }
@@ -73,7 +73,7 @@ describe("a GGUF vocabulary", () => {
   });
 
   it("refuses a file that is not GGUF", () => {
-    const file = join(mkdtempSync(join(tmpdir(), "acespec-edge-ts-")), "not.gguf");
+    const file = join(scratchDir(), "not.gguf");
     writeFileSync(file, "GGML and then some");
     assert.throws(() => readGgufMetadata(file), /is not a GGUF file/);
   });
