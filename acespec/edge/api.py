@@ -3,7 +3,7 @@
     POST /v1/chat/completions, /v1/completions   (streaming with "stream": true: server-sent events)
     GET  /v1/models, /health, /metrics (Prometheus), /  (the live web page)
 
-Requests speak OpenAI's schema (`model`, `max_tokens` / `max_completion_tokens`, `temperature`, `top_p`,
+Requests speak OpenAI's schema (`edge/schema.py`: `model`, `max_tokens` / `max_completion_tokens`, `temperature`, `top_p`,
 `seed`, `stop`, `n` = 1, `stream`, `stream_options.include_usage`, and `logprobs` / `top_logprobs` in the
 streaming modes, see `edge/logprobs.py`); AceSpec's own choices ride in extra body fields, as vLLM's do:
 `rule` (e.g. coupled, strict, cactus:delta=0.35), `k`, `top_k`, `mode` (auto, the default; acespec,
@@ -29,13 +29,12 @@ import threading
 import time
 import uuid
 from importlib import resources
-from typing import Any, Literal
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import BaseModel, ConfigDict, Field, model_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from acespec import wire
@@ -44,6 +43,7 @@ from acespec.edge.client import EdgeError
 from acespec.edge.logprobs import LogprobLog
 from acespec.edge.metrics import EdgeMetrics
 from acespec.edge.runtime import STREAMING_MODES
+from acespec.edge.schema import UNSUPPORTED, ChatBody, CompletionBody, RequestBody
 from acespec.edge.service import (
     MAX_STOP,
     ApiError,
@@ -64,102 +64,6 @@ from acespec.models.base import Model, ModelError
 from acespec.verify import RuleSpec, RuleSpecError
 
 DISCONNECT_POLL_S = 0.25  # how often a request that is not streaming yet checks that its client is still there
-# OpenAI fields the edge cannot honour: refused when set to anything but their neutral value
-_UNSUPPORTED: dict[str, tuple] = {
-    "echo": (None, False),
-    "best_of": (None, 1),
-    "suffix": (None, ""),
-    "tools": (None, []),
-    "functions": (None, []),
-    "logit_bias": (None, {}),
-    "presence_penalty": (None, 0, 0.0),
-    "frequency_penalty": (None, 0, 0.0),
-}
-
-
-# ------------------------------------------------------------------------------------------ schema
-class StreamOptions(BaseModel):
-    include_usage: bool = False
-
-
-class PredictionContent(BaseModel):
-    """OpenAI's Predicted Outputs: text most of the answer is expected to repeat (e.g. the file being edited)."""
-
-    type: Literal["content"]
-    content: str | list[dict[str, Any]]
-
-
-def _no_lone_surrogates(value: Any, where: str = "body") -> None:
-    """JSON may carry a lone surrogate ("\\ud800"), which no UTF-8 text can hold: refuse it here (422)
-    rather than fail later while tokenizing, or while writing the error that names it."""
-    if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            raise ValueError(f"{where} holds a lone surrogate, which is not valid Unicode text") from None
-    elif isinstance(value, dict):
-        for k, v in value.items():
-            _no_lone_surrogates(k, where)
-            _no_lone_surrogates(v, f"{where}.{k}" if isinstance(k, str) else where)
-    elif isinstance(value, list):
-        for v in value:
-            _no_lone_surrogates(v, where)
-
-
-class _Body(BaseModel):
-    model_config = ConfigDict(extra="allow")  # OpenAI fields the edge does not use are ignored, as vLLM does
-
-    @model_validator(mode="before")
-    @classmethod
-    def _valid_text(cls, data: Any) -> Any:
-        _no_lone_surrogates(data)
-        return data
-
-    def logprobs_asked(self) -> int:
-        """HELLO.logprobs for this body (0: none; 1 + m: each token's log-probability and the m likeliest)."""
-        return 0
-
-    model: str
-    max_tokens: int | None = Field(None, ge=1)
-    max_completion_tokens: int | None = Field(None, ge=1)  # chat's newer name; validated on both routes
-    temperature: float | None = Field(None, ge=0, le=100)
-    top_p: float | None = Field(None, gt=0, le=1)
-    seed: int | None = Field(None, ge=0, lt=1 << 64)
-    stop: str | list[str] | None = None
-    n: int = 1
-    stream: bool = False
-    stream_options: StreamOptions | None = None
-    prediction: PredictionContent | None = None
-    # AceSpec's own (extra body fields)
-    rule: str | None = None
-    k: int | None = Field(None, ge=0, le=64)
-    top_k: int | None = Field(None, ge=0, le=1 << 31)  # past any vocabulary it changes nothing; the wire takes 64 bits
-    mode: Literal["auto", "acespec", "pipelined", "sync", "cloud-only", "cloud-led"] | None = None
-    marks: bool = False
-
-
-class ChatMessage(BaseModel):
-    role: str
-    content: str | list[dict[str, Any]] | None = None
-
-
-class ChatBody(_Body):
-    messages: list[ChatMessage] = Field(min_length=1)
-    logprobs: bool | None = None
-    top_logprobs: int | None = Field(None, ge=0, le=wire.MAX_TOP_LOGPROBS)
-
-    def logprobs_asked(self) -> int:
-        if self.top_logprobs and not self.logprobs:
-            raise ApiError(400, "`top_logprobs` needs `logprobs: true`", param="top_logprobs")
-        return 1 + (self.top_logprobs or 0) if self.logprobs else 0
-
-
-class CompletionBody(_Body):
-    prompt: str | list[int] | list[str]
-    logprobs: int | None = Field(None, ge=0, le=wire.MAX_TOP_LOGPROBS, strict=True)
-
-    def logprobs_asked(self) -> int:
-        return 0 if self.logprobs is None else 1 + self.logprobs
 
 
 # ------------------------------------------------------------------------------------------ service
@@ -191,7 +95,7 @@ class EdgeService:
             time.sleep(0.02)
         return True
 
-    def request(self, body: _Body, prompt: list[int]) -> GenRequest:
+    def request(self, body: RequestBody, prompt: list[int]) -> GenRequest:
         """Check a request against what this edge can serve; ApiError says why not."""
         if body.model != self.cfg.served_model:
             raise ApiError(
@@ -202,7 +106,7 @@ class EdgeService:
             )
         if body.n != 1:
             raise ApiError(400, "only n = 1 is supported", param="n")
-        for name, neutral in _UNSUPPORTED.items():
+        for name, neutral in UNSUPPORTED.items():
             if (body.model_extra or {}).get(name) not in neutral:
                 raise ApiError(400, f"`{name}` is not supported by this edge", param=name)
         fmt = (body.model_extra or {}).get("response_format")
@@ -520,7 +424,7 @@ def create_app(svc: EdgeService) -> FastAPI:
     async def completions(body: CompletionBody, request: Request):
         return await _serve(request, body, svc.request(body, svc.completion_prompt(body)), chat=False)
 
-    async def _serve(request: Request, body: _Body, req: GenRequest, *, chat: bool):
+    async def _serve(request: Request, body: RequestBody, req: GenRequest, *, chat: bool):
         gen = ApiGeneration(svc, req)
         ans = _Answer(svc, req, chat)
         try:
