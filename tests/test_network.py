@@ -37,7 +37,8 @@ from acespec.cloud.server import CloudServerThread, ServerConfig
 from acespec.control.depth import FixedDepth
 from acespec.draft.chain import ChainDrafter
 from acespec.edge import client as edge_client
-from acespec.edge.client import ConnectConfig, TcpTransport
+from acespec.edge.client import ConnectConfig
+from acespec.edge.transports import TcpTransport
 from acespec.edge.runtime import EdgeConfig, run_edge
 from acespec.loop import SpecConfig, generate
 from acespec.loop.loop import LocalTransport, LoopConfig, SpecLoop
@@ -459,7 +460,7 @@ def test_strict_over_the_network_samples_the_target_distribution(tiny_cloud, mod
 
 def test_dense_row_survives_the_wire_bit_for_bit():
     """The float32 round trip of a sparse row (edge -> wire -> cloud) is exact, whatever the row."""
-    from acespec.edge.client import sparse_rows
+    from acespec.edge.transports import sparse_rows
     from acespec.verify.sampling import sparse_top
 
     rng = np.random.default_rng(0)

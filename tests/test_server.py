@@ -1010,7 +1010,8 @@ def test_an_edge_keeps_bounded_state_over_a_long_generation():
     from acespec.control.depth import FixedDepth
     from acespec.draft.cache import CacheConfig, StateCache
     from acespec.draft.chain import ChainDrafter
-    from acespec.edge.client import CloudSession, TcpTransport
+    from acespec.edge.client import CloudSession
+    from acespec.edge.transports import TcpTransport
     from acespec.loop.transport import RTT_SAMPLES_KEPT
     from acespec.loop.loop import LoopConfig, SpecLoop
     from acespec.verify import RuleSpec, SamplingParams

@@ -36,7 +36,8 @@ from acespec.control.depth import DEFAULT_PASS_BUDGET, DepthPolicy, make_policy
 from acespec.draft.cache import CacheConfig, StateCache
 from acespec.draft.chain import ChainDrafter
 from acespec.draft.prediction import PredictedDrafter, Prediction
-from acespec.edge.client import CloudSession, ConnectConfig, EdgeError, TcpLeadLink, TcpTransport, link_failure
+from acespec.edge.client import CloudSession, ConnectConfig, EdgeError, link_failure
+from acespec.edge.transports import TcpLeadLink, TcpTransport
 from acespec.loop.contention import ContentionGuard
 from acespec.loop.follow import FollowConfig, FollowLoop, StreamError
 from acespec.loop.handoff import ThreadJob

@@ -2,7 +2,7 @@
 
 A `Transport` carries `Block`s to a target and brings its `BlockVerdict`s back in block order. The loop
 does not care whether the target is a direct call (`LocalTransport`), a TCP connection through a WAN
-(`acespec.edge.client.TcpTransport`) or a simulated link on a virtual clock; it only needs the same
+(`acespec.edge.transports.TcpTransport`) or a simulated link on a virtual clock; it only needs the same
 few facts about every link, so they are declared here rather than probed for:
 
 - `rtt_samples`: recent round trips, each a verdict's arrival minus its block's send minus the
