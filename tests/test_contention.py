@@ -27,7 +27,8 @@ from acespec.draft.chain import ChainDrafter
 from acespec.edge.client import ConnectConfig
 from acespec.edge.runtime import EdgeConfig, run_edge
 from acespec.loop.contention import ContentionConfig, ContentionGuard, CoreLoad
-from acespec.loop.follow import FollowConfig, FollowLoop, StepChunk
+from acespec.loop.follow import FollowConfig, FollowLoop
+from acespec.loop.transport import StepChunk
 from acespec.loop.lead import LocalLeadLink
 from acespec.loop.records import Disconnected
 from acespec.loop.verifier import TargetVerifier

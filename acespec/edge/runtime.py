@@ -39,11 +39,11 @@ from acespec.draft.prediction import PredictedDrafter, Prediction
 from acespec.edge.client import CloudSession, ConnectConfig, EdgeError, link_failure
 from acespec.edge.transports import TcpLeadLink, TcpTransport
 from acespec.loop.contention import ContentionGuard
-from acespec.loop.follow import FollowConfig, FollowLoop, StreamError
+from acespec.loop.follow import FollowConfig, FollowLoop
 from acespec.loop.handoff import ThreadJob
 from acespec.loop.loop import ORIGIN_TARGET, LoopConfig, LoopResult, Round, SpecLoop
 from acespec.loop.stats import RunStats
-from acespec.loop.transport import Clock, Transport
+from acespec.loop.transport import Clock, StreamError, Transport
 from acespec.models.base import Model
 from acespec.verify import RuleSpec, SamplingParams
 

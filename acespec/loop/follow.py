@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import math
 import time
-from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -54,48 +53,7 @@ from acespec.loop.handoff import DrafterHandoff, DrafterJob, Spawn
 from acespec.loop.loop import ORIGIN_DRAFT, ORIGIN_TARGET, LoopResult, Round
 from acespec.loop.records import Disconnected
 from acespec.loop.stats import RunStats
-from acespec.loop.transport import Clock
-
-
-class StreamError(RuntimeError):
-    """The cloud's stream does not fit what the edge holds (a gap, or a resume at another length)."""
-
-
-@dataclass(frozen=True)
-class StepChunk:
-    """One cloud-led step as the edge receives it (a TOKENS frame with HAS_STEP)."""
-
-    start: int  # position of tokens[0]
-    tokens: tuple[int, ...]
-    finished: bool
-    drafted: int  # draft tokens the step verified (0: a plain step)
-    accepted: int  # of which kept
-    verify_s: float  # the step's target time
-    arrived: float  # when the edge received it (the loop's clock)
-    logprobs: tuple | None = None  # per token, when the session asked (TOKENS' HAS_LOGPROBS)
-
-
-class LeadLink(ABC):
-    """The edge's view of a cloud-led session: steps down, drafts up."""
-
-    @abstractmethod
-    def recv(self, timeout: float | None) -> StepChunk | Disconnected | None:
-        """The next step (None if none within `timeout`; 0 = poll)."""
-
-    @abstractmethod
-    def send_draft(
-        self, base: int, tokens: Sequence[int], q: np.ndarray | None, parents: Sequence[int] | None = None
-    ) -> None:
-        """Upload a chain that follows committed length `base` (a tree with `parents`, the wire's
-        convention); `q`: [n, V] for rules that need it."""
-
-    def resume(self, committed: Sequence[int]) -> int:
-        """Reconnect; the cloud goes on streaming after the agreed committed length (returned)."""
-        raise StreamError("this link cannot reconnect")
-
-    def rtt_s(self) -> float | None:
-        """The link's round-trip time as measured so far, if it knows it."""
-        return None
+from acespec.loop.transport import Clock, LeadLink, StepChunk, StreamError
 
 
 @dataclass

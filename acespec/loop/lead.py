@@ -17,9 +17,8 @@ import numpy as np
 
 from acespec.control.lead import LeadConfig, LeadMemory, LeadPricer
 from acespec.loop.board import BoardDraft, DraftBoard, SparseRow
-from acespec.loop.follow import LeadLink, StepChunk
 from acespec.loop.records import Disconnected
-from acespec.loop.transport import Clock
+from acespec.loop.transport import Clock, LeadLink, StepChunk
 from acespec.loop.verifier import BlockVerdict, TargetVerifier
 from acespec.verify.sampling import dense_row, sparse_top
 

@@ -1,4 +1,6 @@
-"""The loop's link to the target: blocks up, verdicts down, and what the link measured on the way.
+"""The loops' links to the target: for edge-led sessions blocks up, verdicts down, and what the link
+measured on the way (`Transport`); for cloud-led ones steps down, drafts up (`LeadLink`, read by
+`loop/follow.py`).
 
 A `Transport` carries `Block`s to a target and brings its `BlockVerdict`s back in block order. The loop
 does not care whether the target is a direct call (`LocalTransport`), a TCP connection through a WAN
@@ -22,6 +24,9 @@ import time
 from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
 
 from acespec.loop.records import Block, Disconnected, LinkSample
 from acespec.loop.verifier import BlockVerdict, TargetVerifier
@@ -84,3 +89,44 @@ class LocalTransport(Transport):
 
     def recv(self, timeout: float | None = None) -> BlockVerdict | None:
         return self._out.popleft() if self._out else None
+
+
+class StreamError(RuntimeError):
+    """The cloud's stream does not fit what the edge holds (a gap, or a resume at another length)."""
+
+
+@dataclass(frozen=True)
+class StepChunk:
+    """One cloud-led step as the edge receives it (a TOKENS frame with HAS_STEP)."""
+
+    start: int  # position of tokens[0]
+    tokens: tuple[int, ...]
+    finished: bool
+    drafted: int  # draft tokens the step verified (0: a plain step)
+    accepted: int  # of which kept
+    verify_s: float  # the step's target time
+    arrived: float  # when the edge received it (the loop's clock)
+    logprobs: tuple | None = None  # per token, when the session asked (TOKENS' HAS_LOGPROBS)
+
+
+class LeadLink(ABC):
+    """The edge's view of a cloud-led session: steps down, drafts up."""
+
+    @abstractmethod
+    def recv(self, timeout: float | None) -> StepChunk | Disconnected | None:
+        """The next step (None if none within `timeout`; 0 = poll)."""
+
+    @abstractmethod
+    def send_draft(
+        self, base: int, tokens: Sequence[int], q: np.ndarray | None, parents: Sequence[int] | None = None
+    ) -> None:
+        """Upload a chain that follows committed length `base` (a tree with `parents`, the wire's
+        convention); `q`: [n, V] for rules that need it."""
+
+    def resume(self, committed: Sequence[int]) -> int:
+        """Reconnect; the cloud goes on streaming after the agreed committed length (returned)."""
+        raise StreamError("this link cannot reconnect")
+
+    def rtt_s(self) -> float | None:
+        """The link's round-trip time as measured so far, if it knows it."""
+        return None

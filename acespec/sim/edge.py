@@ -25,13 +25,13 @@ from acespec.config import OLD_CHOICES
 from acespec.draft.cache import DRAFTER_SLOTS
 from acespec.draft.chain import ChainDrafter
 from acespec.edge.runtime import MODES, EdgeConfig, build_loop
-from acespec.loop.follow import FollowConfig, FollowLoop, LeadLink, StepChunk
+from acespec.loop.follow import FollowConfig, FollowLoop
 from acespec.loop.handoff import DrafterJob
 from acespec.loop.lead import LeadState
 from acespec.loop.loop import SpecLoop
 from acespec.loop.records import Block, LinkSample
 from acespec.loop.stats import RunStats
-from acespec.loop.transport import Transport
+from acespec.loop.transport import LeadLink, StepChunk, Transport
 from acespec.loop.verifier import BlockVerdict, TargetVerifier
 from acespec.net.profile import WanProfile
 from acespec.sim.cloud import CloudCost, SentBlock, SimCloud, SimCloudSession, Streamed
