@@ -27,6 +27,7 @@ from acespec.edge.client import ConnectConfig
 from acespec.edge.runtime import EdgeConfig, run_edge
 from acespec.loop import SpecConfig, generate
 from acespec.loop.board import BoardDraft, DraftBoard
+from acespec.loop.backoff import UplinkBackoff
 from acespec.loop.follow import FollowConfig, FollowLoop
 from acespec.loop.lead import LocalLeadLink
 from acespec.loop.verifier import TargetVerifier
@@ -391,8 +392,6 @@ def test_the_uplink_backs_off_while_the_cloud_verifies_none_of_its_drafts():
     and the drafter's clock is frozen: on a loaded machine a toy cloud outruns the drafter, its steps
     then verify none of the late drafts in either run, and the uplink rightly backs off in both (a CI run
     beside a busy suite sent 23 drafts in the priced run, not > 30)."""
-    from acespec.loop.follow import UplinkBackoff
-
     sp, rs = SamplingParams(0.0), RuleSpec.parse("greedy")
     outs = {}
     for name, cfg in (("never", LeadConfig(k_max=4, prior_accept=1e-3, probe_every=10**9)),
@@ -428,6 +427,72 @@ def test_the_uplink_backs_off_while_the_cloud_verifies_none_of_its_drafts():
     for _ in range(100):
         b.step(0, telling=False)
     assert b.may_send() and b.gap == 0 and b.ignored == 0
+
+
+def test_a_session_opens_resting_where_the_last_one_ended_resting_and_a_verified_draft_wakes_it():
+    """`edge serve` keeps one BackoffMemory for its requests. After a session whose drafts the cloud
+    passed over, the next opens resting: its drafter joins (and prefills) only when the backoff lets a
+    draft through, and it sends a handful of drafts, not the 16 a fresh session spends learning. A
+    cloud that verifies one of those wakes the edge, and the memory with it. Texts stay cloud-only's."""
+    from acespec.loop.backoff import BackoffMemory
+
+    sp, rs = SamplingParams(0.0), RuleSpec.parse("greedy")
+    never = LeadConfig(k_max=4, prior_accept=1e-3, probe_every=10**9)
+    priced = LeadConfig(k_max=4, prior_row_cost=0.0)
+    memory = BackoffMemory()
+
+    def run(cfg: LeadConfig):
+        v = TargetVerifier(TARGET, PROMPT, sampling=sp, rule=rs, max_tokens=120)
+        link = LocalLeadLink(v, config=cfg, lazy=True)
+        drafter = ChainDrafter(GOOD_DRAFT, sampling=sp, rule=rs, clock=lambda: 0.0)
+        drafter.model.reset()
+        given = [drafter]  # a late drafter, as in auto: it joins (and prefills) once the loop wants one
+        loop = FollowLoop(link, PROMPT, drafter=None, source=lambda: given.pop() if given else None,
+                          config=FollowConfig(max_tokens=120, max_lead=6), backoff=memory)
+        return loop.run(), loop
+
+    first, loop1 = run(never)
+    assert memory.resting and loop1.drafter_joined_at == 0 and loop1.drafts_sent >= 16
+    second, loop2 = run(never)
+    assert second.tokens == first.tokens and memory.resting
+    assert loop2.drafter_joined_at is not None and loop2.drafter_joined_at >= 16  # no prefill while it rests
+    assert loop2.drafts_sent <= 4 < loop1.drafts_sent  # one per 16, 32, 64 steps
+    assert second.stats.draft_tokens < first.stats.draft_tokens / 3
+    third, loop3 = run(priced)
+    assert third.tokens == first.tokens and third.stats.drafted > 0 and not memory.resting
+    fresh = BackoffMemory()
+    assert not fresh.resting and UplinkBackoff(4, 16, memory=fresh).may_send()
+
+
+def test_a_run_that_ends_stops_its_drafters_prefill_at_the_next_piece():
+    """A long prompt's prefill runs beside the loop in pieces of the model's batch; when the run ends
+    (`settle`), the job stops after the piece it is computing, so the user's response does not wait
+    for a prefill no draft will follow. What it holds stays, and a later prefill adds only the rest."""
+    import threading
+
+    from acespec.loop.handoff import DrafterHandoff, ThreadJob
+
+    sp, rs = SamplingParams(0.0), RuleSpec.parse("greedy")
+    ctx = [int(t) for t in np.random.default_rng(3).integers(0, 64, 1000)]
+    handoff = DrafterHandoff(None, None, ThreadJob, None, after_first=False)
+    started = threading.Event()
+
+    class SlowToy(ToyModel):
+        n_batch = 256
+
+        def eval(self, new, last=None):
+            started.set()
+            assert handoff.ending.wait(30)  # the first piece computes until the run ends
+            return super().eval(new, last)
+
+    drafter = ChainDrafter(SlowToy(vocab=64, seed=1), sampling=sp, rule=rs)
+    handoff.bind(drafter)
+    handoff.prefill_late(ctx, 1)
+    assert started.wait(30)
+    handoff.settle()
+    assert drafter.model.tokens == ctx[:256] and handoff.job is None
+    drafter.prefill(ctx)  # no stop: all of it but the last token
+    assert drafter.model.tokens == ctx[:-1]
 
 
 def test_the_drafter_knows_what_it_misses_without_touching_its_cache():

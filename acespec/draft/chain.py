@@ -87,10 +87,23 @@ class ChainDrafter:
         """Tokens this drafter can propose after `context` at no model cost (a prediction's); 0 here."""
         return 0
 
-    def prefill(self, context: Sequence[int]) -> None:
+    def prefill(self, context: Sequence[int], stop: Callable[[], bool] | None = None) -> None:
         """Put all of `context` but its last token in the drafter's cache (draft() evaluates the last
-        one for its first row), so the prompt prefill can run while the edge waits on the network."""
-        self.model.prefill(context[:-1])
+        one for its first row), so the prompt prefill can run while the edge waits on the network.
+
+        `stop`, asked between pieces of the model's batch length (llama.cpp's passes are the same as
+        in one call), leaves the rest undone when it says so: a run that ends while a long prompt's
+        prefill is still under way gives its drafter back within a piece, not seconds later (what is
+        held stays; a later draft evaluates what is missing)."""
+        ctx = context[:-1]
+        if stop is None:
+            self.model.prefill(ctx)
+            return
+        piece = max(1, int(getattr(self.model, "n_batch", 256)))
+        for a in range(self.model.sync(ctx), len(ctx), piece):
+            if stop():
+                return
+            self.model.eval(list(ctx[a : a + piece]), last=0)
 
     def missing(self, context: Sequence[int]) -> int:
         """Tokens of `context` but its last that the drafter's cache does not hold (what a draft after

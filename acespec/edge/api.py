@@ -58,6 +58,7 @@ from acespec.edge.service import (
     edge_error_to_api,
     new_seed,
 )
+from acespec.loop.backoff import BackoffMemory
 from acespec.loop.contention import ContentionGuard
 from acespec.loop.loop import Round
 from acespec.models.base import Model, ModelError
@@ -83,6 +84,7 @@ class EdgeService:
         self.first_tokens = FirstTokens()  # auto streams lend no drafter while another waits for its first token
         # whether drafting slows the cloud (shared cores), learned once for every auto request
         self.contention = ContentionGuard.watching_cores(getattr(drafters[0], "n_threads", 1))
+        self.backoff = BackoffMemory()  # whether the cloud verifies our drafts, as the last auto request left it
         self.metrics = EdgeMetrics(len(drafters), self.pool)
         self.started = int(time.time())
 

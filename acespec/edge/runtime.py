@@ -38,6 +38,7 @@ from acespec.draft.chain import ChainDrafter
 from acespec.draft.prediction import PredictedDrafter, Prediction
 from acespec.edge.client import CloudSession, ConnectConfig, EdgeError, link_failure
 from acespec.edge.transports import TcpLeadLink, TcpTransport
+from acespec.loop.backoff import BackoffMemory
 from acespec.loop.contention import ContentionGuard
 from acespec.loop.follow import FollowConfig, FollowLoop
 from acespec.loop.handoff import ThreadJob
@@ -100,6 +101,7 @@ def run_edge(
     on_session_closed: Callable[[CloudSession], None] | None = None,
     drafter_source: Callable[[], Model | None] | None = None,
     guard: ContentionGuard | None = None,
+    backoff: BackoffMemory | None = None,
 ) -> LoopResult:
     """One generation through the cloud. `model_id` is the drafter's tokenizer fingerprint.
 
@@ -111,7 +113,8 @@ def run_edge(
     `on_session_closed` gets the session once it is closed, however the run ended, for its byte and
     reconnect counts. `guard`: in auto, what earlier sessions learned of whether drafting slows this
     cloud (`loop/contention.py`; a server keeps one for all its requests); None starts a fresh one
-    (with `cfg.contention_guard`)."""
+    (with `cfg.contention_guard`). `backoff`: in auto, what earlier sessions learned of whether the
+    cloud verifies this edge's drafts (`loop/backoff.py`; a server keeps one too); None: nothing."""
     rule = RuleSpec.parse(cfg.rule)
     sp = SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p)
     hello = wire.Hello(
@@ -160,6 +163,7 @@ def run_edge(
             should_stop,
             on_session_closed,
             guard,
+            backoff,
         )
     drafter = None
     if cfg.mode != "cloud-only":
@@ -232,6 +236,7 @@ def _auto(
     should_stop,
     on_session_closed,
     guard: ContentionGuard | None,
+    backoff: BackoffMemory | None = None,
 ) -> LoopResult:
     """`auto`: a cloud-led session whose drafter joins after the first token (see the module docstring).
     Where the contention guard will rest the drafter through the whole session (the edge shares busy
@@ -264,6 +269,7 @@ def _auto(
             source=late,
             after_first=True,
             guard=guard,
+            backoff=backoff,
             on_tokens=on_tokens,
             on_round=on_round,
             should_stop=should_stop,

@@ -278,6 +278,7 @@ class ApiGeneration:
                 on_session_closed=closed.append,
                 drafter_source=source,
                 guard=svc.contention if self.req.cfg.contention_guard else None,
+                backoff=svc.backoff,
             )
         except BaseException as e:  # handed to the request, which answers with an error
             done.error = e

@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from acespec.draft.chain import ChainDrafter
-from acespec.loop.backoff import UplinkBackoff
+from acespec.loop.backoff import BackoffMemory, UplinkBackoff
 from acespec.loop.contention import ContentionGuard
 from acespec.loop.handoff import DrafterHandoff, DrafterJob, Spawn
 from acespec.loop.loop import ORIGIN_DRAFT, ORIGIN_TARGET, LoopResult, Round
@@ -257,6 +257,7 @@ class FollowLoop:
         source: Callable[[], ChainDrafter | None] | None = None,
         after_first: bool = False,
         guard: ContentionGuard | None = None,
+        backoff: BackoffMemory | None = None,
     ) -> None:
         """`job`: drafter work already running (the prompt's prefill, started while the handshake was in
         flight); `spawn`: how to run a catch-up beside the loop (`ThreadJob`; the simulator's on virtual
@@ -267,7 +268,8 @@ class FollowLoop:
         everything committed so far. `after_first`: ask only once the stream's first token is here, so
         the drafter's prefill never competes with the cloud's for a first token (an edge and a cloud
         sharing one box's cores). Until then, and with neither, the loop just follows the stream.
-        `guard`: rests the drafter while its work slows the cloud's steps (`loop/contention.py`)."""
+        `guard`: rests the drafter while its work slows the cloud's steps (`loop/contention.py`);
+        `backoff`: the edge's memory of whether the cloud verifies its drafts (`loop/backoff.py`)."""
         # fixed for the run: what the caller gave
         self.link = link  # steps down, drafts up
         self.cfg = config  # depths, chunk sizes, the backoff's and the branches' settings
@@ -279,7 +281,7 @@ class FollowLoop:
         self.stream = _Stream(prompt=[int(t) for t in prompt], committed=[int(t) for t in prompt])
         self.chain = _Chain()
         self.branches = _Branches()
-        self.uploads = _Uploads(UplinkBackoff(config.idle_after, config.idle_gap_max))
+        self.uploads = _Uploads(UplinkBackoff(config.idle_after, config.idle_gap_max, memory=backoff))
         self.handoff = DrafterHandoff(None, job, spawn, source, after_first)
         self.depth = LeadDepth(config)  # the stream's rate and the cloud's acceptance: how long a chain to keep
         self.guard = guard  # whether the drafter's work slows the cloud (shared cores): it rests while it does
@@ -347,7 +349,8 @@ class FollowLoop:
                 break
             busy = self._want() > 0 or self._can_branch()
             resting = self.guard is not None and not self.guard.may_draft()  # it changes only at a step
-            waiting = not resting and self.handoff.waiting(self.stats.emitted)
+            # a late drafter is looked for only while the backoff would let it draft (`_want`)
+            waiting = not resting and self.handoff.waiting(self.stats.emitted, self.uploads.backoff.may_send())
             got = self.link.recv(0 if busy else cfg.poll_s if waiting else None)
             while got is not None:
                 if isinstance(got, Disconnected):
@@ -393,11 +396,11 @@ class FollowLoop:
         long is of no use, and polling for it would spin)."""
         if self.guard is not None and not self.guard.may_draft():
             return 0  # drafting slows the cloud's steps (shared cores), or the guard has no baseline yet
-        if self.handoff.drafter is None:
-            self._join()
-            return 0
         if not self.uploads.backoff.may_send():
             return 0  # the cloud has been verifying none of our drafts: the drafter rests (UplinkBackoff)
+        if self.handoff.drafter is None:
+            self._join()  # not while the backoff rests the drafter: its prefill would be work for nothing
+            return 0
         if not self.handoff.free():
             return 0
         left = self.cfg.max_tokens - self.stream.generated()
