@@ -22,7 +22,7 @@ import pytest
 from acespec import wire
 from acespec.cloud.server import CloudServerThread, ServerConfig
 from acespec.control.lead import LeadConfig, LeadMemory, LeadPricer
-from acespec.draft.chain import ChainDrafter
+from acespec.draft.chain import PREFILL_PIECE, ChainDrafter
 from acespec.edge.client import ConnectConfig
 from acespec.edge.runtime import EdgeConfig, run_edge
 from acespec.loop import SpecConfig, generate
@@ -465,7 +465,7 @@ def test_a_session_opens_resting_where_the_last_one_ended_resting_and_a_verified
 
 
 def test_a_run_that_ends_stops_its_drafters_prefill_at_the_next_piece():
-    """A long prompt's prefill runs beside the loop in pieces of the model's batch; when the run ends
+    """A long prompt's prefill runs beside the loop in pieces (PREFILL_PIECE tokens); when the run ends
     (`settle`), the job stops after the piece it is computing, so the user's response does not wait
     for a prefill no draft will follow. What it holds stays, and a later prefill adds only the rest."""
     import threading
@@ -478,8 +478,6 @@ def test_a_run_that_ends_stops_its_drafters_prefill_at_the_next_piece():
     started = threading.Event()
 
     class SlowToy(ToyModel):
-        n_batch = 256
-
         def eval(self, new, last=None):
             started.set()
             assert handoff.ending.wait(30)  # the first piece computes until the run ends
@@ -490,7 +488,7 @@ def test_a_run_that_ends_stops_its_drafters_prefill_at_the_next_piece():
     handoff.prefill_late(ctx, 1)
     assert started.wait(30)
     handoff.settle()
-    assert drafter.model.tokens == ctx[:256] and handoff.job is None
+    assert drafter.model.tokens == ctx[:PREFILL_PIECE] and handoff.job is None
     drafter.prefill(ctx)  # no stop: all of it but the last token
     assert drafter.model.tokens == ctx[:-1]
 

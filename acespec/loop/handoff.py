@@ -6,7 +6,7 @@ handshake is in flight), a late drafter's prefill on everything streamed so far,
 what the stream committed while the drafter rested. While a job runs, the loop leaves the drafter
 alone; the first time it finds the job done it waits on it (which re-raises what the job raised) and
 takes the drafter back. A run that ends while a prefill job computes stops it at its next piece
-(`ChainDrafter.prefill`'s `stop`): the user's response ends with the stream, not once the drafter has
+(`ChainDrafter.prefill`'s `stop`, asked every PREFILL_PIECE tokens): the user's response ends with the stream, not once the drafter has
 read a long prompt that no draft will follow (2.8-3.7 s after the last token, on a 2,000-token ShareGPT
 prompt with the drafter on one core). `DrafterHandoff` holds that state: the drafter (once one is bound), the job,
 how to start one (`spawn`), and where a late drafter comes from (`source`).
