@@ -418,7 +418,9 @@ def test_the_uplink_backs_off_while_the_cloud_verifies_none_of_its_drafts():
     assert b.may_send()
     b.sent()
     assert b.gap == 8 and not b.may_send()
-    b.step(2)  # the cloud verified a draft of ours: upload freely again
+    b.step(2, kept=0)  # a probe the cloud rejected whole: still resting, and it counts against the drafts
+    assert not b.may_send() and b.gap == 8 and b.ignored == 9
+    b.step(2, kept=1)  # the cloud kept a draft of ours: upload freely again
     assert b.may_send() and b.gap == 0
     # steps that say nothing against the drafts (the chain catching up after a miss, its upload on the
     # way) never rest the uplink, however many

@@ -234,7 +234,8 @@ class ReplayEdge:
                     r = len(f.tokens) / (t - last)
                     rate = r if rate == 0 else 0.8 * rate + 0.2 * r
                 slow = self.draft_s > 0 and 1 / self.draft_s <= rate
-                up.step(f.drafted or 0, telling=held or broke or slow)  # a step's TOKENS say how many it drafted
+                # a step's TOKENS say how many it drafted and kept
+                up.step(f.drafted or 0, telling=held or broke or slow, kept=f.accepted)
                 C = f.start + len(f.tokens)
                 end = max(end, C)
                 if self.run.first_s != self.run.first_s:

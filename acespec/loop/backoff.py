@@ -57,12 +57,14 @@ class UplinkBackoff:
         if self.memory is not None and self.memory.resting:  # open resting: one draft after idle_after steps
             self.gap, self.since, self.sent_any = self.idle_after, 0, True
 
-    def step(self, drafted: int, telling: bool = True) -> None:
-        """One step of the stream; `drafted`: draft tokens of ours it verified; `telling`: whether the
-        step broke our chain, passed over a draft of ours that had reached the cloud in time, or came
-        while the drafter is slower than the stream."""
+    def step(self, drafted: int, telling: bool = True, kept: int | None = None) -> None:
+        """One step of the stream; `drafted`: draft tokens of ours it verified, `kept` of which it kept
+        (None: all); `telling`: whether the step broke our chain, passed over a draft of ours that had
+        reached the cloud in time, or came while the drafter is slower than the stream. A verified draft
+        wakes the edge only if the cloud kept some of it: a probe it rejected whole says the drafts are
+        still poor (probes woke every request's drafter on ShareGPT at 0 ms, each rejected)."""
         self.since += 1
-        if drafted:
+        if drafted and (kept is None or kept > 0):
             self.ignored, self.gap = 0, 0
             if self.memory is not None:
                 self.memory.resting = False

@@ -505,7 +505,7 @@ class FollowLoop:
         for t in new:
             self._take(t)
         self.stats.observe_block(c.drafted, c.accepted)
-        self.uploads.backoff.step(c.drafted, telling=held or slow or self.chain.breaks > breaks)
+        self.uploads.backoff.step(c.drafted, telling=held or slow or self.chain.breaks > breaks, kept=c.accepted)
         self.stats.k_chosen.append(c.drafted)
         self.stats.observe_tokens(len(new), now)
         self.stats.observe_pass(c.drafted, c.verify_s)

@@ -97,9 +97,11 @@ class UplinkBackoff {
   sentAny = false;
   constructor(private idleAfter: number, private gapMax: number) {}
 
-  step(drafted: number, telling: boolean): void {
+  /** `kept`: of the `drafted` tokens the step verified, how many the cloud kept; a draft rejected whole
+   * (a probe) leaves the uplink resting. */
+  step(drafted: number, telling: boolean, kept: number): void {
     this.since += 1;
-    if (drafted) {
+    if (drafted && kept > 0) {
       this.ignored = 0;
       this.gap = 0;
     } else if (this.sentAny && telling) {
@@ -329,7 +331,7 @@ export class FollowLoop {
     const breaks = this.chainBreaks;
     for (const t of fresh) this.take(t);
     this.stats.observeBlock(c.drafted, c.accepted);
-    this.uplink.step(c.drafted, held || slow || this.chainBreaks > breaks);
+    this.uplink.step(c.drafted, held || slow || this.chainBreaks > breaks, c.accepted);
     this.stats.emitted += fresh.length;
     this.stats.verifyS += c.verifyS;
     for (let i = 0; i < fresh.length; i++) this.stats.tokenTimes.push(now);
