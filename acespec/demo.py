@@ -68,6 +68,7 @@ def _run(args: argparse.Namespace, children: ChildProcesses) -> int:
     from acespec.draft.cache import DRAFTER_SLOTS
     from acespec.edge.client import ConnectConfig
     from acespec.edge.runtime import EdgeConfig, run_edge
+    from acespec.loop.backoff import BackoffMemory
     from acespec.models import TextStream, load_model
     from acespec.models.llama import on_cpus, split_cpus, split_threads
 
@@ -163,6 +164,9 @@ def _run(args: argparse.Namespace, children: ChildProcesses) -> int:
         )
         results: dict[str, Any] = {}
         every: dict[str, list] = {}  # each mode's runs, for the losslessness check
+        # one edge across its runs, as `edge serve` is across its requests: an auto run opens resting
+        # where the one before it found the cloud passing its drafts over (`loop/backoff.py`)
+        memory = BackoffMemory()
         for name, cfg, show in runs:
             stream = TextStream(tok)
             if show:
@@ -186,6 +190,7 @@ def _run(args: argparse.Namespace, children: ChildProcesses) -> int:
                 cfg,
                 model_id=tok.fingerprint,
                 on_tokens=on_tokens,
+                backoff=memory,
             )
             if show:
                 sys.stdout.write(stream.flush() + "\n")
@@ -314,7 +319,9 @@ def print_table(
     if repeated:
         out.write(
             f"runs: {' and '.join(repeated)} ran {len(every[repeated[0]])} times each, taking turns; each column "
-            "shows its fastest run (the same prompt's prefill varies by up to a third between runs here)\n"
+            "shows its fastest run (the same prompt's prefill varies by up to a third between runs here); "
+            "the edge keeps what each auto run learned of the cloud's use of its drafts for the next, as "
+            "`edge serve` does\n"
         )
     if tops:
         out.write(
