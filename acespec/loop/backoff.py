@@ -10,8 +10,8 @@ An edge that serves many requests (`acespec edge serve`) keeps a `BackoffMemory`
 request opens as the last one left off: resting, when the cloud was passing our drafts over. Without
 it every request drafted afresh for `idle_after` steps, and drafts nobody verifies are not free even
 on the edge's own core: a drafter working on one core of a 2-core VM slowed the target's steps on the
-other by 5% (shared memory bandwidth), which on ShareGPT at 0 ms put auto at 0.97x cloud-only
-with 0.99 target passes per token.
+other by 5% (shared memory bandwidth; `scripts/drafter_contention.py`), which on ShareGPT at 0 ms put
+auto at 0.97x cloud-only with 0.99 target passes per token.
 """
 
 from __future__ import annotations
