@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 import threading
 
@@ -99,6 +100,38 @@ def test_a_drafter_that_becomes_free_mid_stream_joins_it_and_the_text_stays_exac
     res = run(waiting_cloud.port, "auto", None, source=source, on_tokens=streamed.extend, max_tokens=160)
     assert res.tokens == ref.tokens
     assert res.stats.lead["drafter_joined_at"] >= 20 and res.stats.drafted > 0
+
+
+def test_while_the_edge_rests_its_drafter_only_a_probe_session_asks_for_it_and_every_text_is_exact(cloud):
+    """Over sockets: an edge whose BackoffMemory rests (the cloud passed its drafts over) streams the
+    next session as a cloud-only one, never asking for a drafter, and the session after it as a
+    probe that does; texts are cloud-only's. A request with a prediction drafts whatever the memory
+    says (its drafts cost no drafter) and leaves the memory's schedule as it was."""
+    from acespec.loop.backoff import BackoffMemory
+
+    asked: list[int] = []
+
+    def source():
+        asked.append(1)
+        return None  # no drafter to lend: the session streams on
+
+    memory = BackoffMemory()
+    memory.rest()
+    ref = run(cloud.port, "cloud-only", max_tokens=40)
+    cfg = EdgeConfig(mode="auto", connect=ConnectConfig(port=cloud.port), max_tokens=40, contention_guard=False)
+    fp = drafter_model().tokenizer.fingerprint
+
+    def auto(**kw):
+        return run_edge(None, PROMPT, dataclasses.replace(cfg, **kw), model_id=fp, drafter_source=source,
+                        backoff=memory)
+
+    res = auto()
+    assert res.tokens == ref.tokens and res.stats.lead["plain_because"] == "backoff" and not asked
+    res = auto(prediction=list(ref.tokens[:8]))
+    assert res.tokens == ref.tokens and "streamed_plain" not in res.stats.lead and memory.skipped == 1 and asked
+    asked.clear()
+    res = auto()  # the probe: cloud-led, and the drafter is asked for
+    assert res.tokens == ref.tokens and "streamed_plain" not in res.stats.lead and asked
 
 
 def test_a_pass_budget_keeps_a_session_within_it_when_the_drafts_are_good():

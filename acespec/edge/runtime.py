@@ -240,14 +240,21 @@ def _auto(
 ) -> LoopResult:
     """`auto`: a cloud-led session whose drafter joins after the first token (see the module docstring).
     Where the contention guard will rest the drafter through the whole session (the edge shares busy
-    cores with the cloud), the session is a cloud-only one: nothing of the cloud-led path runs for
-    drafts that will not come."""
-    if guard is not None and guard.resting >= cfg.max_tokens:
+    cores with the cloud), or the backoff's memory says the cloud passes our drafts over and this
+    session is not its probe (`loop/backoff.py`), the session is a cloud-only one: nothing of the
+    cloud-led path runs for drafts that will not come. A request with a prediction drafts from it
+    whatever the memory says, and teaches the memory nothing: its drafts are not the drafter's."""
+    if cfg.prediction:
+        backoff = None
+    rests = guard is not None and guard.resting >= cfg.max_tokens
+    if rests or (backoff is not None and not backoff.drafts()):
         plain = dataclasses.replace(hello, mode=wire.Mode.CLOUD_ONLY)
         with _closing(CloudSession(cfg.connect, plain), on_session_closed) as session:
             res = _cloud_only(session, prompt, cfg, on_tokens, t0, on_round, should_stop)
-        guard.skip(len(res.tokens))
-        res.stats.lead.update(drafter_joined_at=None, contention_rests=0, streamed_plain=True)
+        if guard is not None:  # the drafter rested through these steps, whichever said so
+            guard.skip(len(res.tokens))
+        why = "contention" if rests else "backoff"
+        res.stats.lead.update(drafter_joined_at=None, contention_rests=0, streamed_plain=True, plain_because=why)
         return res
     if drafter_model is not None:
         given: list[Model] = [drafter_model]

@@ -6,12 +6,15 @@ its drafter. The backoff counts the steps that judged our drafts and found none 
 the uploads out while that lasts. The live edge's `FollowLoop` and the benchmarks' replay edges
 (`bench/replay_edge.py`) share it, so the two rest alike.
 
-An edge that serves many requests (`acespec edge serve`) keeps a `BackoffMemory` for them all, so a
-request opens as the last one left off: resting, when the cloud was passing our drafts over. Without
-it every request drafted afresh for `idle_after` steps, and drafts nobody verifies are not free even
-on the edge's own core: a drafter working on one core of a 2-core VM slowed the target's steps on the
-other by 5% (shared memory bandwidth; `scripts/drafter_contention.py`), which on ShareGPT at 0 ms put
-auto at 0.97x cloud-only with 0.99 target passes per token.
+An edge that serves many requests (`acespec edge serve`) keeps a `BackoffMemory` for them all. While
+the last request to learn anything ended resting, most requests do not draft at all: they stream as
+cloud-only ones (`edge/runtime.py`'s auto), and one in `every` (2, 4, then 8 while those find nothing
+kept) drafts from its first token, a probe of whether the cloud takes our drafts again. Drafts nobody
+verifies are not free even on the edge's own core: a drafter working on one core of a 2-core VM slowed
+the target's steps on the other by 5% (shared memory bandwidth; `scripts/drafter_contention.py`). An
+earlier memory opened each request resting instead, with one draft after `idle_after` steps; that
+draft's prefill of the whole prompt alone cost such a request 2-6% on HumanEval (1.4-1.7 s of drafter
+time for a draft the cloud never verified, as its own probes come 32 steps apart).
 """
 
 from __future__ import annotations
@@ -21,11 +24,44 @@ from dataclasses import dataclass
 
 @dataclass
 class BackoffMemory:
-    """What the edge's sessions learned of the cloud's use of their drafts, for the sessions after them:
-    whether the last one to learn anything ended resting. One per edge; sessions that interleave at
-    worst blur it (a plain flag)."""
+    """What the edge's sessions learned of drafting, for the sessions after them: whether the last one
+    to learn anything found the cloud passing its drafts over (and while it did, which new session
+    probes), and how fast the drafter reads a context (whether a late drafter could read a long
+    prompt before the stream ends: `FollowLoop._join`). One per edge; sessions that interleave at
+    worst blur it (plain fields)."""
 
+    probe_first: int = 2  # while resting, the first probe is this many sessions after the rest began ...
+    probe_max: int = 8  # ... each probe that finds nothing kept doubles the spacing, up to this
     resting: bool = False
+    every: int = 0  # sessions between probes now (0: probe_first)
+    skipped: int = 0  # sessions since the last probe (or since the rest began)
+    prefill_tps: float = 0.0  # the drafter's prefill speed, tokens/s, as measured beside a stream (0: not yet)
+
+    def drafts(self) -> bool:
+        """Whether a new session drafts: always while not resting; while resting, only a probe."""
+        if not self.resting:
+            return True
+        self.skipped += 1
+        every = self.every or self.probe_first
+        if self.skipped < every:
+            return False
+        self.skipped, self.every = 0, min(2 * every, self.probe_max)
+        return True
+
+    def rest(self) -> None:
+        """A session found the cloud passing its drafts over."""
+        if not self.resting:
+            self.resting, self.skipped, self.every = True, 0, 0
+
+    def wake(self) -> None:
+        """A session's draft was kept: the next sessions draft."""
+        self.resting, self.skipped, self.every = False, 0, 0
+
+    def read(self, tokens: int, seconds: float) -> None:
+        """A late drafter's prefill read `tokens` in `seconds` (a short one says little: skipped)."""
+        if tokens >= 64 and seconds > 0:
+            r = tokens / seconds
+            self.prefill_tps = r if not self.prefill_tps else 0.7 * self.prefill_tps + 0.3 * r
 
 
 @dataclass
@@ -51,11 +87,7 @@ class UplinkBackoff:
     gap: int = 0  # steps between uploads while backing off (0: upload freely)
     since: int = 0  # steps since the last upload
     sent_any: bool = False
-    memory: BackoffMemory | None = None  # the edge's, shared by its sessions: a session opens as the last left off
-
-    def __post_init__(self) -> None:
-        if self.memory is not None and self.memory.resting:  # open resting: one draft after idle_after steps
-            self.gap, self.since, self.sent_any = self.idle_after, 0, True
+    memory: BackoffMemory | None = None  # the edge's, shared by its sessions: told when this one rests or wakes
 
     def step(self, drafted: int, telling: bool = True, kept: int | None = None) -> None:
         """One step of the stream; `drafted`: draft tokens of ours it verified, `kept` of which it kept
@@ -67,13 +99,13 @@ class UplinkBackoff:
         if drafted and (kept is None or kept > 0):
             self.ignored, self.gap = 0, 0
             if self.memory is not None:
-                self.memory.resting = False
+                self.memory.wake()
         elif self.sent_any and telling:
             self.ignored += 1
             if self.ignored >= self.idle_after and not self.gap:
                 self.gap, self.since = self.idle_after, 0
                 if self.memory is not None:
-                    self.memory.resting = True
+                    self.memory.rest()
 
     def may_send(self) -> bool:
         return not self.gap or self.since >= self.gap

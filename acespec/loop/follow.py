@@ -72,6 +72,8 @@ class FollowConfig:
     catch_up_after: int = 16  # stream tokens the drafter may lag by before it catches up beside the loop (a job)
     #                           rather than inside its next draft call, which would hold the stream's tokens back
     poll_s: float = 0.005  # how often the loop looks for a finished job while the stream is quiet
+    prefill_share: float = 0.5  # a late drafter joins only if it can read the context in this share of the
+    #                             stream's expected time left (with the edge's measured prefill speed)
 
 
 @dataclass
@@ -283,6 +285,8 @@ class FollowLoop:
         self.branches = _Branches()
         self.uploads = _Uploads(UplinkBackoff(config.idle_after, config.idle_gap_max, memory=backoff))
         self.handoff = DrafterHandoff(None, job, spawn, source, after_first)
+        self.memory = backoff  # the edge's: where the drafter's prefill speed is kept, and read
+        self.too_late = False  # the late drafter could not have read the context before the stream ends
         self.depth = LeadDepth(config)  # the stream's rate and the cloud's acceptance: how long a chain to keep
         self.guard = guard  # whether the drafter's work slows the cloud (shared cores): it rests while it does
         self.worked_at = -math.inf  # when the drafter last worked (the loop's clock), for the guard
@@ -316,14 +320,33 @@ class FollowLoop:
         self.branches.enabled = self.cfg.branch_len > 0 and bool(self.branches.free) and not self.handoff.needs_q
 
     def _join(self) -> bool:
-        """A late drafter, if the source has one now: bound, and its prefill started beside the loop."""
+        """A late drafter, if the source has one now: bound, and its prefill started beside the loop;
+        unless, at the drafter's measured prefill speed, reading the context would take more than
+        `prefill_share` of the stream's time left: then it stays idle for the run (`too_late`). A
+        probe's prefill of a 2,000-token ShareGPT prompt ran the whole 64-token response beside the
+        cloud's steps for no draft, and that request read 0.91x cloud-only."""
+        if not self._may_join():
+            return False
+        tps = self.memory.prefill_tps if self.memory is not None else 0.0
         drafter = self.handoff.late(self.stats.emitted)
         if drafter is None:
             return False
         self._bind(drafter)
-        self.handoff.prefill_late(self.stream.committed, self.stats.emitted)
+        left_s = (self.cfg.max_tokens - self.stream.generated()) / self.depth.rate if tps else math.inf
+        if tps and drafter.missing(self.stream.committed) / tps > self.cfg.prefill_share * left_s:
+            self.too_late = True
+            return False
+        read = self.memory.read if self.memory is not None else None
+        self.handoff.prefill_late(self.stream.committed, self.stats.emitted, on_read=read)
         self.worked_at = self.clock()
         return True
+
+    def _may_join(self) -> bool:
+        """Whether a late drafter may be asked for now: while the backoff lets a draft go up, and, where
+        the drafter's prefill speed is known, once the stream's pace is (from its second step: until
+        then the loop waits on the stream rather than polling)."""
+        known = self.memory is None or not self.memory.prefill_tps or self.depth.rate > 0
+        return known and self.uploads.backoff.may_send()
 
     def _rtt(self) -> float:
         """The link's round trip, or the configured prior until the link has measured one."""
@@ -350,7 +373,7 @@ class FollowLoop:
             busy = self._want() > 0 or self._can_branch()
             resting = self.guard is not None and not self.guard.may_draft()  # it changes only at a step
             # a late drafter is looked for only while the backoff would let it draft (`_want`)
-            waiting = not resting and self.handoff.waiting(self.stats.emitted, self.uploads.backoff.may_send())
+            waiting = not resting and self.handoff.waiting(self.stats.emitted, self._may_join())
             got = self.link.recv(0 if busy else cfg.poll_s if waiting else None)
             while got is not None:
                 if isinstance(got, Disconnected):
@@ -385,6 +408,7 @@ class FollowLoop:
                 "branches_taken": self.branches.taken,
                 "catch_ups": self.handoff.catch_ups,
                 "drafter_joined_at": self.handoff.joined_at,
+                "drafter_too_late": self.too_late,
                 "contention_rests": None if self.guard is None else self.guard.rests - rests,
             }
         )
@@ -394,6 +418,8 @@ class FollowLoop:
     def _want(self) -> int:
         """Tokens to draft now: up to the lead depth, never past the generation budget (a chain that
         long is of no use, and polling for it would spin)."""
+        if self.too_late:
+            return 0  # the drafter could not read the context before the stream ends (`_join`)
         if self.guard is not None and not self.guard.may_draft():
             return 0  # drafting slows the cloud's steps (shared cores), or the guard has no baseline yet
         if not self.uploads.backoff.may_send():

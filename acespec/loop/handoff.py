@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import threading
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 
@@ -105,13 +106,23 @@ class DrafterHandoff:
         self.source = None
         return drafter
 
-    def prefill_late(self, committed: Sequence[int], emitted: int) -> None:
+    def prefill_late(
+        self, committed: Sequence[int], emitted: int, on_read: Callable[[int, float], None] | None = None
+    ) -> None:
         """Start the bound late drafter's prefill on `committed` beside the loop (inside its first draft
-        call, with no `spawn`)."""
+        call, with no `spawn`). `on_read(tokens, seconds)`: told how fast it read (wall time)."""
         self.joined_at = emitted
         drafter, ctx = self.bound(), list(committed)
-        if self.spawn is not None:
-            self.job = self.spawn(lambda: drafter.prefill(ctx, stop=self.ending.is_set))
+        if self.spawn is None:
+            return
+
+        def job() -> None:
+            before, t = drafter.missing(ctx), time.perf_counter()
+            drafter.prefill(ctx, stop=self.ending.is_set)
+            if on_read is not None:
+                on_read(before - drafter.missing(ctx), time.perf_counter() - t)
+
+        self.job = self.spawn(job)
 
     def should_catch_up(self, committed: Sequence[int], lag: int) -> bool:
         """Whether the drafter lags `committed` by more than `lag` tokens and a job can catch it up."""
