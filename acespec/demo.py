@@ -164,8 +164,8 @@ def _run(args: argparse.Namespace, children: ChildProcesses) -> int:
         )
         results: dict[str, Any] = {}
         every: dict[str, list] = {}  # each mode's runs, for the losslessness check
-        # one edge across its runs, as `edge serve` is across its requests: an auto run opens resting
-        # where the one before it found the cloud passing its drafts over (`loop/backoff.py`)
+        # one edge across its runs, as `edge serve` is across its requests: an auto run after one that
+        # found the cloud passing its drafts over streams as cloud-only, but for a probe (`loop/backoff.py`)
         memory = BackoffMemory()
         for name, cfg, show in runs:
             stream = TextStream(tok)
@@ -321,7 +321,13 @@ def print_table(
             f"runs: {' and '.join(repeated)} ran {len(every[repeated[0]])} times each, taking turns; each column "
             "shows its fastest run (the same prompt's prefill varies by up to a third between runs here); "
             "the edge keeps what each auto run learned of the cloud's use of its drafts for the next, as "
-            "`edge serve` does\n"
+            "`edge serve` does"
+            + (
+                f" ({plain} of the AceSpec runs streamed as cloud-only: the cloud had passed its drafts over)"
+                if (plain := sum(1 for r in every.get("AceSpec", ()) if r.stats.lead.get("plain_because") == "backoff"))
+                else ""
+            )
+            + "\n"
         )
     if tops:
         out.write(

@@ -84,7 +84,7 @@ class EdgeService:
         self.first_tokens = FirstTokens()  # auto streams lend no drafter while another waits for its first token
         # whether drafting slows the cloud (shared cores), learned once for every auto request
         self.contention = ContentionGuard.watching_cores(getattr(drafters[0], "n_threads", 1))
-        self.backoff = BackoffMemory()  # whether the cloud verifies our drafts, as the last auto request left it
+        self.backoff = BackoffMemory()  # whether the cloud verifies our drafts, and the drafter's prefill speed
         self.metrics = EdgeMetrics(len(drafters), self.pool)
         self.started = int(time.time())
 
