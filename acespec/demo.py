@@ -317,17 +317,13 @@ def print_table(
             )
     repeated = [n for n in names if len(every.get(n, ())) > 1]
     if repeated:
+        plain = sum(1 for r in every.get("AceSpec", ()) if r.stats.lead.get("plain_because") == "backoff")
+        why = f" ({plain} of the AceSpec runs streamed as cloud-only: the cloud had passed its drafts over)"
         out.write(
             f"runs: {' and '.join(repeated)} ran {len(every[repeated[0]])} times each, taking turns; each column "
             "shows its fastest run (the same prompt's prefill varies by up to a third between runs here); "
             "the edge keeps what each auto run learned of the cloud's use of its drafts for the next, as "
-            "`edge serve` does"
-            + (
-                f" ({plain} of the AceSpec runs streamed as cloud-only: the cloud had passed its drafts over)"
-                if (plain := sum(1 for r in every.get("AceSpec", ()) if r.stats.lead.get("plain_because") == "backoff"))
-                else ""
-            )
-            + "\n"
+            f"`edge serve` does{why if plain else ''}\n"
         )
     if tops:
         out.write(

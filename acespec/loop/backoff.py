@@ -14,7 +14,8 @@ verifies are not free even on the edge's own core: a drafter working on one core
 the target's steps on the other by 5% (shared memory bandwidth; `scripts/drafter_contention.py`). An
 earlier memory opened each request resting instead, with one draft after `idle_after` steps; that
 draft's prefill of the whole prompt alone cost such a request 2-6% on HumanEval (1.4-1.7 s of drafter
-time for a draft the cloud never verified, as its own probes come 32 steps apart).
+time for a draft the cloud never verified, as its own probes come 32 steps apart;
+`scripts/edge_cpu_per_request.py`).
 """
 
 from __future__ import annotations

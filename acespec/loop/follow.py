@@ -285,7 +285,6 @@ class FollowLoop:
         self.branches = _Branches()
         self.uploads = _Uploads(UplinkBackoff(config.idle_after, config.idle_gap_max, memory=backoff))
         self.handoff = DrafterHandoff(None, job, spawn, source, after_first)
-        self.memory = backoff  # the edge's: where the drafter's prefill speed is kept, and read
         self.too_late = False  # the late drafter could not have read the context before the stream ends
         self.depth = LeadDepth(config)  # the stream's rate and the cloud's acceptance: how long a chain to keep
         self.guard = guard  # whether the drafter's work slows the cloud (shared cores): it rests while it does
@@ -293,6 +292,11 @@ class FollowLoop:
         self.stats = RunStats()  # the run's record, as every loop reports it
         if drafter is not None:
             self._bind(drafter)
+
+    @property
+    def memory(self) -> BackoffMemory | None:
+        """The edge's memory (the backoff's): where the drafter's prefill speed is kept, and read."""
+        return self.uploads.backoff.memory
 
     # the figures other code reads off a loop
     @property
